@@ -1,0 +1,289 @@
+//! The blob cache in S3 (or any S3-compatible server: custom endpoint, path-style addressing).
+//!
+//! Blobs are large (a saved environment is often hundreds of MiB), so uploads above one part size go
+//! through a multipart upload that is aborted on failure, and downloads stream to a file. Nothing is
+//! held in memory beyond one part.
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// S3's minimum part size (except the last part).
+pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("S3 {operation} of {key:?} in bucket {bucket:?} failed: {message}")]
+    S3 {
+        operation: &'static str,
+        bucket: String,
+        key: String,
+        message: String,
+    },
+    #[error("local file {path}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the S3 cache lives and how to sign requests to it.
+#[derive(Clone, Debug)]
+pub struct S3CacheConfig {
+    /// e.g. `http://127.0.0.1:9000`; AWS's own endpoint when absent.
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub bucket: String,
+    /// Key prefix, so that one bucket can serve several installations.
+    pub prefix: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// Multipart part size in bytes (at least [`MIN_PART_SIZE`]).
+    pub part_size: usize,
+}
+
+pub struct S3Cache {
+    client: Client,
+    bucket: String,
+    prefix: String,
+    part_size: usize,
+}
+
+impl S3Cache {
+    pub fn new(config: S3CacheConfig) -> Self {
+        // ring, like every other TLS client in the labforge binary: one crypto provider only.
+        let http_client = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+            .build_https();
+        let credentials = Credentials::new(
+            config.access_key_id,
+            config.secret_access_key,
+            None,
+            None,
+            "labforge-config",
+        );
+        let mut builder = aws_sdk_s3::config::Builder::new()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(config.region))
+            .credentials_provider(credentials)
+            .http_client(http_client)
+            .force_path_style(true)
+            // Checksums only where S3 requires them: S3-compatible servers differ in the rest.
+            .request_checksum_calculation(
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+            )
+            .response_checksum_validation(
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+            );
+        if let Some(endpoint) = config.endpoint {
+            builder = builder.endpoint_url(endpoint);
+        }
+        Self {
+            client: Client::from_conf(builder.build()),
+            bucket: config.bucket,
+            prefix: config.prefix,
+            part_size: config.part_size.max(MIN_PART_SIZE),
+        }
+    }
+
+    fn object_key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn error(&self, operation: &'static str, key: &str, err: impl std::error::Error) -> CacheError {
+        CacheError::S3 {
+            operation,
+            bucket: self.bucket.clone(),
+            key: self.object_key(key),
+            message: aws_sdk_s3::error::DisplayErrorContext(err).to_string(),
+        }
+    }
+
+    /// Creates the bucket when it does not exist yet.
+    pub async fn ensure_bucket(&self) -> Result<(), CacheError> {
+        if self
+            .client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        self.client
+            .create_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(|e| self.error("create bucket", "", e))?;
+        Ok(())
+    }
+
+    /// Whether `key` is in the cache.
+    pub async fn contains(&self, key: &str) -> Result<bool, CacheError> {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.object_key(key))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(false),
+            Err(e) => Err(self.error("head", key, e)),
+        }
+    }
+
+    /// Stores the file at `path` under `key`: one PUT when it fits a part, multipart otherwise.
+    pub async fn put_file(&self, key: &str, path: &Path) -> Result<(), CacheError> {
+        let file_error = |source| CacheError::File {
+            path: path.to_owned(),
+            source,
+        };
+        let size = tokio::fs::metadata(path).await.map_err(file_error)?.len();
+        if size <= self.part_size as u64 {
+            let body = ByteStream::from_path(path)
+                .await
+                .map_err(|e| self.error("read for put", key, e))?;
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(self.object_key(key))
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| self.error("put", key, e))?;
+            return Ok(());
+        }
+        let upload = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.object_key(key))
+            .send()
+            .await
+            .map_err(|e| self.error("start multipart upload", key, e))?;
+        let upload_id = upload.upload_id().unwrap_or_default().to_owned();
+        match self.upload_parts(key, path, &upload_id).await {
+            Ok(parts) => {
+                self.client
+                    .complete_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(self.object_key(key))
+                    .upload_id(&upload_id)
+                    .multipart_upload(
+                        CompletedMultipartUpload::builder()
+                            .set_parts(Some(parts))
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .map_err(|e| self.error("complete multipart upload", key, e))?;
+                Ok(())
+            }
+            Err(err) => {
+                // Leave no orphaned parts behind; the original error is the one worth reporting.
+                let _ = self
+                    .client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(self.object_key(key))
+                    .upload_id(&upload_id)
+                    .send()
+                    .await;
+                Err(err)
+            }
+        }
+    }
+
+    async fn upload_parts(
+        &self,
+        key: &str,
+        path: &Path,
+        upload_id: &str,
+    ) -> Result<Vec<CompletedPart>, CacheError> {
+        let file_error = |source| CacheError::File {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = tokio::fs::File::open(path).await.map_err(file_error)?;
+        let mut parts = Vec::new();
+        for part_number in 1.. {
+            let mut buf = Vec::with_capacity(self.part_size);
+            (&mut file)
+                .take(self.part_size as u64)
+                .read_to_end(&mut buf)
+                .await
+                .map_err(file_error)?;
+            if buf.is_empty() {
+                break;
+            }
+            let uploaded = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(self.object_key(key))
+                .upload_id(upload_id)
+                .part_number(part_number)
+                .body(ByteStream::from(buf))
+                .send()
+                .await
+                .map_err(|e| self.error("upload part", key, e))?;
+            parts.push(
+                CompletedPart::builder()
+                    .part_number(part_number)
+                    .set_e_tag(uploaded.e_tag().map(str::to_owned))
+                    .build(),
+            );
+        }
+        Ok(parts)
+    }
+
+    /// Streams `key` into a new file at `path`. Returns `false`, creating nothing, when the key is
+    /// not in the cache. The file appears under its name only once complete.
+    pub async fn get_to_file(&self, key: &str, path: &Path) -> Result<bool, CacheError> {
+        let object = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.object_key(key))
+            .send()
+            .await
+        {
+            Ok(object) => object,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(false),
+            Err(e) => return Err(self.error("get", key, e)),
+        };
+        let partial = path.with_extension("partial");
+        let file_error = |source| CacheError::File {
+            path: partial.clone(),
+            source,
+        };
+        let mut file = tokio::fs::File::create(&partial)
+            .await
+            .map_err(file_error)?;
+        let mut body = object.body;
+        while let Some(chunk) = body
+            .try_next()
+            .await
+            .map_err(|e| self.error("read body", key, e))?
+        {
+            file.write_all(&chunk).await.map_err(file_error)?;
+        }
+        file.flush().await.map_err(file_error)?;
+        tokio::fs::rename(&partial, path)
+            .await
+            .map_err(|source| CacheError::File {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(true)
+    }
+}
