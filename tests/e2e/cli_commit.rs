@@ -1,0 +1,222 @@
+//! `labforge build commit` pushing to a real registry, read back with skopeo and umoci.
+
+use crate::{labforge, need};
+use labforge_tests::Registry;
+use labforge_tests::tools::{locate, run};
+use serde_json::Value;
+use std::fs;
+use std::process::Command;
+
+fn sample_root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("opt/env/lib")).unwrap();
+    fs::write(dir.path().join("opt/env/lib/module.py"), "ANSWER = 42\n").unwrap();
+    fs::write(dir.path().join("README"), "saved by labforge\n").unwrap();
+    std::os::unix::fs::symlink("opt/env", dir.path().join("env")).unwrap();
+    dir
+}
+
+/// `skopeo inspect` with an optional view flag (`--config`, `--raw`).
+fn skopeo_inspect(reference: &str, view: Option<&str>) -> Value {
+    let skopeo = need(locate("skopeo"));
+    let mut cmd = Command::new(skopeo);
+    cmd.args(["inspect", "--tls-verify=false"]);
+    cmd.args(view);
+    let out = need(run(cmd.arg(format!("docker://{reference}"))));
+    serde_json::from_str(&out).unwrap()
+}
+
+fn commit(
+    root: &std::path::Path,
+    target: &str,
+    registry: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    labforge()
+        .args([
+            "build",
+            "commit",
+            "--quiet",
+            "--insecure-registry",
+            registry,
+            "--target",
+            target,
+        ])
+        .arg("--root")
+        .arg(root)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The digest printed on the final line: `pushed REF@sha256:... (...)`.
+fn printed_digest(stdout: &str) -> String {
+    let line = stdout.lines().last().unwrap_or_default();
+    let after = line
+        .split_once('@')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    after
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn committed_tree_is_pushed_and_skopeo_reads_it_back() {
+    let registry = need(Registry::start().await);
+    let root = sample_root();
+    let target = format!("{}/e2e/committed:v1", registry.host());
+
+    let out = commit(
+        root.path(),
+        &target,
+        &registry.host(),
+        &["--user", "1000:100"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "commit failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = printed_digest(&stdout);
+    assert!(
+        digest.starts_with("sha256:"),
+        "no digest on the last line: {stdout}"
+    );
+
+    let inspected = skopeo_inspect(&target, None);
+    assert_eq!(
+        inspected["Digest"],
+        digest.as_str(),
+        "printed digest is the registry's"
+    );
+    let layers = inspected["Layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1);
+    assert!(
+        stdout.contains(layers[0].as_str().unwrap()),
+        "layer digest printed: {stdout}"
+    );
+    let manifest = skopeo_inspect(&target, Some("--raw"));
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        manifest["layers"][0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+zstd"
+    );
+
+    let config = skopeo_inspect(&target, Some("--config"));
+    assert_eq!(config["config"]["User"], "1000:100");
+    assert_eq!(config["rootfs"]["diff_ids"].as_array().unwrap().len(), 1);
+    assert!(
+        config["history"][0]["created_by"]
+            .as_str()
+            .unwrap()
+            .contains("labforge build commit")
+    );
+}
+
+#[tokio::test]
+async fn gzip_commit_unpacks_with_umoci_to_the_same_tree() {
+    let registry = need(Registry::start().await);
+    let root = sample_root();
+    let target = format!("{}/e2e/gzip:v1", registry.host());
+    let out = commit(
+        root.path(),
+        &target,
+        &registry.host(),
+        &["--compression", "gzip"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("layout");
+    let bundle = work.path().join("bundle");
+    need(run(Command::new(need(locate("skopeo"))).args([
+        "copy".to_string(),
+        "-q".into(),
+        "--src-tls-verify=false".into(),
+        format!("docker://{target}"),
+        format!("oci:{}:v1", layout.display()),
+    ])));
+    need(run(Command::new(need(locate("umoci")))
+        .args(["unpack", "--image"])
+        .arg(format!("{}:v1", layout.display()))
+        .arg(&bundle)));
+    let rootfs = bundle.join("rootfs");
+    assert_eq!(
+        fs::read_to_string(rootfs.join("opt/env/lib/module.py")).unwrap(),
+        "ANSWER = 42\n"
+    );
+    assert_eq!(
+        fs::read_to_string(rootfs.join("README")).unwrap(),
+        "saved by labforge\n"
+    );
+    assert_eq!(
+        fs::read_link(rootfs.join("env")).unwrap(),
+        std::path::Path::new("opt/env")
+    );
+}
+
+#[tokio::test]
+async fn registry_down_fails_cleanly_naming_the_registry() {
+    let mut registry = need(Registry::start().await);
+    let host = registry.host();
+    registry.stop();
+    let root = sample_root();
+    let out = commit(root.path(), &format!("{host}/e2e/down:v1"), &host, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("registry {host}")),
+        "registry not named: {stderr}"
+    );
+}
+
+#[test]
+fn bad_options_exit_64_before_any_work() {
+    let root = sample_root();
+    let out = labforge()
+        .args([
+            "build",
+            "commit",
+            "--target",
+            "127.0.0.1:1/x:y",
+            "--level",
+            "99",
+            "--root",
+        ])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--level 99"));
+}
+
+#[test]
+fn missing_root_is_named() {
+    let out = labforge()
+        .args([
+            "build",
+            "commit",
+            "--target",
+            "127.0.0.1:1/x:y",
+            "--root",
+            "/nonexistent/labforge-root",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("/nonexistent/labforge-root is not a directory")
+    );
+}

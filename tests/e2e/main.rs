@@ -1,0 +1,23 @@
+//! End-to-end suites: the real `labforge` binary and libraries against real services (OCI registry,
+//! S3 server, podman), one module per area. Support code lives in the `labforge-tests` crate.
+
+// Test helpers panic on purpose: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod cli_commit;
+mod notebook_image;
+mod s3_cache;
+
+/// The labforge binary built for this test run.
+pub fn labforge() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_labforge"))
+}
+
+pub use labforge_tests::init_crypto;
+
+/// Unwraps a support result, failing the test with the support error's own message
+/// (which names the missing tool and the setup command).
+#[track_caller]
+pub fn need<T>(result: Result<T, labforge_tests::SupportError>) -> T {
+    result.unwrap_or_else(|err| panic!("{err}"))
+}

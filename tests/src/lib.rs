@@ -1,0 +1,41 @@
+//! Test support: launchers for the real services labforge talks to.
+//!
+//! Suites run against real parts: the Debian `docker-registry` (an OCI registry), the moto S3 server
+//! and podman. Each launcher starts its service on a free loopback port with its own temporary
+//! state and stops it on `Drop`, so tests stay independent and leave nothing running. When a tool
+//! is missing the error names it and the setup command to run, instead of hanging.
+
+pub mod browser;
+pub mod images;
+pub mod podman;
+pub mod services;
+pub mod tools;
+
+pub use images::{cached_layout, push_layout};
+pub use podman::{Container, Podman};
+pub use services::{Registry, S3Server};
+pub use tools::{SupportError, locate};
+
+/// Installs the crypto provider the labforge binary uses (ring) for this test process; every HTTP
+/// client here, like the product's, relies on the process default.
+pub fn init_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The repository root (the suites run scripts and write artifacts relative to it).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Where suites keep screenshots and logs for people to look at (git-ignored).
+pub fn artifacts_dir() -> Result<std::path::PathBuf, SupportError> {
+    let dir = repo_root().join("tests/artifacts");
+    std::fs::create_dir_all(&dir).map_err(|source| SupportError::Io {
+        doing: format!("creating {}", dir.display()),
+        source,
+    })?;
+    Ok(dir)
+}
