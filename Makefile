@@ -1,0 +1,39 @@
+# The two commands of README.md, and the steps they are made of.
+# Every step is idempotent: run again, it skips what is already done.
+
+SHELL := /bin/bash
+# CA bundle the notebook images trust in addition to Debian's (a TLS-intercepting proxy's CA,
+# say). Defaults to this machine's bundle, so the images trust what the host trusts. Empty: none.
+EXTRA_CA ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
+CARGO ?= cargo
+
+.PHONY: up test setup images build lint unit help
+
+help:
+	@echo "make up    - set up this machine, build, start labforge"
+	@echo "make test  - set up this machine, build, run every check and test"
+
+## Set up, build and start the product.
+up: setup images build
+	scripts/up
+
+## Everything CI runs: setup, images, lints, the whole suite.
+test: setup images lint
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+setup:
+	scripts/setup
+
+images: setup
+	images/build jupyterlab $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))
+
+build:
+	$(CARGO) build --bin labforge
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## Only the tests that need no external service (fast feedback while coding).
+unit:
+	$(CARGO) nextest run --workspace --lib --bins
