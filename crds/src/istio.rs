@@ -1,0 +1,114 @@
+//! Istio's VirtualService, reduced to what labforge writes (one route per notebook) and what its
+//! proxy implements (Istio's gateway matching semantics). Fields we do not model are kept by the
+//! API server, not by us: labforge never updates a VirtualService it did not build.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `networking.istio.io` VirtualService. The version written is v1beta1, which every Istio release
+/// since 1.5 serves (v1 needs Istio 1.22+); the proxy reads all served versions through it.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "networking.istio.io",
+    version = "v1beta1",
+    kind = "VirtualService",
+    plural = "virtualservices",
+    namespaced,
+    derive = "PartialEq"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualServiceSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<HttpRoute>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRoute {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(rename = "match", default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<HttpMatchRequest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<HttpRewrite>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub route: Vec<HttpRouteDestination>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Headers>,
+    /// Istio duration (`300s`); labforge writes none: notebooks keep long-lived connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpMatchRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<StringMatch>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, StringMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<StringMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_uri_case: Option<bool>,
+}
+
+/// Istio's StringMatch: exactly one of exact, prefix, regex (RE2 syntax).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StringMatch {
+    Exact(String),
+    Prefix(String),
+    Regex(String),
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct HttpRewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct HttpRouteDestination {
+    pub destination: Destination,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i32>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Destination {
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<PortSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct PortSelector {
+    pub number: u32,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Headers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<HeaderOperations>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<HeaderOperations>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct HeaderOperations {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub add: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
