@@ -7,6 +7,9 @@ use labforge_builder::commit::{CommitOptions, CommitProgress, commit_tree};
 use labforge_builder::image::RuntimeConfig;
 use labforge_builder::layer::Compression;
 use labforge_builder::registry::RegistryOptions;
+use labforge_notebook_controller::BuilderConfig;
+use labforge_notebook_controller::culler::CullingConfig;
+use labforge_notebook_controller::service::{LeaderElection, ServeOptions, serve};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -33,6 +36,73 @@ pub enum Command {
     /// Build images without a container daemon.
     #[command(subcommand)]
     Build(BuildCommand),
+    /// Print the objects the controller creates for Notebook CRs (a dry run, nothing is applied).
+    Render(RenderArgs),
+    /// Print the CustomResourceDefinitions labforge serves (Notebook, ImageBuild) as YAML.
+    Crds,
+    /// Run the Kubernetes notebook controller (kubeconfig or in-cluster credentials).
+    ///
+    /// Reads Kubeflow's environment: ISTIO_GATEWAY, ISTIO_HOST, CLUSTER_DOMAIN, USE_ISTIO,
+    /// ADD_FSGROUP, ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD.
+    Controller(ControllerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub admin_addr: std::net::SocketAddr,
+    /// Elect a leader among replicas through a Lease.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kubeflow")]
+    pub lease_namespace: String,
+    /// Identity in the leader Lease (defaults to the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Notebook server base URL for culling, with {namespace} and {name} placeholders (default:
+    /// the notebook's Service inside the cluster).
+    #[arg(long)]
+    pub jupyter_base_url: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// YAML file with one or more Notebook documents; `-` reads standard input.
+    #[arg(short = 'f', long = "filename")]
+    pub file: PathBuf,
+    /// Namespace for Notebooks that name none.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Istio gateway of the VirtualService.
+    #[arg(
+        long,
+        env = "ISTIO_GATEWAY",
+        default_value = "kubeflow/kubeflow-gateway"
+    )]
+    pub istio_gateway: String,
+    /// Host of the VirtualService.
+    #[arg(long, env = "ISTIO_HOST", default_value = "*")]
+    pub istio_host: String,
+    /// Cluster DNS domain used in the VirtualService destination.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Build no VirtualService (a cluster without Istio).
+    #[arg(long)]
+    pub no_virtual_service: bool,
+}
+
+impl From<&RenderArgs> for BuilderConfig {
+    fn from(args: &RenderArgs) -> Self {
+        BuilderConfig {
+            gateway: args.istio_gateway.clone(),
+            host: args.istio_host.clone(),
+            cluster_domain: args.cluster_domain.clone(),
+            virtual_service: !args.no_virtual_service,
+            ..BuilderConfig::default()
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -129,7 +199,75 @@ impl TryFrom<&CommitArgs> for CommitOptions {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Build(BuildCommand::Commit(args)) => build_commit(&args).await,
+        Command::Render(args) => render(&args),
+        Command::Controller(args) => controller(&args).await,
+        Command::Crds => {
+            for crd in labforge_crds::crds() {
+                print!("{}", labforge_crds::crd_yaml(&crd)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// Reads a variable of the process environment (the binary's one environment reader).
+fn env_var(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
+impl TryFrom<&ControllerArgs> for ServeOptions {
+    type Error = anyhow::Error;
+
+    fn try_from(args: &ControllerArgs) -> anyhow::Result<Self> {
+        let identity = match &args.identity {
+            Some(identity) => identity.clone(),
+            None => std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| format!("labforge-{}", std::process::id())),
+        };
+        Ok(ServeOptions {
+            builder: BuilderConfig::from_env(env_var),
+            culling: CullingConfig::from_env(env_var)?,
+            admin_addr: args.admin_addr,
+            leader_election: args.leader_elect.then(|| LeaderElection {
+                namespace: args.lease_namespace.clone(),
+                identity,
+                lease_duration: Duration::from_secs(15),
+            }),
+            jupyter_base_url: args.jupyter_base_url.clone(),
+        })
+    }
+}
+
+async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
+    let options = match ServeOptions::try_from(args) {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("labforge: error: {err:#}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?;
+    serve(client, options).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
+    let text = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .with_context(|| format!("reading {}", args.file.display()))?
+    };
+    let notebooks = labforge_notebook_controller::render::parse_notebooks(&text, &args.namespace)
+        .with_context(|| format!("parsing {}", args.file.display()))?;
+    print!(
+        "{}",
+        labforge_notebook_controller::render::render_yaml(&notebooks, &BuilderConfig::from(args))?
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
@@ -187,6 +325,7 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Build(BuildCommand::Commit(args)) => args,
+            other => panic!("parsed as {other:?}"),
         }
     }
 

@@ -1,0 +1,532 @@
+//! Pure object builders: Notebook → StatefulSet, Service, VirtualService, in Kubeflow's shape.
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, PodSecurityContext, PodSpec, PodTemplateSpec, Service,
+    ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+use labforge_crds::istio::{
+    Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRewrite, HttpRoute,
+    HttpRouteDestination, PortSelector, StringMatch, VirtualServiceSpec,
+};
+use labforge_crds::notebook::{
+    HEADERS_REQUEST_SET_ANNOTATION, NOTEBOOK_NAME_LABEL, REWRITE_URI_ANNOTATION, STATEFULSET_LABEL,
+};
+use labforge_crds::{Notebook, VirtualService};
+use std::collections::BTreeMap;
+
+/// Port JupyterLab and code-server listen on in labforge's and Kubeflow's images.
+pub const DEFAULT_CONTAINER_PORT: i32 = 8888;
+/// Port of the notebook's Service.
+pub const SERVICE_PORT: i32 = 80;
+/// Group the pod's volumes are shared with (`users` in the images).
+pub const DEFAULT_FS_GROUP: i64 = 100;
+/// Working directory of the notebook container unless the CR sets one.
+pub const DEFAULT_WORKING_DIR: &str = "/home/jovyan";
+/// Environment variable carrying the route prefix into the notebook.
+pub const PREFIX_ENV: &str = "NB_PREFIX";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BuildError {
+    #[error("Notebook has no metadata.{0}")]
+    MissingMetadata(&'static str),
+    #[error("spec.template.spec.containers is empty: a Notebook needs at least one container")]
+    NoContainers,
+}
+
+/// Cluster-wide settings, with Kubeflow's environment variable names and defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuilderConfig {
+    /// `ISTIO_GATEWAY`, default `kubeflow/kubeflow-gateway`.
+    pub gateway: String,
+    /// `ISTIO_HOST`, default `*`.
+    pub host: String,
+    /// `CLUSTER_DOMAIN`, default `cluster.local`.
+    pub cluster_domain: String,
+    /// `USE_ISTIO`, default true: whether a VirtualService is built.
+    pub virtual_service: bool,
+    /// `ADD_FSGROUP`, default true: pods without a security context get `fsGroup: 100`.
+    pub add_fs_group: bool,
+}
+
+impl Default for BuilderConfig {
+    fn default() -> Self {
+        Self {
+            gateway: "kubeflow/kubeflow-gateway".into(),
+            host: "*".into(),
+            cluster_domain: "cluster.local".into(),
+            virtual_service: true,
+            add_fs_group: true,
+        }
+    }
+}
+
+impl BuilderConfig {
+    /// Reads Kubeflow's variables through `lookup` (the process environment in the binary, a map in
+    /// tests). Unset or empty values keep the defaults.
+    pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let defaults = Self::default();
+        let get = |key: &str| lookup(key).filter(|v| !v.is_empty());
+        Self {
+            gateway: get("ISTIO_GATEWAY").unwrap_or(defaults.gateway),
+            host: get("ISTIO_HOST").unwrap_or(defaults.host),
+            cluster_domain: get("CLUSTER_DOMAIN").unwrap_or(defaults.cluster_domain),
+            virtual_service: get("USE_ISTIO").is_none_or(|v| v == "true"),
+            add_fs_group: get("ADD_FSGROUP").is_none_or(|v| v == "true"),
+        }
+    }
+}
+
+/// Everything a Notebook owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Children {
+    pub stateful_set: StatefulSet,
+    pub service: Service,
+    pub virtual_service: Option<VirtualService>,
+}
+
+/// The route prefix of a notebook, `/notebook/<namespace>/<name>` (no trailing slash, as NB_PREFIX).
+pub fn route_prefix(namespace: &str, name: &str) -> String {
+    format!("/notebook/{namespace}/{name}")
+}
+
+/// The VirtualService name Kubeflow uses: `notebook-<namespace>-<name>`.
+pub fn virtual_service_name(namespace: &str, name: &str) -> String {
+    format!("notebook-{namespace}-{name}")
+}
+
+struct Identity<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    owner: Option<OwnerReference>,
+}
+
+fn identity(notebook: &Notebook) -> Result<Identity<'_>, BuildError> {
+    let name = notebook
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(BuildError::MissingMetadata("name"))?;
+    let namespace = notebook
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(BuildError::MissingMetadata("namespace"))?;
+    // A CR read from a file (labforge render) has no uid yet, so it cannot own anything.
+    Ok(Identity {
+        name,
+        namespace,
+        owner: notebook.controller_owner_ref(&()),
+    })
+}
+
+fn child_meta(id: &Identity<'_>, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(id.namespace.to_owned()),
+        owner_references: id.owner.clone().map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+/// Builds every child of `notebook`.
+pub fn build_children(notebook: &Notebook, config: &BuilderConfig) -> Result<Children, BuildError> {
+    Ok(Children {
+        stateful_set: stateful_set(notebook, config)?,
+        service: service(notebook)?,
+        virtual_service: if config.virtual_service {
+            Some(virtual_service(notebook, config)?)
+        } else {
+            None
+        },
+    })
+}
+
+fn notebook_pod_spec(notebook: &Notebook) -> Result<PodSpec, BuildError> {
+    let spec = notebook.spec.template.spec.clone().unwrap_or_default();
+    if spec.containers.is_empty() {
+        return Err(BuildError::NoContainers);
+    }
+    Ok(spec)
+}
+
+/// The StatefulSet: one replica (zero when stopped), pods labelled `statefulset` and `notebook-name`
+/// plus the Notebook's own labels; container 0 gets Kubeflow's defaults.
+pub fn stateful_set(
+    notebook: &Notebook,
+    config: &BuilderConfig,
+) -> Result<StatefulSet, BuildError> {
+    let id = identity(notebook)?;
+    let mut pod_spec = notebook_pod_spec(notebook)?;
+    if let Some(container) = pod_spec.containers.first_mut() {
+        apply_container_defaults(container, &route_prefix(id.namespace, id.name));
+    }
+    if config.add_fs_group && pod_spec.security_context.is_none() {
+        pod_spec.security_context = Some(PodSecurityContext {
+            fs_group: Some(DEFAULT_FS_GROUP),
+            ..Default::default()
+        });
+    }
+
+    let selector = BTreeMap::from([(STATEFULSET_LABEL.to_owned(), id.name.to_owned())]);
+    let mut pod_labels = selector.clone();
+    pod_labels.insert(NOTEBOOK_NAME_LABEL.to_owned(), id.name.to_owned());
+    if let Some(labels) = &notebook.metadata.labels {
+        pod_labels.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+
+    Ok(StatefulSet {
+        metadata: child_meta(&id, id.name.to_owned()),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(if notebook.is_stopped() { 0 } else { 1 }),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(pod_spec),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+fn apply_container_defaults(container: &mut Container, prefix: &str) {
+    if container.working_dir.as_deref().is_none_or(str::is_empty) {
+        container.working_dir = Some(DEFAULT_WORKING_DIR.to_owned());
+    }
+    if container.ports.is_none() {
+        container.ports = Some(vec![ContainerPort {
+            container_port: DEFAULT_CONTAINER_PORT,
+            name: Some("notebook-port".into()),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]);
+    }
+    // The route prefix is the controller's to decide: a stale or hand-set value would make the
+    // notebook serve under a path the proxy never routes to.
+    let env = container.env.get_or_insert_with(Vec::new);
+    match env.iter_mut().find(|e| e.name == PREFIX_ENV) {
+        Some(var) => {
+            var.value = Some(prefix.to_owned());
+            var.value_from = None;
+        }
+        None => env.push(EnvVar {
+            name: PREFIX_ENV.into(),
+            value: Some(prefix.to_owned()),
+            value_from: None,
+        }),
+    }
+}
+
+/// The port the notebook container serves on: its first declared port, else 8888.
+pub fn container_port(notebook: &Notebook) -> i32 {
+    notebook
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.ports.as_ref())
+        .and_then(|p| p.first())
+        .map_or(DEFAULT_CONTAINER_PORT, |p| p.container_port)
+}
+
+/// The Service: ClusterIP, port `http-<name>` 80 → the container port, selecting the StatefulSet's pods.
+pub fn service(notebook: &Notebook) -> Result<Service, BuildError> {
+    let id = identity(notebook)?;
+    notebook_pod_spec(notebook)?;
+    Ok(Service {
+        metadata: child_meta(&id, id.name.to_owned()),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(BTreeMap::from([(
+                STATEFULSET_LABEL.to_owned(),
+                id.name.to_owned(),
+            )])),
+            ports: Some(vec![ServicePort {
+                // Istio's protocol-by-name convention, so Istio policies can manage the port.
+                name: Some(format!("http-{}", id.name)),
+                port: SERVICE_PORT,
+                target_port: Some(IntOrString::Int(container_port(notebook))),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The VirtualService routing `/notebook/<ns>/<name>/` to the Service, with no timeout.
+pub fn virtual_service(
+    notebook: &Notebook,
+    config: &BuilderConfig,
+) -> Result<VirtualService, BuildError> {
+    let id = identity(notebook)?;
+    let prefix = format!("{}/", route_prefix(id.namespace, id.name));
+    let rewrite = notebook
+        .annotation(REWRITE_URI_ANNOTATION)
+        .filter(|uri| !uri.is_empty())
+        .unwrap_or(&prefix)
+        .to_owned();
+    // Kubeflow ignores a header annotation that is not a JSON object of strings; so do we.
+    let headers_set: BTreeMap<String, String> = notebook
+        .annotation(HEADERS_REQUEST_SET_ANNOTATION)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    let route = HttpRoute {
+        matches: vec![HttpMatchRequest {
+            uri: Some(StringMatch::Prefix(prefix.clone())),
+            ..Default::default()
+        }],
+        rewrite: Some(HttpRewrite { uri: Some(rewrite) }),
+        route: vec![HttpRouteDestination {
+            destination: Destination {
+                host: format!("{}.{}.svc.{}", id.name, id.namespace, config.cluster_domain),
+                port: Some(PortSelector {
+                    number: SERVICE_PORT.unsigned_abs(),
+                }),
+                subset: None,
+            },
+            weight: None,
+        }],
+        headers: (!headers_set.is_empty()).then(|| Headers {
+            request: Some(HeaderOperations {
+                set: headers_set,
+                ..Default::default()
+            }),
+            response: None,
+        }),
+        ..Default::default()
+    };
+    let mut vs = VirtualService::new(
+        &virtual_service_name(id.namespace, id.name),
+        VirtualServiceSpec {
+            hosts: vec![config.host.clone()],
+            gateways: vec![config.gateway.clone()],
+            http: vec![route],
+        },
+    );
+    vs.metadata = child_meta(&id, virtual_service_name(id.namespace, id.name));
+    Ok(vs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::NotebookFixture;
+    use labforge_crds::notebook::STOP_ANNOTATION;
+    use serde_json::json;
+
+    fn first_container(sts: &StatefulSet) -> &Container {
+        &sts.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+    }
+
+    #[test]
+    fn statefulset_has_kubeflow_shape() {
+        let nb = Notebook::test("alice", "lab").labelled("team", "ml");
+        let sts = stateful_set(&nb, &BuilderConfig::default()).unwrap();
+        let spec = sts.spec.as_ref().unwrap();
+        assert_eq!(sts.metadata.name.as_deref(), Some("lab"));
+        assert_eq!(sts.metadata.namespace.as_deref(), Some("alice"));
+        assert_eq!(spec.replicas, Some(1));
+        assert_eq!(
+            spec.selector.match_labels.as_ref().unwrap(),
+            &BTreeMap::from([("statefulset".to_string(), "lab".to_string())])
+        );
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        assert_eq!(labels["statefulset"], "lab");
+        assert_eq!(labels["notebook-name"], "lab");
+        assert_eq!(labels["team"], "ml");
+        let container = first_container(&sts);
+        assert_eq!(container.working_dir.as_deref(), Some("/home/jovyan"));
+        let port = &container.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.container_port, port.name.as_deref()),
+            (8888, Some("notebook-port"))
+        );
+        let env = container.env.as_ref().unwrap();
+        assert!(env.iter().any(|e| e.name == "NB_PREFIX" && e.value.as_deref() == Some("/notebook/alice/lab")));
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.security_context.as_ref().unwrap().fs_group, Some(100));
+        // Owned by the Notebook, so deleting it cascades.
+        let owner = &sts.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("Notebook", Some(true))
+        );
+    }
+
+    #[test]
+    fn stop_annotation_scales_to_zero_whatever_its_value() {
+        let nb = Notebook::test("alice", "lab").annotated(STOP_ANNOTATION, "");
+        let sts = stateful_set(&nb, &BuilderConfig::default()).unwrap();
+        assert_eq!(sts.spec.unwrap().replicas, Some(0));
+        let sts = stateful_set(
+            &Notebook::test("alice", "lab").stopped(),
+            &BuilderConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(sts.spec.unwrap().replicas, Some(0));
+    }
+
+    #[test]
+    fn user_choices_in_the_pod_template_are_kept() {
+        let nb = Notebook::test("alice", "code")
+            .with_port(8080)
+            .with_working_dir("/workspace")
+            .with_security_context()
+            .with_env("NB_PREFIX", "/somewhere/else");
+        let sts = stateful_set(&nb, &BuilderConfig::default()).unwrap();
+        let container = first_container(&sts);
+        assert_eq!(container.working_dir.as_deref(), Some("/workspace"));
+        assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 8080);
+        let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.security_context.as_ref().unwrap().fs_group, None);
+        let prefixes: Vec<_> = container
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|e| e.name == "NB_PREFIX")
+            .collect();
+        assert_eq!(prefixes.len(), 1, "one NB_PREFIX");
+        assert_eq!(prefixes[0].value.as_deref(), Some("/notebook/alice/code"));
+
+        let svc = service(&nb).unwrap();
+        let port = &svc.spec.unwrap().ports.unwrap()[0];
+        assert_eq!(port.name.as_deref(), Some("http-code"));
+        assert_eq!(port.port, 80);
+        assert_eq!(port.target_port, Some(IntOrString::Int(8080)));
+    }
+
+    #[test]
+    fn add_fsgroup_false_leaves_the_security_context_alone() {
+        let config = BuilderConfig {
+            add_fs_group: false,
+            ..Default::default()
+        };
+        let sts = stateful_set(&Notebook::test("a", "b"), &config).unwrap();
+        assert!(
+            sts.spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .security_context
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn virtual_service_matches_kubeflow_exactly() {
+        let vs =
+            virtual_service(&Notebook::test("alice", "lab"), &BuilderConfig::default()).unwrap();
+        let mut value = serde_json::to_value(&vs).unwrap();
+        value["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ownerReferences");
+        assert_eq!(
+            value,
+            json!({
+                "apiVersion": "networking.istio.io/v1beta1",
+                "kind": "VirtualService",
+                "metadata": { "name": "notebook-alice-lab", "namespace": "alice" },
+                "spec": {
+                    "hosts": ["*"],
+                    "gateways": ["kubeflow/kubeflow-gateway"],
+                    "http": [{
+                        "match": [{ "uri": { "prefix": "/notebook/alice/lab/" } }],
+                        "rewrite": { "uri": "/notebook/alice/lab/" },
+                        "route": [{ "destination": {
+                            "host": "lab.alice.svc.cluster.local",
+                            "port": { "number": 80 }
+                        } }]
+                    }]
+                }
+            })
+        );
+    }
+
+    #[test]
+    fn rewrite_and_header_annotations_shape_the_route() {
+        let nb = Notebook::test("alice", "code")
+            .annotated(REWRITE_URI_ANNOTATION, "/")
+            .annotated(
+                HEADERS_REQUEST_SET_ANNOTATION,
+                r#"{"X-RStudio-Root-Path":"/notebook/alice/code/"}"#,
+            );
+        let config = BuilderConfig::from_env(|k| match k {
+            "ISTIO_GATEWAY" => Some("istio-system/main".into()),
+            "ISTIO_HOST" => Some("lab.example.com".into()),
+            "CLUSTER_DOMAIN" => Some("corp.local".into()),
+            _ => None,
+        });
+        let vs = virtual_service(&nb, &config).unwrap();
+        assert_eq!(vs.spec.gateways, ["istio-system/main"]);
+        assert_eq!(vs.spec.hosts, ["lab.example.com"]);
+        let route = &vs.spec.http[0];
+        assert_eq!(route.rewrite.as_ref().unwrap().uri.as_deref(), Some("/"));
+        assert_eq!(route.route[0].destination.host, "code.alice.svc.corp.local");
+        assert_eq!(
+            route.timeout, None,
+            "no timeout: notebooks hold long connections"
+        );
+        let set = &route
+            .headers
+            .as_ref()
+            .unwrap()
+            .request
+            .as_ref()
+            .unwrap()
+            .set;
+        assert_eq!(set["X-RStudio-Root-Path"], "/notebook/alice/code/");
+    }
+
+    #[test]
+    fn malformed_header_annotation_is_ignored_like_kubeflow() {
+        let nb =
+            Notebook::test("alice", "lab").annotated(HEADERS_REQUEST_SET_ANNOTATION, "not json");
+        let vs = virtual_service(&nb, &BuilderConfig::default()).unwrap();
+        assert!(vs.spec.http[0].headers.is_none());
+    }
+
+    #[test]
+    fn use_istio_false_builds_no_virtual_service() {
+        let config = BuilderConfig::from_env(|k| (k == "USE_ISTIO").then(|| "false".into()));
+        let children = build_children(&Notebook::test("a", "b"), &config).unwrap();
+        assert!(children.virtual_service.is_none());
+    }
+
+    #[test]
+    fn notebook_without_containers_is_refused_with_the_field_named() {
+        let nb = Notebook::test("alice", "empty").without_containers();
+        let err = build_children(&nb, &BuilderConfig::default()).unwrap_err();
+        assert_eq!(err, BuildError::NoContainers);
+        assert!(err.to_string().contains("spec.template.spec.containers"));
+    }
+}

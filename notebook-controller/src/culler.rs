@@ -1,0 +1,371 @@
+//! Idle culling with Kubeflow's settings and annotations.
+//!
+//! Every check period each running Notebook's last activity is refreshed from its activity
+//! sources (Jupyter's kernels and terminals API, the proxy's per-route activity) and, when it has
+//! been idle longer than the cull time, it is stopped with Kubeflow's stop annotation. The
+//! last-activity annotation is written only when it moves, so idle clusters see no writes.
+
+use crate::metrics::{Metrics, NotebookLabels};
+use jiff::{SignedDuration, Timestamp};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use labforge_crds::Notebook;
+use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Kubeflow's culling settings (`ENABLE_CULLING`, `CULL_IDLE_TIME` and `IDLENESS_CHECK_PERIOD`,
+/// both in minutes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CullingConfig {
+    pub enabled: bool,
+    pub idle_time: Duration,
+    pub check_period: Duration,
+}
+
+impl Default for CullingConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            idle_time: Duration::from_secs(1440 * 60),
+            check_period: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{variable}={value:?} is not a whole number of minutes")]
+pub struct CullingConfigError {
+    pub variable: &'static str,
+    pub value: String,
+}
+
+impl CullingConfig {
+    /// Reads Kubeflow's variables through `lookup`; unset values keep the defaults, malformed ones
+    /// are an error (never a silent fallback).
+    pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, CullingConfigError> {
+        let defaults = Self::default();
+        let minutes = |variable: &'static str, default: Duration| match lookup(variable) {
+            None => Ok(default),
+            Some(value) => value
+                .trim()
+                .parse::<u64>()
+                .map(|m| Duration::from_secs(m * 60))
+                .map_err(|_| CullingConfigError { variable, value }),
+        };
+        Ok(Self {
+            enabled: lookup("ENABLE_CULLING").is_some_and(|v| v == "true"),
+            idle_time: minutes("CULL_IDLE_TIME", defaults.idle_time)?,
+            check_period: minutes("IDLENESS_CHECK_PERIOD", defaults.check_period)?,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("activity of {notebook}: {message}")]
+pub struct ActivityError {
+    pub notebook: String,
+    pub message: String,
+}
+
+/// Somewhere a notebook's last activity can be read.
+#[async_trait::async_trait]
+pub trait ActivitySource: Send + Sync {
+    /// The most recent activity this source saw, or `None` when it has nothing to say.
+    async fn last_activity(&self, notebook: &Notebook) -> Result<Option<Timestamp>, ActivityError>;
+}
+
+/// Maps (namespace, name) to the base URL of that notebook's server.
+type BaseUrlFn = Box<dyn Fn(&str, &str) -> String + Send + Sync>;
+
+/// Jupyter's own view: `/api/kernels` and `/api/terminals` under the notebook's prefix. A busy
+/// kernel counts as active now.
+pub struct JupyterActivity {
+    http: reqwest::Client,
+    /// Base URL of a notebook's server, e.g. `http://<name>.<ns>.svc.cluster.local`.
+    base_url: BaseUrlFn,
+}
+
+impl JupyterActivity {
+    pub fn new(base_url: impl Fn(&str, &str) -> String + Send + Sync + 'static) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            base_url: Box::new(base_url),
+        }
+    }
+
+    /// In a cluster: through the notebook's Service.
+    pub fn in_cluster(cluster_domain: String) -> Self {
+        Self::new(move |namespace, name| format!("http://{name}.{namespace}.svc.{cluster_domain}"))
+    }
+
+    async fn fetch(
+        &self,
+        url: &str,
+        notebook: &str,
+    ) -> Result<Vec<serde_json::Value>, ActivityError> {
+        let error = |message: String| ActivityError {
+            notebook: notebook.to_owned(),
+            message,
+        };
+        let response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| error(format!("GET {url}: {e}")))?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            // Not a Jupyter server (code-server, RStudio): the proxy's activity decides.
+            return Ok(Vec::new());
+        }
+        if !response.status().is_success() {
+            return Err(error(format!("GET {url}: HTTP {}", response.status())));
+        }
+        response
+            .json()
+            .await
+            .map_err(|e| error(format!("GET {url}: {e}")))
+    }
+}
+
+#[async_trait::async_trait]
+impl ActivitySource for JupyterActivity {
+    async fn last_activity(&self, notebook: &Notebook) -> Result<Option<Timestamp>, ActivityError> {
+        let (namespace, name) = (
+            notebook.namespace().unwrap_or_default(),
+            notebook.name_any(),
+        );
+        let base = format!(
+            "{}/notebook/{namespace}/{name}",
+            (self.base_url)(&namespace, &name)
+        );
+        let kernels = self.fetch(&format!("{base}/api/kernels"), &name).await?;
+        let terminals = self.fetch(&format!("{base}/api/terminals"), &name).await?;
+        Ok(jupyter_last_activity(
+            &kernels,
+            &terminals,
+            Timestamp::now(),
+        ))
+    }
+}
+
+/// Kubeflow's rule: any busy kernel means active now; otherwise the newest `last_activity` of
+/// kernels and terminals.
+pub fn jupyter_last_activity(
+    kernels: &[serde_json::Value],
+    terminals: &[serde_json::Value],
+    now: Timestamp,
+) -> Option<Timestamp> {
+    if kernels.iter().any(|k| k["execution_state"] == "busy") {
+        return Some(now);
+    }
+    kernels
+        .iter()
+        .chain(terminals)
+        .filter_map(|k| k["last_activity"].as_str()?.parse::<Timestamp>().ok())
+        .max()
+}
+
+/// What one culling check decided for a notebook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CullDecision {
+    /// Leave it; write `last_activity` first when it moved.
+    Keep { last_activity: Option<Timestamp> },
+    /// Idle too long: stop it.
+    Cull { last_activity: Timestamp },
+}
+
+/// Decides from the stored annotation and what the sources report (pure, for tests).
+pub fn decide(
+    stored: Option<Timestamp>,
+    observed: Option<Timestamp>,
+    now: Timestamp,
+    idle_time: Duration,
+) -> CullDecision {
+    let newest = match (stored, observed) {
+        (Some(s), Some(o)) => Some(s.max(o)),
+        (s, o) => s.or(o),
+    };
+    // A notebook never seen active starts its idle clock now, as in Kubeflow.
+    let last = newest.unwrap_or(now);
+    let idle = now.duration_since(last);
+    if idle > SignedDuration::try_from(idle_time).unwrap_or(SignedDuration::MAX) {
+        return CullDecision::Cull {
+            last_activity: last,
+        };
+    }
+    CullDecision::Keep {
+        last_activity: (Some(last) != stored).then_some(last),
+    }
+}
+
+/// Runs one culling pass over every running Notebook.
+pub async fn cull_once(
+    client: &Client,
+    sources: &[Arc<dyn ActivitySource>],
+    config: &CullingConfig,
+    metrics: &Metrics,
+) -> Result<(), kube::Error> {
+    let notebooks: Api<Notebook> = Api::all(client.clone());
+    for notebook in notebooks.list(&Default::default()).await? {
+        if notebook.is_stopped() || notebook.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let mut observed = None;
+        for source in sources {
+            match source.last_activity(&notebook).await {
+                Ok(seen) => observed = observed.max(seen),
+                Err(err) => tracing::debug!(error = %err, "activity source"),
+            }
+        }
+        let stored = notebook
+            .annotation(LAST_ACTIVITY_ANNOTATION)
+            .and_then(|v| v.parse::<Timestamp>().ok());
+        let now = Timestamp::now();
+        let namespace = notebook.namespace().unwrap_or_default();
+        let api: Api<Notebook> = Api::namespaced(client.clone(), &namespace);
+        let annotations = match decide(stored, observed, now, config.idle_time) {
+            CullDecision::Keep {
+                last_activity: None,
+            } => continue,
+            CullDecision::Keep {
+                last_activity: Some(last),
+            } => serde_json::json!({ LAST_ACTIVITY_ANNOTATION: last.to_string() }),
+            CullDecision::Cull { last_activity } => {
+                tracing::info!(notebook = %notebook.name_any(), %namespace, idle_since = %last_activity, "culling idle notebook");
+                let labels = NotebookLabels {
+                    namespace: namespace.clone(),
+                    name: notebook.name_any(),
+                };
+                metrics.culled.get_or_create(&labels).inc();
+                metrics
+                    .last_culled
+                    .get_or_create(&labels)
+                    .set(now.as_millisecond() as f64 / 1000.0);
+                serde_json::json!({
+                    LAST_ACTIVITY_ANNOTATION: last_activity.to_string(),
+                    STOP_ANNOTATION: now.to_string(),
+                })
+            }
+        };
+        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
+        api.patch(
+            &notebook.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Culls forever, every check period.
+pub async fn run(
+    client: Client,
+    sources: Vec<Arc<dyn ActivitySource>>,
+    config: CullingConfig,
+    metrics: Arc<Metrics>,
+) {
+    let mut ticker = tokio::time::interval(config.check_period);
+    loop {
+        ticker.tick().await;
+        if let Err(err) = cull_once(&client, &sources, &config, &metrics).await {
+            tracing::warn!(error = %err, "culling pass failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn busy_kernel_is_activity_now_and_idle_ones_give_their_newest_time() {
+        let now = at("2026-11-21T12:00:00Z");
+        let idle = [
+            json!({"execution_state": "idle", "last_activity": "2026-11-21T10:00:00Z"}),
+            json!({"execution_state": "idle", "last_activity": "2026-11-21T11:00:00Z"}),
+        ];
+        let terminal = [json!({"name": "1", "last_activity": "2026-11-21T11:30:00Z"})];
+        assert_eq!(
+            jupyter_last_activity(&idle, &[], now),
+            Some(at("2026-11-21T11:00:00Z"))
+        );
+        assert_eq!(
+            jupyter_last_activity(&idle, &terminal, now),
+            Some(at("2026-11-21T11:30:00Z"))
+        );
+        let busy = [json!({"execution_state": "busy", "last_activity": "2026-11-20T00:00:00Z"})];
+        assert_eq!(jupyter_last_activity(&busy, &[], now), Some(now));
+        assert_eq!(jupyter_last_activity(&[], &[], now), None);
+    }
+
+    #[test]
+    fn idle_longer_than_cull_time_is_culled_and_activity_only_moves_forward() {
+        let now = at("2026-11-21T12:00:00Z");
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            decide(Some(at("2026-11-21T10:00:00Z")), None, now, hour),
+            CullDecision::Cull {
+                last_activity: at("2026-11-21T10:00:00Z")
+            }
+        );
+        // Fresh activity from a source keeps it and is written once.
+        assert_eq!(
+            decide(
+                Some(at("2026-11-21T10:00:00Z")),
+                Some(at("2026-11-21T11:59:00Z")),
+                now,
+                hour
+            ),
+            CullDecision::Keep {
+                last_activity: Some(at("2026-11-21T11:59:00Z"))
+            }
+        );
+        // Nothing new: no write.
+        assert_eq!(
+            decide(
+                Some(at("2026-11-21T11:30:00Z")),
+                Some(at("2026-11-21T11:00:00Z")),
+                now,
+                hour
+            ),
+            CullDecision::Keep {
+                last_activity: None
+            }
+        );
+        // Never seen: the clock starts now.
+        assert_eq!(
+            decide(None, None, now, hour),
+            CullDecision::Keep {
+                last_activity: Some(now)
+            }
+        );
+    }
+
+    #[test]
+    fn culling_config_reads_kubeflow_variables_and_refuses_garbage() {
+        let config = CullingConfig::from_env(|k| match k {
+            "ENABLE_CULLING" => Some("true".into()),
+            "CULL_IDLE_TIME" => Some("30".into()),
+            "IDLENESS_CHECK_PERIOD" => Some("2".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(config.enabled);
+        assert_eq!(config.idle_time, Duration::from_secs(1800));
+        assert_eq!(config.check_period, Duration::from_secs(120));
+        let err =
+            CullingConfig::from_env(|k| (k == "CULL_IDLE_TIME").then(|| "1h".into())).unwrap_err();
+        assert_eq!(err.variable, "CULL_IDLE_TIME");
+        assert!(!CullingConfig::from_env(|_| None).unwrap().enabled);
+    }
+}

@@ -1,0 +1,118 @@
+//! The controller process: admin server, leader election, reconcile loop and culler, wired together.
+
+use crate::admin::{self, AdminState};
+use crate::builders::BuilderConfig;
+use crate::controller::{self, Context, FIELD_MANAGER};
+use crate::culler::{self, ActivitySource, CullingConfig, JupyterActivity};
+use crate::leader::LeaderElector;
+use crate::metrics::Metrics;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding the admin server on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("leader election")]
+    Leader(#[source] kube::Error),
+}
+
+/// Everything the controller process needs, already validated.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub builder: BuilderConfig,
+    pub culling: CullingConfig,
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub admin_addr: SocketAddr,
+    /// Lease namespace and identity; `None` runs without leader election (a single replica).
+    pub leader_election: Option<LeaderElection>,
+    /// Base URL of notebook servers for culling, with `{namespace}` and `{name}` placeholders;
+    /// `None` uses the notebook's Service DNS name inside the cluster.
+    pub jupyter_base_url: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    pub namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+}
+
+/// Runs until interrupted, or until this replica loses its lease.
+pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), ServeError> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(options.admin_addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: options.admin_addr,
+            source,
+        })?;
+    let admin_router = admin::router(AdminState {
+        registry: Arc::new(registry),
+        ready: ready.clone(),
+    });
+    let admin = tokio::spawn(async move { axum::serve(listener, admin_router).await });
+
+    let elector = options.leader_election.as_ref().map(|election| {
+        LeaderElector::new(
+            client.clone(),
+            &election.namespace,
+            FIELD_MANAGER,
+            &election.identity,
+            election.lease_duration,
+        )
+    });
+    if let Some(elector) = &elector {
+        tracing::info!("waiting for the leader lease");
+        elector
+            .acquire(Duration::from_secs(2))
+            .await
+            .map_err(ServeError::Leader)?;
+        tracing::info!("leading");
+    }
+    ready.store(true, Ordering::Relaxed);
+
+    let culler = options.culling.enabled.then(|| {
+        let source: Arc<dyn ActivitySource> = match options.jupyter_base_url.clone() {
+            Some(template) => Arc::new(JupyterActivity::new(move |namespace, name| {
+                template
+                    .replace("{namespace}", namespace)
+                    .replace("{name}", name)
+            })),
+            None => Arc::new(JupyterActivity::in_cluster(
+                options.builder.cluster_domain.clone(),
+            )),
+        };
+        tokio::spawn(culler::run(
+            client.clone(),
+            vec![source],
+            options.culling.clone(),
+            metrics.clone(),
+        ))
+    });
+
+    let ctx = Arc::new(Context::new(client, options.builder, metrics));
+    let lease_lost = async {
+        match &elector {
+            Some(elector) => elector.hold(Duration::from_secs(5)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = controller::run(ctx) => tracing::info!("controller stopped"),
+        () = lease_lost => tracing::warn!("lost the leader lease; exiting so another replica leads"),
+    }
+    if let Some(culler) = culler {
+        culler.abort();
+    }
+    admin.abort();
+    Ok(())
+}
