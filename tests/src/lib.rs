@@ -6,7 +6,9 @@
 //! is missing the error names it and the setup command to run, instead of hanging.
 
 pub mod browser;
+pub mod fake_kube;
 pub mod images;
+pub mod jupyter;
 pub mod podman;
 pub mod services;
 pub mod tools;

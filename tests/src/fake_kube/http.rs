@@ -1,0 +1,506 @@
+//! The REST surface: Kubernetes paths parsed by hand (one fallback handler, because the same path
+//! shape means different things per resource scope), query parameters as kube-client sends them,
+//! and write accounting for tests.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::catalog::ResourceId;
+use super::discovery;
+use super::selector::{FieldSelector, LabelSelector};
+use super::status::{self, ApiError};
+use super::store::{DeleteOptions, Deletion, Filter, PatchKind, Store, Target, WriteOptions};
+use super::watch::{self, View, WatchRequest, WatchStart};
+
+/// The rule answering SubjectAccessReviews, given the review's `spec`.
+pub(crate) type AccessRule = dyn Fn(&Value) -> bool + Send + Sync;
+
+/// Counters tests read back.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub writes: u64,
+    pub writes_by: BTreeMap<String, u64>,
+    /// Successful mutating requests, including no-ops that changed nothing.
+    pub write_requests: u64,
+    pub rejected: Vec<String>,
+}
+
+/// Shared state of one fake server.
+pub(crate) struct App {
+    pub store: Arc<Store>,
+    pub stats: Mutex<Stats>,
+    pub access_rule: RwLock<Arc<AccessRule>>,
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    pub address: String,
+}
+
+impl App {
+    pub(crate) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Largest request body accepted (a real API server takes 3 MiB).
+const BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .fallback(handle)
+        .with_state(app)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+}
+
+async fn handle(
+    State(app): State<Arc<App>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match route(&app, &method, &uri, &headers, &body) {
+        Ok(response) => response,
+        Err(error) => {
+            if matches!(error.code, 400 | 422) {
+                app.stats().rejected.push(error.message.clone());
+            }
+            tracing::debug!(%method, %uri, code = error.code, message = %error.message, "fake kube rejected a request");
+            error.into_response()
+        }
+    }
+}
+
+fn json_response(code: StatusCode, value: &Value) -> Response {
+    (code, axum::Json(value)).into_response()
+}
+
+/// A resource path: `/api/v1/namespaces/ns/pods/name/status` and its variants.
+struct ResourcePath {
+    resource: ResourceId,
+    version: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn route(
+    app: &App,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let catalog = &app.store.schemas().catalog;
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let get_only = |value: Option<Value>| -> Result<Response, ApiError> {
+        if method != Method::GET {
+            return Err(ApiError::method_not_allowed(method.as_str()));
+        }
+        value
+            .map(|value| json_response(StatusCode::OK, &value))
+            .ok_or_else(ApiError::path_not_found)
+    };
+    let (group, version, rest) = match segments.as_slice() {
+        ["version"] => return get_only(Some(discovery::version())),
+        ["healthz" | "livez" | "readyz"] => return Ok((StatusCode::OK, "ok").into_response()),
+        ["api"] => return get_only(Some(discovery::api_versions(&app.address))),
+        ["apis"] => return get_only(Some(discovery::group_list(catalog))),
+        ["apis", group] => return get_only(discovery::group(catalog, group)),
+        ["api", version] => return get_only(discovery::resource_list(catalog, "", version)),
+        ["apis", group, version] => {
+            return get_only(discovery::resource_list(catalog, group, version));
+        }
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(ApiError::path_not_found()),
+    };
+    let path = parse_resource_path(app, group, version, rest)?;
+    let query = Query::<HashMap<String, String>>::try_from_uri(uri)
+        .map(|Query(query)| query)
+        .map_err(|err| ApiError::bad_request(format!("invalid query: {err}")))?;
+    serve(app, method, &path, &query, headers, body)
+}
+
+fn parse_resource_path(
+    app: &App,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<ResourcePath, ApiError> {
+    let catalog = &app.store.schemas().catalog;
+    let namespaced = |plural: &str| {
+        catalog
+            .by_plural(group, version, plural)
+            .filter(|id| catalog.get(*id).namespaced)
+    };
+    let (namespace, resource, tail) = match rest {
+        ["namespaces", namespace, plural, tail @ ..] if namespaced(plural).is_some() => {
+            (Some(namespace.to_string()), namespaced(plural), tail)
+        }
+        [plural, tail @ ..] => (None, catalog.by_plural(group, version, plural), tail),
+        [] => (None, None, rest),
+    };
+    let resource = resource.ok_or_else(ApiError::path_not_found)?;
+    let info = catalog.get(resource);
+    let (name, subresource) = match tail {
+        [] => (None, None),
+        // A namespaced resource's objects are only reachable inside their namespace.
+        [_, ..] if info.namespaced && namespace.is_none() => return Err(ApiError::path_not_found()),
+        [name] => (Some(name.to_string()), None),
+        [name, "status"] if info.has_status => (Some(name.to_string()), Some("status".to_string())),
+        _ => return Err(ApiError::path_not_found()),
+    };
+    Ok(ResourcePath {
+        resource,
+        version: version.to_string(),
+        namespace,
+        name,
+        subresource,
+    })
+}
+
+fn truthy(query: &HashMap<String, String>, key: &str) -> bool {
+    matches!(query.get(key).map(String::as_str), Some("true" | "1"))
+}
+
+fn filter(query: &HashMap<String, String>, namespace: Option<&str>) -> Result<Filter, ApiError> {
+    Ok(Filter {
+        namespace: namespace.map(str::to_string),
+        labels: LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
+            .map_err(ApiError::bad_request)?,
+        fields: FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))
+            .map_err(ApiError::bad_request)?,
+    })
+}
+
+fn write_options(query: &HashMap<String, String>, headers: &HeaderMap) -> WriteOptions {
+    let manager = query
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .cloned()
+        .or_else(|| {
+            headers
+                .get(header::USER_AGENT)
+                .and_then(|ua| ua.to_str().ok())
+                .and_then(|ua| ua.split('/').next())
+                .filter(|product| !product.is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    WriteOptions {
+        dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
+        manager,
+        force: truthy(query, "force"),
+    }
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|err| {
+        ApiError::bad_request(format!(
+            "the request body could not be decoded as JSON: {err}"
+        ))
+    })
+}
+
+fn serve(
+    app: &App,
+    method: &Method,
+    path: &ResourcePath,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let store = &app.store;
+    let info = store.schemas().resource(path.resource);
+    let target = Target {
+        resource: path.resource,
+        version: &path.version,
+        namespace: path.namespace.as_deref(),
+    };
+    let partial = headers
+        .get(header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("as=PartialObjectMetadata"));
+    let view = View {
+        api_version: info.api_version(&path.version),
+        kind: info.kind.clone(),
+        partial,
+    };
+    if !info.stored {
+        return match (method, &path.name) {
+            (&Method::POST, None) => review(app, path, body),
+            _ => Err(ApiError::method_not_allowed(method.as_str())),
+        };
+    }
+    if info.namespaced && path.namespace.is_none() && method != Method::GET {
+        // Writes to a namespaced resource name their namespace; only reads span all of them.
+        return Err(ApiError::method_not_allowed(method.as_str()));
+    }
+    let sub = path.subresource.as_deref();
+    let options = write_options(query, headers);
+    let outcome = match (method, path.name.as_deref()) {
+        (&Method::GET, None) => {
+            let filter = filter(query, path.namespace.as_deref())?;
+            if truthy(query, "watch") {
+                return watch_response(app, path, query, filter, view);
+            }
+            let (items, rv) = store.list(path.resource, &filter);
+            let items: Vec<Value> = items.iter().map(|item| view.render(item)).collect();
+            let (api_version, kind) = if partial {
+                (
+                    "meta.k8s.io/v1".to_string(),
+                    "PartialObjectMetadataList".to_string(),
+                )
+            } else {
+                (view.api_version.clone(), info.list_kind.clone())
+            };
+            let list = json!({
+                "apiVersion": api_version,
+                "kind": kind,
+                "metadata": {"resourceVersion": rv.to_string()},
+                "items": items,
+            });
+            return Ok(json_response(StatusCode::OK, &list));
+        }
+        (&Method::GET, Some(name)) => {
+            let object = store.get(target, name)?;
+            return Ok(json_response(StatusCode::OK, &view.render(&object)));
+        }
+        (&Method::POST, None) => store.create(target, parse_json(body)?, &options)?,
+        (&Method::PUT, Some(name)) => {
+            store.update(target, name, sub, parse_json(body)?, &options)?
+        }
+        (&Method::PATCH, Some(name)) => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default();
+            let kind = match content_type.split(';').next().unwrap_or_default().trim() {
+                "application/merge-patch+json" => PatchKind::Merge,
+                "application/strategic-merge-patch+json" => PatchKind::Strategic,
+                "application/json-patch+json" => PatchKind::Json,
+                "application/apply-patch+yaml" | "application/apply-patch+json" => PatchKind::Apply,
+                other => {
+                    return Err(ApiError::unsupported_media_type(
+                        other,
+                        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json",
+                    ));
+                }
+            };
+            let patch = if kind == PatchKind::Apply {
+                if query.get("fieldManager").is_none_or(|m| m.is_empty()) {
+                    return Err(ApiError::invalid_options(
+                        "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+                    ));
+                }
+                serde_yaml_ng::from_slice::<Value>(body)
+                    .map_err(|err| ApiError::bad_request(format!("error decoding YAML: {err}")))?
+            } else {
+                if truthy(query, "force") {
+                    return Err(ApiError::invalid_options(
+                        "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch",
+                    ));
+                }
+                parse_json(body)?
+            };
+            store.patch(target, name, sub, kind, &patch, &options)?
+        }
+        (&Method::DELETE, name) => return delete(app, path, target, name, query, body, &view),
+        _ => return Err(ApiError::method_not_allowed(method.as_str())),
+    };
+    if outcome.changed {
+        count_write(app, method, info.plural.as_str(), sub);
+    } else {
+        app.stats().write_requests += 1;
+    }
+    let code = if outcome.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(code, &view.render(&outcome.object)))
+}
+
+fn count_write(app: &App, method: &Method, plural: &str, subresource: Option<&str>) {
+    let key = match subresource {
+        Some(sub) => format!("{method} {plural}/{sub}"),
+        None => format!("{method} {plural}"),
+    };
+    let mut stats = app.stats();
+    stats.writes += 1;
+    stats.write_requests += 1;
+    *stats.writes_by.entry(key).or_default() += 1;
+}
+
+fn delete_options(
+    query: &HashMap<String, String>,
+    body: &Bytes,
+) -> Result<DeleteOptions, ApiError> {
+    let body: Value = if body.is_empty() {
+        json!({})
+    } else {
+        parse_json(body)?
+    };
+    let policy = body
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .or(query.get("propagationPolicy").map(String::as_str));
+    let orphan = policy == Some("Orphan")
+        || body.get("orphanDependents").and_then(Value::as_bool) == Some(true);
+    let dry_run = query.get("dryRun").is_some_and(|v| v == "All")
+        || body
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|values| values.iter().any(|v| v == "All"));
+    let precondition = |field: &str| {
+        body.pointer(&format!("/preconditions/{field}"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Ok(DeleteOptions {
+        dry_run,
+        orphan,
+        uid: precondition("uid"),
+        resource_version: precondition("resourceVersion"),
+    })
+}
+
+fn delete(
+    app: &App,
+    path: &ResourcePath,
+    target: Target<'_>,
+    name: Option<&str>,
+    query: &HashMap<String, String>,
+    body: &Bytes,
+    view: &View,
+) -> Result<Response, ApiError> {
+    let options = delete_options(query, body)?;
+    let info = app.store.schemas().resource(path.resource);
+    let sub = path.subresource.as_deref();
+    if sub.is_some() {
+        return Err(ApiError::method_not_allowed("DELETE"));
+    }
+    let Some(name) = name else {
+        let filter = filter(query, path.namespace.as_deref())?;
+        let deleted = app
+            .store
+            .delete_collection(path.resource, &filter, &options);
+        if !deleted.is_empty() && !options.dry_run {
+            count_write(app, &Method::DELETE, &info.plural, None);
+        }
+        let items: Vec<Value> = deleted.iter().map(|item| view.render(item)).collect();
+        let list = json!({
+            "apiVersion": view.api_version,
+            "kind": info.list_kind,
+            "metadata": {},
+            "items": items,
+        });
+        return Ok(json_response(StatusCode::OK, &list));
+    };
+    match app.store.delete(target, name, &options)? {
+        Deletion::Removed(object) => {
+            if !options.dry_run {
+                count_write(app, &Method::DELETE, &info.plural, None);
+            }
+            let uid = object.pointer("/metadata/uid").and_then(Value::as_str);
+            Ok(json_response(
+                StatusCode::OK,
+                &status::success(info, name, uid),
+            ))
+        }
+        Deletion::Pending { object, changed } => {
+            if changed {
+                count_write(app, &Method::DELETE, &info.plural, None);
+            }
+            Ok(json_response(StatusCode::OK, &view.render(&object)))
+        }
+    }
+}
+
+fn watch_response(
+    app: &App,
+    path: &ResourcePath,
+    query: &HashMap<String, String>,
+    filter: Filter,
+    view: View,
+) -> Result<Response, ApiError> {
+    let rv = query.get("resourceVersion").map_or("", String::as_str);
+    let start = if truthy(query, "sendInitialEvents") {
+        WatchStart::Snapshot {
+            initial_events_end: true,
+        }
+    } else if rv.is_empty() || rv == "0" {
+        WatchStart::Snapshot {
+            initial_events_end: false,
+        }
+    } else {
+        WatchStart::After(
+            rv.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?,
+        )
+    };
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(1800);
+    let request = WatchRequest {
+        resource: path.resource,
+        filter,
+        start,
+        bookmarks: truthy(query, "allowWatchBookmarks"),
+        timeout: Duration::from_secs(timeout),
+        view,
+    };
+    let body = Body::from_stream(watch::stream(
+        app.store.clone(),
+        request,
+        app.shutdown.clone(),
+    ));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(body)
+        .map_err(|err| ApiError::bad_request(format!("building the watch response: {err}")))
+}
+
+/// POST of a SubjectAccessReview: validated, answered by the test's access rule, not stored.
+fn review(app: &App, path: &ResourcePath, body: &Bytes) -> Result<Response, ApiError> {
+    let store = &app.store;
+    let info = store.schemas().resource(path.resource);
+    let mut review = parse_json(body)?;
+    let api_version = info.api_version(&path.version);
+    let Some(map) = review.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object".into(),
+        ));
+    };
+    map.entry("apiVersion")
+        .or_insert_with(|| Value::from(api_version.as_str()));
+    map.entry("kind")
+        .or_insert_with(|| Value::from(info.kind.as_str()));
+    if let Err(errors) = store.schemas().validate(&api_version, &info.kind, &review) {
+        return Err(ApiError::invalid(info, "", &errors));
+    }
+    let rule = app
+        .access_rule
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let spec = review.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let allowed = rule(&spec);
+    review["status"] = if allowed {
+        json!({"allowed": true, "reason": "allowed by the fake API server's access rule"})
+    } else {
+        json!({"allowed": false, "reason": "denied by the fake API server's access rule"})
+    };
+    Ok(json_response(StatusCode::CREATED, &review))
+}
