@@ -60,6 +60,87 @@ mod tests {
         }
     }
 
+    mod schemas {
+        use labforge_tests::fake_kube::{FakeApiServerOptions, SchemaSet};
+        use serde_json::Value;
+        use std::path::{Path, PathBuf};
+
+        fn manifest_dir() -> PathBuf {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        }
+
+        /// Kubeflow's CRD (as shipped in shared/schemas) and ours, as two schema sets.
+        fn kubeflow_and_ours() -> (SchemaSet, SchemaSet, tempfile::TempDir) {
+            let kubeflow = SchemaSet::load(&FakeApiServerOptions::default()).unwrap();
+            let shared = FakeApiServerOptions::default().schemas_dir;
+            let ours_dir = tempfile::tempdir().unwrap();
+            for file in ["kubernetes-openapi-v2.json", "istio-networking-crds.yaml"] {
+                std::os::unix::fs::symlink(shared.join(file), ours_dir.path().join(file)).unwrap();
+            }
+            std::os::unix::fs::symlink(
+                manifest_dir().join("notebooks.kubeflow.org.yaml"),
+                ours_dir.path().join("kubeflow.org_notebooks.yaml"),
+            )
+            .unwrap();
+            let ours = SchemaSet::load(&FakeApiServerOptions {
+                schemas_dir: ours_dir.path().to_owned(),
+                ..Default::default()
+            })
+            .unwrap();
+            (kubeflow, ours, ours_dir)
+        }
+
+        fn load(path: &Path) -> Value {
+            serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        }
+
+        fn check(set: &SchemaSet, object: &Value) -> Result<(), String> {
+            let api_version = object["apiVersion"].as_str().unwrap_or_default();
+            set.validate(api_version, "Notebook", object)
+                .map_err(|e| format!("{e:?}"))
+        }
+
+        #[test]
+        fn samples_validate_against_kubeflows_crd_and_ours() {
+            let (kubeflow, ours, _dir) = kubeflow_and_ours();
+            let mut count = 0;
+            for entry in std::fs::read_dir(manifest_dir().join("samples")).unwrap() {
+                let path = entry.unwrap().path();
+                let object = load(&path);
+                check(&kubeflow, &object)
+                    .unwrap_or_else(|e| panic!("Kubeflow rejects {}: {e}", path.display()));
+                check(&ours, &object)
+                    .unwrap_or_else(|e| panic!("ours rejects {}: {e}", path.display()));
+                count += 1;
+            }
+            assert!(count >= 4);
+        }
+
+        #[test]
+        fn both_crds_reject_the_same_bad_notebooks() {
+            let (kubeflow, ours, _dir) = kubeflow_and_ours();
+            let good = load(&manifest_dir().join("samples/jupyterlab.yaml"));
+            let mut typo = good.clone();
+            typo["spec"]["template"]["spec"]["containers"][0]["imagee"] = "x".into();
+            let mut no_containers = good.clone();
+            no_containers["spec"]["template"]["spec"] = serde_json::json!({});
+            let mut bad_port = good.clone();
+            bad_port["spec"]["template"]["spec"]["containers"][0]["ports"] =
+                serde_json::json!([{"containerPort": "eighty"}]);
+            for (what, bad) in [
+                ("typo", typo),
+                ("no containers", no_containers),
+                ("port", bad_port),
+            ] {
+                assert!(
+                    check(&kubeflow, &bad).is_err(),
+                    "Kubeflow's CRD accepts {what}"
+                );
+                assert!(check(&ours, &bad).is_err(), "our CRD accepts {what}");
+            }
+        }
+    }
+
     #[test]
     fn notebook_crd_serves_three_versions_and_stores_v1() {
         let crd = notebook::crd();

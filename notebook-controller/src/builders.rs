@@ -530,3 +530,72 @@ mod tests {
         assert!(err.to_string().contains("spec.template.spec.containers"));
     }
 }
+
+/// Every object built from the sample Notebooks validates against the official schemas
+/// (Kubernetes OpenAPI for the StatefulSet and Service, Istio's CRD for the VirtualService).
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+    use labforge_tests::fake_kube::{FakeApiServerOptions, SchemaSet};
+
+    fn samples() -> Vec<Notebook> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/samples");
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        paths.sort();
+        paths
+            .iter()
+            .flat_map(|p| {
+                crate::render::parse_notebooks(&std::fs::read_to_string(p).unwrap(), "default")
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn built_objects_validate_against_kubernetes_and_istio_schemas() {
+        let schemas = SchemaSet::load(&FakeApiServerOptions::default()).unwrap();
+        let notebooks = samples();
+        assert!(notebooks.len() >= 4, "samples found: {}", notebooks.len());
+        for notebook in &notebooks {
+            let children = build_children(notebook, &BuilderConfig::default()).unwrap();
+            let objects = [
+                (
+                    "apps/v1",
+                    "StatefulSet",
+                    serde_json::to_value(&children.stateful_set).unwrap(),
+                ),
+                (
+                    "v1",
+                    "Service",
+                    serde_json::to_value(&children.service).unwrap(),
+                ),
+                (
+                    "networking.istio.io/v1beta1",
+                    "VirtualService",
+                    serde_json::to_value(children.virtual_service.as_ref().unwrap()).unwrap(),
+                ),
+            ];
+            for (api_version, kind, object) in objects {
+                if let Err(errors) = schemas.validate(api_version, kind, &object) {
+                    panic!(
+                        "{kind} of {:?} is invalid: {errors:?}",
+                        notebook.metadata.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schema_check_catches_a_broken_statefulset() {
+        // Guards the test above: the validator really rejects what a builder bug would produce.
+        let schemas = SchemaSet::load(&FakeApiServerOptions::default()).unwrap();
+        let children = build_children(&samples()[0], &BuilderConfig::default()).unwrap();
+        let mut object = serde_json::to_value(&children.stateful_set).unwrap();
+        object["spec"]["replica"] = 1.into();
+        assert!(schemas.validate("apps/v1", "StatefulSet", &object).is_err());
+    }
+}

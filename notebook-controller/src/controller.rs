@@ -33,6 +33,8 @@ pub enum Error {
     Apply {
         kind: &'static str,
         name: String,
+        /// Whether the object existed before (a failed first apply is a failed creation).
+        existed: bool,
         #[source]
         source: kube::Error,
     },
@@ -115,68 +117,38 @@ pub async fn reconcile(notebook: Arc<Notebook>, ctx: Arc<Context>) -> Result<Act
         }
     };
 
-    let apply = PatchParams::apply(FIELD_MANAGER).force();
-    let stateful_sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existed = stateful_sets
-        .get_metadata_opt(&name)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("StatefulSet {name}"),
-            source,
-        })?
-        .is_some();
     let ns_labels = NamespaceLabels {
         namespace: namespace.clone(),
     };
-    let stateful_set = match stateful_sets
-        .patch(&name, &apply, &Patch::Apply(&children.stateful_set))
-        .await
-    {
-        Ok(sts) => {
-            if !existed {
-                ctx.metrics.created.get_or_create(&ns_labels).inc();
-                publish(
-                    &ctx,
-                    &notebook,
-                    EventType::Normal,
-                    "Created",
-                    format!("Created StatefulSet {name}"),
-                )
-                .await;
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &namespace);
+    let stateful_set =
+        match apply_child(&stateful_sets, &name, &children.stateful_set, "StatefulSet").await {
+            Ok((sts, created)) => {
+                if created {
+                    ctx.metrics.created.get_or_create(&ns_labels).inc();
+                    publish(
+                        &ctx,
+                        &notebook,
+                        EventType::Normal,
+                        "Created",
+                        format!("Created StatefulSet {name}"),
+                    )
+                    .await;
+                }
+                sts
             }
-            sts
-        }
-        Err(source) => {
-            if !existed {
-                ctx.metrics.create_failed.get_or_create(&ns_labels).inc();
+            Err(err) => {
+                if matches!(err, Error::Apply { existed: false, .. }) {
+                    ctx.metrics.create_failed.get_or_create(&ns_labels).inc();
+                }
+                return Err(err);
             }
-            return Err(Error::Apply {
-                kind: "StatefulSet",
-                name,
-                source,
-            });
-        }
-    };
+        };
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    services
-        .patch(&name, &apply, &Patch::Apply(&children.service))
-        .await
-        .map_err(|source| Error::Apply {
-            kind: "Service",
-            name: name.clone(),
-            source,
-        })?;
+    apply_child(&services, &name, &children.service, "Service").await?;
     if let Some(vs) = &children.virtual_service {
         let virtual_services: Api<VirtualService> = Api::namespaced(ctx.client.clone(), &namespace);
-        let vs_name = vs.name_any();
-        virtual_services
-            .patch(&vs_name, &apply, &Patch::Apply(vs))
-            .await
-            .map_err(|source| Error::Apply {
-                kind: "VirtualService",
-                name: vs_name,
-                source,
-            })?;
+        apply_child(&virtual_services, &vs.name_any(), vs, "VirtualService").await?;
     }
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -200,6 +172,66 @@ pub async fn reconcile(notebook: Arc<Notebook>, ctx: Arc<Context>) -> Result<Act
     )
     .await;
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Applies `desired` unless the live object already carries every field of it, so that a resync
+/// of unchanged notebooks sends no write at all (not even a no-op apply). Returns the live object
+/// and whether it was created.
+async fn apply_child<K>(
+    api: &Api<K>,
+    name: &str,
+    desired: &K,
+    kind: &'static str,
+) -> Result<(K, bool), Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let existing = api.get_opt(name).await.map_err(|source| Error::Read {
+        what: format!("{kind} {name}"),
+        source,
+    })?;
+    if let Some(existing) = existing.as_ref()
+        && is_applied(desired, existing)
+    {
+        return Ok((existing.clone(), false));
+    }
+    let applied = api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|source| Error::Apply {
+            kind,
+            name: name.to_owned(),
+            existed: existing.is_some(),
+            source,
+        })?;
+    Ok((applied, existing.is_none()))
+}
+
+/// Whether every field set in `desired` has the same value in `live` (fields the API server or
+/// other managers added are ignored, as server-side apply ignores them).
+fn is_applied(desired: &impl serde::Serialize, live: &impl serde::Serialize) -> bool {
+    match (serde_json::to_value(desired), serde_json::to_value(live)) {
+        (Ok(desired), Ok(live)) => is_subset(&desired, &live),
+        _ => false,
+    }
+}
+
+fn is_subset(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (desired, live) {
+        (Value::Object(want), Value::Object(have)) => want
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .all(|(k, v)| have.get(k).is_some_and(|h| is_subset(v, h))),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
+        }
+        (want, have) => want == have,
+    }
 }
 
 async fn write_status_if_changed(
@@ -313,4 +345,36 @@ pub async fn run(ctx: Arc<Context>) {
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn live_object_with_server_defaults_counts_as_applied() {
+        let desired = json!({"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}});
+        let live = json!({"metadata": {"resourceVersion": "7"}, "spec": {"replicas": 1, "podManagementPolicy": "OrderedReady",
+            "template": {"spec": {"containers": [{"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}]}}},
+            "status": {"readyReplicas": 1}});
+        assert!(is_subset(&desired, &live));
+    }
+
+    #[test]
+    fn changed_or_missing_fields_and_list_lengths_need_an_apply() {
+        let desired = json!({"spec": {"replicas": 0, "ports": [{"port": 80}]}});
+        assert!(!is_subset(
+            &desired,
+            &json!({"spec": {"replicas": 1, "ports": [{"port": 80}]}})
+        ));
+        assert!(!is_subset(
+            &desired,
+            &json!({"spec": {"ports": [{"port": 80}]}})
+        ));
+        assert!(!is_subset(
+            &desired,
+            &json!({"spec": {"replicas": 0, "ports": [{"port": 80}, {"port": 81}]}})
+        ));
+    }
 }

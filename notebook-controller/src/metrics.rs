@@ -47,9 +47,9 @@ impl Metrics {
             create_failed: Family::default(),
             culled: Family::default(),
             last_culled: Family::default(),
-            reconcile_duration: Histogram::new(
-                [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
-            ),
+            reconcile_duration: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
             reconcile_errors: Family::default(),
             running_by_notebook: Mutex::new(BTreeMap::new()),
         };
