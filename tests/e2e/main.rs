@@ -5,6 +5,10 @@
 #![allow(clippy::unwrap_used)]
 
 mod cli_commit;
+mod controller;
+mod culling;
+mod deploy;
+mod fake_kube;
 mod notebook_image;
 mod s3_cache;
 

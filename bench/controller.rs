@@ -1,0 +1,198 @@
+//! Controller benchmark (not a test): 1,000 Notebooks against the fake API server.
+//!
+//! Runs the real `labforge controller` binary against the fake Kubernetes API server (which
+//! validates every object against the official schemas), and reports:
+//! - time until every Notebook has its StatefulSet, Service, VirtualService and status;
+//! - the controller's peak RSS;
+//! - writes made by a full resync with nothing changed (a fresh controller re-reconciling all).
+//!
+//!   cargo bench --bench controller [-- COUNT]
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use labforge_crds::{Notebook, VirtualService};
+use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn notebook(i: usize) -> Notebook {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+        "metadata": { "name": format!("nb-{i:04}"), "namespace": format!("user-{}", i % 50) },
+        "spec": { "template": { "spec": { "containers": [{
+            "name": format!("nb-{i:04}"), "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0",
+            "resources": { "requests": { "cpu": "500m", "memory": "1Gi" }, "limits": { "cpu": "1", "memory": "2Gi" } }
+        }] } } }
+    }))
+    .expect("notebook fixture")
+}
+
+fn start_controller(kubeconfig: &std::path::Path, admin_port: u16) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_labforge"))
+        .args([
+            "controller",
+            "--admin-addr",
+            &format!("127.0.0.1:{admin_port}"),
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .env("LABFORGE_LOG", "error")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start labforge controller")
+}
+
+/// Peak resident set size of a process, from /proc (kB).
+fn peak_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn reconciles_done(admin_port: u16) -> u64 {
+    let Ok(response) = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics")).await else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("labforge_notebook_reconcile_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() {
+    labforge_tests::init_crypto();
+    let count: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(1000);
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        watch_history: 20_000,
+        ..Default::default()
+    })
+    .await
+    .expect("fake API server");
+    let client = server.client();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            server.url()
+        ),
+    )
+    .expect("kubeconfig");
+
+    let started = Instant::now();
+    for i in 0..count {
+        let nb = notebook(i);
+        let ns = nb.metadata.namespace.clone().unwrap_or_default();
+        Api::<Notebook>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &nb)
+            .await
+            .expect("create notebook");
+    }
+    let create_time = started.elapsed();
+    let writes_after_create = server.write_count();
+
+    let admin_port = labforge_tests::tools::free_port().expect("port");
+    let mut controller = start_controller(&kubeconfig, admin_port);
+    let started = Instant::now();
+    let all: ListParams = ListParams::default();
+    loop {
+        let sts = Api::<StatefulSet>::all(client.clone())
+            .list(&all)
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0);
+        let svc = Api::<Service>::all(client.clone())
+            .list(&all)
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0);
+        let vs = Api::<VirtualService>::all(client.clone())
+            .list(&all)
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0);
+        let with_status = Api::<Notebook>::all(client.clone())
+            .list(&all)
+            .await
+            .map(|l| l.items.iter().filter(|n| n.status.is_some()).count())
+            .unwrap_or(0);
+        if sts == count && svc == count && vs == count && with_status == count {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "did not converge: {sts} {svc} {vs} {with_status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let converge_time = started.elapsed();
+    let converge_writes = server.write_count() - writes_after_create;
+    let rss_first = peak_rss_kb(controller.id());
+    let _ = controller.kill();
+    let _ = controller.wait();
+
+    // A fresh controller re-reconciles everything; nothing has changed, so nothing may be written.
+    let before = server.write_count();
+    let requests_before = server.write_requests();
+    let admin_port = labforge_tests::tools::free_port().expect("port");
+    let mut controller = start_controller(&kubeconfig, admin_port);
+    let started = Instant::now();
+    while reconciles_done(admin_port).await < count as u64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "resync did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let resync_time = started.elapsed();
+    let resync_writes = server.write_count() - before;
+    let resync_requests = server.write_requests() - requests_before;
+    let rss_resync = peak_rss_kb(controller.id());
+    let _ = controller.kill();
+    let _ = controller.wait();
+
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| notebooks | {count} |");
+    println!(
+        "| create {count} Notebook CRs (client → fake API server) | {:.2} s |",
+        create_time.as_secs_f64()
+    );
+    println!(
+        "| controller: all StatefulSets, Services, VirtualServices and statuses written | {:.2} s ({:.0} notebooks/s) |",
+        converge_time.as_secs_f64(),
+        count as f64 / converge_time.as_secs_f64()
+    );
+    println!(
+        "| writes to converge | {converge_writes} ({:.1} per notebook) |",
+        converge_writes as f64 / count as f64
+    );
+    println!(
+        "| controller peak RSS (first run) | {:.1} MiB |",
+        rss_first as f64 / 1024.0
+    );
+    println!(
+        "| full resync of {count} unchanged notebooks | {:.2} s |",
+        resync_time.as_secs_f64()
+    );
+    println!(
+        "| writes during that resync (changes / write requests incl. no-ops) | {resync_writes} / {resync_requests} |"
+    );
+    println!(
+        "| controller peak RSS (resync) | {:.1} MiB |",
+        rss_resync as f64 / 1024.0
+    );
+    println!("| writes by kind (whole run) | {:?} |", server.writes_by());
+}

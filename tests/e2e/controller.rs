@@ -1,0 +1,388 @@
+//! The notebook controller's reconcile loop against the fake Kubernetes API server, which keeps
+//! real API semantics and rejects any object that does not validate against the official schemas.
+
+use crate::init_crypto;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use labforge_crds::{Notebook, VirtualService};
+use labforge_notebook_controller::BuilderConfig;
+use labforge_notebook_controller::culler::CullingConfig;
+use labforge_notebook_controller::service::{ServeOptions, serve};
+use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use serde_json::json;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+pub fn notebook(namespace: &str, name: &str) -> Notebook {
+    serde_json::from_value(json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": { "name": name, "namespace": namespace, "labels": { "team": "ml" } },
+        "spec": { "template": { "spec": { "containers": [{
+            "name": name,
+            "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0",
+            "resources": { "limits": { "cpu": "1", "memory": "2Gi" } }
+        }] } } }
+    }))
+    .unwrap()
+}
+
+pub fn serve_options(culling: CullingConfig, jupyter_base_url: Option<String>) -> ServeOptions {
+    ServeOptions {
+        builder: BuilderConfig::default(),
+        culling,
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        leader_election: None,
+        jupyter_base_url,
+    }
+}
+
+/// Starts the controller loop in this process; aborted when the handle drops.
+pub struct RunningController(JoinHandle<()>);
+
+impl RunningController {
+    pub fn start(client: Client, options: ServeOptions) -> Self {
+        RunningController(tokio::spawn(async move {
+            if let Err(err) = serve(client, options).await {
+                panic!("controller failed: {err}");
+            }
+        }))
+    }
+}
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing the test with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn fake_server() -> FakeApiServer {
+    init_crypto();
+    FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn replicas(api: &Api<StatefulSet>, name: &str) -> Option<i32> {
+    api.get_opt(name).await.ok().flatten()?.spec?.replicas
+}
+
+#[tokio::test]
+async fn notebook_lifecycle_create_stop_start_delete() {
+    let server = fake_server().await;
+    let client = server.client();
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
+    let services: Api<Service> = Api::namespaced(client.clone(), "alice");
+    let virtual_services: Api<VirtualService> = Api::namespaced(client.clone(), "alice");
+
+    notebooks
+        .create(&PostParams::default(), &notebook("alice", "lab"))
+        .await
+        .unwrap();
+    eventually(
+        "StatefulSet with one replica",
+        Duration::from_secs(10),
+        || async { (replicas(&stateful_sets, "lab").await == Some(1)).then_some(()) },
+    )
+    .await;
+    let service = services.get("lab").await.unwrap();
+    assert_eq!(
+        service.spec.unwrap().ports.unwrap()[0].name.as_deref(),
+        Some("http-lab")
+    );
+    let vs = virtual_services.get("notebook-alice-lab").await.unwrap();
+    assert_eq!(
+        vs.spec.http[0].rewrite.as_ref().unwrap().uri.as_deref(),
+        Some("/notebook/alice/lab/")
+    );
+    let sts = stateful_sets.get("lab").await.unwrap();
+    assert_eq!(sts.metadata.owner_references.unwrap()[0].kind, "Notebook");
+    assert!(
+        server.rejected().is_empty(),
+        "the API server rejected: {:?}",
+        server.rejected()
+    );
+
+    // Stop, then start again, through Kubeflow's annotation.
+    let stop =
+        json!({"metadata": {"annotations": {"kubeflow-resource-stopped": "2026-11-21T10:00:00Z"}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&stop))
+        .await
+        .unwrap();
+    eventually("scaled to zero", Duration::from_secs(10), || async {
+        (replicas(&stateful_sets, "lab").await == Some(0)).then_some(())
+    })
+    .await;
+    let start = json!({"metadata": {"annotations": {"kubeflow-resource-stopped": null}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&start))
+        .await
+        .unwrap();
+    eventually("scaled back to one", Duration::from_secs(10), || async {
+        (replicas(&stateful_sets, "lab").await == Some(1)).then_some(())
+    })
+    .await;
+
+    notebooks
+        .delete("lab", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "children deleted with their owner",
+        Duration::from_secs(10),
+        || async {
+            let sts_gone = stateful_sets.get_opt("lab").await.ok()?.is_none();
+            let svc_gone = services.get_opt("lab").await.ok()?.is_none();
+            let vs_gone = virtual_services
+                .get_opt("notebook-alice-lab")
+                .await
+                .ok()?
+                .is_none();
+            (sts_gone && svc_gone && vs_gone).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
+    let server = fake_server().await;
+    let client = server.client();
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    notebooks
+        .create(&PostParams::default(), &notebook("alice", "broken"))
+        .await
+        .unwrap();
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
+    eventually("StatefulSet", Duration::from_secs(10), || async {
+        replicas(&stateful_sets, "broken").await
+    })
+    .await;
+
+    // What the kubelet would write for a pod whose image cannot be pulled.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "broken-0", "labels": { "statefulset": "broken", "notebook-name": "broken" } },
+        "spec": { "containers": [{ "name": "broken", "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let events: Api<CoreEvent> = Api::namespaced(client.clone(), "alice");
+    let event: CoreEvent = serde_json::from_value(json!({
+        "metadata": { "name": "broken-0.pull" },
+        "involvedObject": { "kind": "Pod", "name": "broken-0", "namespace": "alice" },
+        "reason": "Failed",
+        "message": "Failed to pull image: not found",
+        "type": "Warning"
+    }))
+    .unwrap();
+    events.create(&PostParams::default(), &event).await.unwrap();
+    let status = json!({ "status": {
+        "phase": "Pending",
+        "conditions": [{ "type": "Ready", "status": "False", "reason": "ContainersNotReady" }],
+        "containerStatuses": [{
+            "name": "broken", "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": { "waiting": { "reason": "ImagePullBackOff", "message": "Back-off pulling image" } }
+        }]
+    }});
+    pods.patch_status("broken-0", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+
+    let nb_status = eventually(
+        "Notebook status mirrors the pod",
+        Duration::from_secs(10),
+        || async {
+            let status = notebooks.get("broken").await.ok()?.status?;
+            status.container_state.waiting.is_some().then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(
+        nb_status.container_state.waiting.unwrap().reason.as_deref(),
+        Some("ImagePullBackOff")
+    );
+    assert_eq!(
+        nb_status.conditions[0].reason.as_deref(),
+        Some("ContainersNotReady")
+    );
+
+    let reemitted: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "alice");
+    eventually(
+        "pod warning re-emitted on the Notebook",
+        Duration::from_secs(10),
+        || async {
+            let list = reemitted.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Notebook")
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| n.contains("Failed to pull image"))
+                })
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn notebook_without_containers_gets_a_condition_and_no_children() {
+    let server = fake_server().await;
+    let client = server.client();
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    let mut empty = notebook("alice", "empty");
+    empty
+        .spec
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers
+        .clear();
+    notebooks
+        .create(&PostParams::default(), &empty)
+        .await
+        .unwrap();
+    let condition = eventually("InvalidSpec condition", Duration::from_secs(10), || async {
+        let status = notebooks.get("empty").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "InvalidSpec")
+    })
+    .await;
+    assert!(
+        condition
+            .message
+            .unwrap()
+            .contains("spec.template.spec.containers")
+    );
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
+    assert!(
+        stateful_sets.get_opt("empty").await.unwrap().is_none(),
+        "nothing half-created"
+    );
+}
+
+#[tokio::test]
+async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_nothing() {
+    let server = fake_server().await;
+    let client = server.client();
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "team");
+    for i in 0..8 {
+        notebooks
+            .create(
+                &PostParams::default(),
+                &notebook("team", &format!("nb-{i}")),
+            )
+            .await
+            .unwrap();
+    }
+    let first = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "team");
+    eventually("some StatefulSets", Duration::from_secs(10), || async {
+        let n = stateful_sets
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        (n >= 1).then_some(())
+    })
+    .await;
+    drop(first);
+
+    let _second = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let virtual_services: Api<VirtualService> = Api::namespaced(client.clone(), "team");
+    eventually("all eight converged", Duration::from_secs(20), || async {
+        let sts = stateful_sets
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        let vs = virtual_services
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        let with_status = notebooks
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .filter(|n| n.status.is_some())
+            .count();
+        (sts == 8 && vs == 8 && with_status == 8).then_some(())
+    })
+    .await;
+
+    // A full resync by a fresh controller finds nothing to change: no write at all.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = server.write_count();
+    let requests_before = server.write_requests();
+    let writes_before = server.writes_by();
+    drop(_second);
+    let _third = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        server.write_count(),
+        before,
+        "resync wrote: before {writes_before:?}, after {:?}",
+        server.writes_by()
+    );
+    assert_eq!(
+        server.write_requests(),
+        requests_before,
+        "resync sent write requests that changed nothing (no-op applies or status patches)"
+    );
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+}
