@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use labforge_crds::notebook::NOTEBOOK_NAME_LABEL;
 use labforge_crds::{Notebook, NotebookStatus, VirtualService};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +68,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Warning events already re-emitted on their Notebook (by event uid).
     reemitted: Mutex<HashSet<String>>,
+    /// Consecutive reconcile failures per Notebook, for exponential backoff.
+    failures: Mutex<HashMap<ObjectRef<Notebook>, u32>>,
 }
 
 impl Context {
@@ -82,6 +84,7 @@ impl Context {
             config,
             metrics,
             reemitted: Mutex::new(HashSet::new()),
+            failures: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -90,6 +93,14 @@ impl Context {
 #[tracing::instrument(skip(notebook, ctx), fields(name = %notebook.name_any(), namespace = notebook.namespace()))]
 pub async fn reconcile(notebook: Arc<Notebook>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
+    let action = reconcile_notebook(&notebook, &ctx).await?;
+    if let Ok(mut failures) = ctx.failures.lock() {
+        failures.remove(&ObjectRef::from_obj(notebook.as_ref()));
+    }
+    Ok(action)
+}
+
+async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action, Error> {
     let namespace = notebook.namespace().ok_or(Error::MissingNamespace)?;
     let name = notebook.name_any();
     if notebook.metadata.deletion_timestamp.is_some() {
@@ -99,15 +110,15 @@ pub async fn reconcile(notebook: Arc<Notebook>, ctx: Arc<Context>) -> Result<Act
     }
     let notebooks: Api<Notebook> = Api::namespaced(ctx.client.clone(), &namespace);
 
-    let children = match build_children(&notebook, &ctx.config) {
+    let children = match build_children(notebook, &ctx.config) {
         Ok(children) => children,
         Err(err) => {
             // Nothing is created for a Notebook we cannot build; the reason is on its status.
-            let status = invalid_spec_status(&notebook, &err.to_string());
-            write_status_if_changed(&notebooks, &notebook, status).await?;
+            let status = invalid_spec_status(notebook, &err.to_string());
+            write_status_if_changed(&notebooks, notebook, status).await?;
             publish(
-                &ctx,
-                &notebook,
+                ctx,
+                notebook,
                 EventType::Warning,
                 "InvalidSpec",
                 err.to_string(),
@@ -127,8 +138,8 @@ pub async fn reconcile(notebook: Arc<Notebook>, ctx: Arc<Context>) -> Result<Act
                 if created {
                     ctx.metrics.created.get_or_create(&ns_labels).inc();
                     publish(
-                        &ctx,
-                        &notebook,
+                        ctx,
+                        notebook,
                         EventType::Normal,
                         "Created",
                         format!("Created StatefulSet {name}"),
@@ -160,13 +171,13 @@ pub async fn reconcile(notebook: Arc<Notebook>, ctx: Arc<Context>) -> Result<Act
             what: format!("Pod {pod_name}"),
             source,
         })?;
-    let status = notebook_status(&notebook, Some(&stateful_set), pod.as_ref());
+    let status = notebook_status(notebook, Some(&stateful_set), pod.as_ref());
     ctx.metrics
         .set_running(&namespace, &name, Some(status.ready_replicas > 0));
-    write_status_if_changed(&notebooks, &notebook, status).await?;
+    write_status_if_changed(&notebooks, notebook, status).await?;
     reemit_warnings(
-        &ctx,
-        &notebook,
+        ctx,
+        notebook,
         &namespace,
         &[(&pod_name, "Pod"), (&name, "StatefulSet")],
     )
@@ -303,16 +314,28 @@ async fn publish(ctx: &Context, notebook: &Notebook, type_: EventType, reason: &
     }
 }
 
-/// Requeues failed reconciles with backoff and counts the failure by kind.
-pub fn error_policy(_notebook: Arc<Notebook>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error, source = ?std::error::Error::source(error), "reconcile failed");
+/// Delay before retrying after `failures` consecutive failures: 1 s doubling to at most 5 min.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(9)).min(Duration::from_secs(300))
+}
+
+/// Requeues failed reconciles with exponential backoff and counts the failure by kind.
+pub fn error_policy(notebook: Arc<Notebook>, error: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.failures.lock().map_or(1, |mut failures| {
+        let count = failures
+            .entry(ObjectRef::from_obj(notebook.as_ref()))
+            .or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    });
+    tracing::warn!(error = %error, source = ?std::error::Error::source(error), failures, "reconcile failed");
     ctx.metrics
         .reconcile_errors
         .get_or_create(&ErrorLabels {
             error: error.metric_label().into(),
         })
         .inc();
-    Action::requeue(Duration::from_secs(5))
+    Action::requeue(backoff(failures))
 }
 
 /// Runs the controller until the stream ends (the process is shutting down).
@@ -351,6 +374,14 @@ pub async fn run(ctx: Arc<Context>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn backoff_doubles_from_one_second_up_to_five_minutes() {
+        let delays: Vec<_> = [1, 2, 3, 4, 9, 10, 50]
+            .map(|n| backoff(n).as_secs())
+            .to_vec();
+        assert_eq!(delays, [1, 2, 4, 8, 256, 300, 300]);
+    }
 
     #[test]
     fn live_object_with_server_defaults_counts_as_applied() {

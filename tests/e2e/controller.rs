@@ -386,3 +386,103 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     );
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
 }
+
+#[tokio::test]
+async fn admin_endpoints_serve_kubeflow_metrics_and_readiness() {
+    let server = fake_server().await;
+    let client = server.client();
+    let port = labforge_tests::tools::free_port().unwrap();
+    let mut options = serve_options(CullingConfig::default(), None);
+    options.admin_addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let _controller = RunningController::start(client.clone(), options);
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    notebooks
+        .create(&PostParams::default(), &notebook("alice", "metered"))
+        .await
+        .unwrap();
+
+    let http = reqwest::Client::new();
+    let metrics = eventually(
+        "creation counted in /metrics",
+        Duration::from_secs(10),
+        || async {
+            let text = http
+                .get(format!("http://127.0.0.1:{port}/metrics"))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.contains(r#"notebook_create_total{namespace="alice"} 1"#)
+                .then_some(text)
+        },
+    )
+    .await;
+    assert!(
+        metrics.contains(r#"notebook_running{namespace="alice"} 0"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("labforge_notebook_reconcile_duration_seconds_count"),
+        "{metrics}"
+    );
+    for path in ["/healthz", "/readyz"] {
+        let status = http
+            .get(format!("http://127.0.0.1:{port}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status.as_u16(), 200, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn one_replica_leads_and_another_takes_over_an_expired_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use labforge_notebook_controller::leader::LeaderElector;
+    let server = fake_server().await;
+    let client = server.client();
+    let lease = Duration::from_secs(2);
+    let a = LeaderElector::new(
+        client.clone(),
+        "labforge-system",
+        "notebooks",
+        "replica-a",
+        lease,
+    );
+    let b = LeaderElector::new(
+        client.clone(),
+        "labforge-system",
+        "notebooks",
+        "replica-b",
+        lease,
+    );
+
+    assert!(
+        a.try_acquire_or_renew().await.unwrap(),
+        "first replica takes the free lease"
+    );
+    assert!(
+        !b.try_acquire_or_renew().await.unwrap(),
+        "second waits while it is held"
+    );
+    assert!(a.try_acquire_or_renew().await.unwrap(), "the holder renews");
+    assert!(!b.try_acquire_or_renew().await.unwrap());
+
+    // The holder stops renewing (crashed); after the lease duration the other takes over.
+    tokio::time::sleep(lease + Duration::from_millis(600)).await;
+    assert!(
+        b.try_acquire_or_renew().await.unwrap(),
+        "expired lease is taken over"
+    );
+    assert!(
+        !a.try_acquire_or_renew().await.unwrap(),
+        "the old holder does not win it back"
+    );
+    let leases: Api<Lease> = Api::namespaced(client, "labforge-system");
+    let spec = leases.get("notebooks").await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-b"));
+    assert_eq!(spec.lease_transitions, Some(1));
+}

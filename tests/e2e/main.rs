@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod cli_commit;
+mod cli_render;
 mod controller;
 mod culling;
 mod deploy;
