@@ -9,45 +9,18 @@ use kube::api::PostParams;
 use labforge_crds::Notebook;
 use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
 use labforge_notebook_controller::culler::CullingConfig;
+use labforge_tests::Registry;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
-use labforge_tests::tools::free_port;
-use labforge_tests::{Podman, Registry, push_layout};
+use labforge_tests::notebook::JupyterLab;
 use std::time::Duration;
 
 #[tokio::test]
 async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
     init_crypto();
-    let podman = need(Podman::locate());
     let registry = need(Registry::start().await);
-    let reference = need(push_layout(
-        "jupyterlab",
-        &registry.host(),
-        "labforge/jupyterlab:culling",
-    ));
-    need(podman.pull(&reference, false));
-    let port = need(free_port());
-    let _container = need(podman.run_detached(
-        &[
-            "-p",
-            &format!("127.0.0.1:{port}:8888"),
-            "-e",
-            "NB_PREFIX=/notebook/alice/idle",
-        ],
-        &reference,
-    ));
-    let base = format!("http://127.0.0.1:{port}/notebook/alice/idle");
+    let notebook_server = need(JupyterLab::start(&registry, "alice", "idle").await);
+    let base = notebook_server.base_url();
     let http = reqwest::Client::new();
-    eventually("JupyterLab up", Duration::from_secs(90), || async {
-        let ok = http
-            .get(format!("{base}/api/status"))
-            .send()
-            .await
-            .ok()?
-            .status()
-            .is_success();
-        ok.then_some(())
-    })
-    .await;
     let jupyter = need(labforge_tests::jupyter::JupyterClient::connect(&base).await);
     let kernel = need(
         jupyter
@@ -72,7 +45,7 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
     };
     let _controller = RunningController::start(
         client.clone(),
-        serve_options(culling, Some(format!("http://127.0.0.1:{port}"))),
+        serve_options(culling, Some(notebook_server.origin())),
     );
 
     // The kernel's own activity time (which predates the controller) is what the culler records;

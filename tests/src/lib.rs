@@ -9,6 +9,7 @@ pub mod browser;
 pub mod fake_kube;
 pub mod images;
 pub mod jupyter;
+pub mod notebook;
 pub mod podman;
 pub mod services;
 pub mod tools;
