@@ -73,10 +73,16 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, config: BuilderConfig, metrics: Arc<Metrics>) -> Self {
+    /// `instance` names this replica in the events it publishes (the pod name in a cluster).
+    pub fn new(
+        client: Client,
+        config: BuilderConfig,
+        metrics: Arc<Metrics>,
+        instance: Option<String>,
+    ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
+            instance,
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),

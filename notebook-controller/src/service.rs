@@ -99,7 +99,8 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
         ))
     });
 
-    let ctx = Arc::new(Context::new(client, options.builder, metrics));
+    let instance = options.leader_election.as_ref().map(|e| e.identity.clone());
+    let ctx = Arc::new(Context::new(client, options.builder, metrics, instance));
     let lease_lost = async {
         match &elector {
             Some(elector) => elector.hold(Duration::from_secs(5)).await,
