@@ -18,6 +18,7 @@ pub mod cache;
 pub mod commit;
 pub mod digest;
 pub mod image;
+pub mod index;
 pub mod layer;
 pub mod registry;
 
