@@ -226,7 +226,7 @@ impl TryFrom<&ControllerArgs> for ServeOptions {
                 .unwrap_or_else(|_| format!("labforge-{}", std::process::id())),
         };
         Ok(ServeOptions {
-            builder: BuilderConfig::from_env(env_var),
+            builder: BuilderConfig::from_env(env_var)?,
             culling: CullingConfig::from_env(env_var)?,
             admin_addr: args.admin_addr,
             leader_election: args.leader_elect.then(|| LeaderElection {

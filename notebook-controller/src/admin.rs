@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Clone)]
 pub struct AdminState {
     pub registry: Arc<Registry>,
-    /// Set once this replica leads and its watches run.
+    /// Set once the process serves.
     pub ready: Arc<AtomicBool>,
 }
 
@@ -44,6 +44,6 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     if state.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not leading yet")
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
     }
 }

@@ -64,19 +64,36 @@ impl Default for BuilderConfig {
     }
 }
 
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{variable}={value:?} must be true or false")]
+pub struct BuilderConfigError {
+    pub variable: &'static str,
+    pub value: String,
+}
+
 impl BuilderConfig {
     /// Reads Kubeflow's variables through `lookup` (the process environment in the binary, a map in
-    /// tests). Unset or empty values keep the defaults.
-    pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Self {
+    /// tests). Unset or empty values keep the defaults; a flag that is neither `true` nor `false`
+    /// is an error, never a silent default.
+    pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, BuilderConfigError> {
         let defaults = Self::default();
         let get = |key: &str| lookup(key).filter(|v| !v.is_empty());
-        Self {
+        let flag = |variable: &'static str, default: bool| match get(variable).as_deref() {
+            None => Ok(default),
+            Some("true") => Ok(true),
+            Some("false") => Ok(false),
+            Some(other) => Err(BuilderConfigError {
+                variable,
+                value: other.to_owned(),
+            }),
+        };
+        Ok(Self {
             gateway: get("ISTIO_GATEWAY").unwrap_or(defaults.gateway),
             host: get("ISTIO_HOST").unwrap_or(defaults.host),
             cluster_domain: get("CLUSTER_DOMAIN").unwrap_or(defaults.cluster_domain),
-            virtual_service: get("USE_ISTIO").is_none_or(|v| v == "true"),
-            add_fs_group: get("ADD_FSGROUP").is_none_or(|v| v == "true"),
-        }
+            virtual_service: flag("USE_ISTIO", defaults.virtual_service)?,
+            add_fs_group: flag("ADD_FSGROUP", defaults.add_fs_group)?,
+        })
     }
 }
 
@@ -485,7 +502,8 @@ mod tests {
             "ISTIO_HOST" => Some("lab.example.com".into()),
             "CLUSTER_DOMAIN" => Some("corp.local".into()),
             _ => None,
-        });
+        })
+        .unwrap();
         let vs = virtual_service(&nb, &config).unwrap();
         assert_eq!(vs.spec.gateways, ["istio-system/main"]);
         assert_eq!(vs.spec.hosts, ["lab.example.com"]);
@@ -517,9 +535,13 @@ mod tests {
 
     #[test]
     fn use_istio_false_builds_no_virtual_service() {
-        let config = BuilderConfig::from_env(|k| (k == "USE_ISTIO").then(|| "false".into()));
+        let config =
+            BuilderConfig::from_env(|k| (k == "USE_ISTIO").then(|| "false".into())).unwrap();
         let children = build_children(&Notebook::test("a", "b"), &config).unwrap();
         assert!(children.virtual_service.is_none());
+        let err =
+            BuilderConfig::from_env(|k| (k == "ADD_FSGROUP").then(|| "yes".into())).unwrap_err();
+        assert_eq!(err.variable, "ADD_FSGROUP");
     }
 
     #[test]

@@ -191,9 +191,13 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
-/// Applies `desired` unless the live object already carries every field of it, so that a resync
-/// of unchanged notebooks sends no write at all (not even a no-op apply). Returns the live object
-/// and whether it was created.
+/// Annotation on each child with the digest of what labforge last applied to it.
+pub const APPLIED_DIGEST_ANNOTATION: &str = "labforge.dev/applied-digest";
+
+/// Applies `desired` unless the live object is exactly what was last applied (same digest of the
+/// desired object, so removed fields are noticed) and still carries every field of it (so edits
+/// by others are repaired). A resync of unchanged notebooks thus sends no write at all. Returns
+/// the live object and whether it was created.
 async fn apply_child<K>(
     api: &Api<K>,
     name: &str,
@@ -203,11 +207,25 @@ async fn apply_child<K>(
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    let digest = applied_digest(desired);
+    let mut desired = desired.clone();
+    desired
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(APPLIED_DIGEST_ANNOTATION.to_owned(), digest.clone());
+    let desired = &desired;
     let existing = api.get_opt(name).await.map_err(|source| Error::Read {
         what: format!("{kind} {name}"),
         source,
     })?;
     if let Some(existing) = existing.as_ref()
+        && existing
+            .meta()
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(APPLIED_DIGEST_ANNOTATION))
+            == Some(&digest)
         && is_applied(desired, existing)
     {
         return Ok((existing.clone(), false));
@@ -226,6 +244,13 @@ where
             source,
         })?;
     Ok((applied, existing.is_none()))
+}
+
+/// A digest of the object as built (before the annotation is added).
+fn applied_digest(desired: &impl serde::Serialize) -> String {
+    use sha2::Digest as _;
+    let bytes = serde_json::to_vec(desired).unwrap_or_default();
+    hex::encode(&sha2::Sha256::digest(&bytes)[..16])
 }
 
 /// Whether every field set in `desired` has the same value in `live` (fields the API server or
@@ -349,7 +374,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let notebooks: Api<Notebook> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
-    Controller::new(notebooks, watcher::Config::default())
+    let mut controller = Controller::new(notebooks, watcher::Config::default())
         .owns(
             Api::<StatefulSet>::all(client.clone()),
             watcher::Config::default(),
@@ -357,7 +382,16 @@ pub async fn run(ctx: Arc<Context>) {
         .owns(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
-        )
+        );
+    if ctx.config.virtual_service {
+        // An edited or deleted VirtualService is repaired at once, not at the next resync.
+        controller = controller.owns(
+            Api::<VirtualService>::all(client.clone()),
+            watcher::Config::default(),
+        );
+    }
+    let forget = ctx.clone();
+    controller
         .watches(
             pods,
             watcher::Config::default().labels(NOTEBOOK_NAME_LABEL),
@@ -368,10 +402,18 @@ pub async fn run(ctx: Arc<Context>) {
         )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(err) = result {
+        .for_each(move |result| {
+            // A deleted Notebook shows up here once; drop what was kept about it.
+            if let Err(kube::runtime::controller::Error::ObjectNotFound(object)) = &result {
+                let namespace = object.namespace.clone().unwrap_or_default();
+                forget.metrics.set_running(&namespace, &object.name, None);
+                if let Ok(mut failures) = forget.failures.lock() {
+                    failures.remove(&ObjectRef::<Notebook>::new(&object.name).within(&namespace));
+                }
+            } else if let Err(err) = result {
                 tracing::debug!(error = %err, "reconcile stream");
             }
+            futures::future::ready(())
         })
         .await;
 }

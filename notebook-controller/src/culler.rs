@@ -34,10 +34,11 @@ impl Default for CullingConfig {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{variable}={value:?} is not a whole number of minutes")]
+#[error("{variable}={value:?} {expected}")]
 pub struct CullingConfigError {
     pub variable: &'static str,
     pub value: String,
+    pub expected: &'static str,
 }
 
 impl CullingConfig {
@@ -50,11 +51,29 @@ impl CullingConfig {
             Some(value) => value
                 .trim()
                 .parse::<u64>()
-                .map(|m| Duration::from_secs(m * 60))
-                .map_err(|_| CullingConfigError { variable, value }),
+                .ok()
+                .filter(|m| *m > 0)
+                .and_then(|m| m.checked_mul(60))
+                .map(Duration::from_secs)
+                .ok_or(CullingConfigError {
+                    variable,
+                    value,
+                    expected: "is not a positive whole number of minutes",
+                }),
+        };
+        let enabled = match lookup("ENABLE_CULLING").as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(CullingConfigError {
+                    variable: "ENABLE_CULLING",
+                    value: other.to_owned(),
+                    expected: "must be true or false",
+                });
+            }
         };
         Ok(Self {
-            enabled: lookup("ENABLE_CULLING").is_some_and(|v| v == "true"),
+            enabled,
             idle_time: minutes("CULL_IDLE_TIME", defaults.idle_time)?,
             check_period: minutes("IDLENESS_CHECK_PERIOD", defaults.check_period)?,
         })
@@ -214,17 +233,18 @@ pub async fn cull_once(
         if notebook.is_stopped() || notebook.metadata.deletion_timestamp.is_some() {
             continue;
         }
+        let now = Timestamp::now();
         let mut observed = None;
         for source in sources {
             match source.last_activity(&notebook).await {
-                Ok(seen) => observed = observed.max(seen),
+                // A server's clock ahead of ours must not postpone culling forever.
+                Ok(seen) => observed = observed.max(seen.map(|t| t.min(now))),
                 Err(err) => tracing::debug!(error = %err, "activity source"),
             }
         }
         let stored = notebook
             .annotation(LAST_ACTIVITY_ANNOTATION)
             .and_then(|v| v.parse::<Timestamp>().ok());
-        let now = Timestamp::now();
         let namespace = notebook.namespace().unwrap_or_default();
         let api: Api<Notebook> = Api::namespaced(client.clone(), &namespace);
         let annotations = match decide(stored, observed, now, config.idle_time) {
@@ -245,8 +265,10 @@ pub async fn cull_once(
                     .last_culled
                     .get_or_create(&labels)
                     .set(now.as_millisecond() as f64 / 1000.0);
+                // The activity record goes with the stop, as in Kubeflow: a restarted notebook
+                // starts a fresh idle clock instead of being culled again at once.
                 serde_json::json!({
-                    LAST_ACTIVITY_ANNOTATION: last_activity.to_string(),
+                    LAST_ACTIVITY_ANNOTATION: null,
                     STOP_ANNOTATION: now.to_string(),
                 })
             }

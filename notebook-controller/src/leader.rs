@@ -111,21 +111,22 @@ impl LeaderElector {
         }
     }
 
-    /// Renews until the lease is lost (another replica took it, or renewals failed for a whole
-    /// lease duration), then returns.
+    /// Renews until the lease is lost, then returns. It counts as lost when another replica holds
+    /// it, or when no renewal succeeded within two thirds of the lease duration: the holder steps
+    /// down before any other replica may take over, even if its requests hang.
     pub async fn hold(&self, renew_every: Duration) {
+        let deadline = self.lease_duration * 2 / 3;
         let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(renew_every).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_renewal = tokio::time::Instant::now(),
-                Ok(false) => return,
-                Err(err) => {
-                    tracing::warn!(error = %err, "lease renewal failed");
-                    if last_renewal.elapsed() > self.lease_duration {
-                        return;
-                    }
-                }
+            match tokio::time::timeout(renew_every, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => last_renewal = tokio::time::Instant::now(),
+                Ok(Ok(false)) => return,
+                Ok(Err(err)) => tracing::warn!(error = %err, "lease renewal failed"),
+                Err(_) => tracing::warn!("lease renewal timed out"),
+            }
+            if last_renewal.elapsed() > deadline {
+                return;
             }
         }
     }

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub last_culled: Family<NotebookLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub reconcile_duration: Histogram,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    /// 1 while this replica holds the leader lease (or runs without election).
+    pub leader: Gauge,
     /// Running state per notebook, to keep `notebook_running` exact per namespace.
     running_by_notebook: Mutex<BTreeMap<(String, String), bool>>,
 }
@@ -51,6 +53,7 @@ impl Metrics {
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
             reconcile_errors: Family::default(),
+            leader: Gauge::default(),
             running_by_notebook: Mutex::new(BTreeMap::new()),
         };
         registry.register(
@@ -88,6 +91,11 @@ impl Metrics {
             "labforge_notebook_reconcile_errors",
             "Reconcile failures by error kind",
             metrics.reconcile_errors.clone(),
+        );
+        registry.register(
+            "labforge_controller_leader",
+            "Whether this replica leads (1) or stands by (0)",
+            metrics.leader.clone(),
         );
         metrics
     }

@@ -28,7 +28,7 @@ pub enum ServeError {
 pub struct ServeOptions {
     pub builder: BuilderConfig,
     pub culling: CullingConfig,
-    /// `/metrics`, `/healthz`, `/readyz`.
+    /// `/metrics`, `/healthz`, `/readyz` (ready as soon as it serves, leading or standing by).
     pub admin_addr: SocketAddr,
     /// Lease namespace and identity; `None` runs without leader election (a single replica).
     pub leader_election: Option<LeaderElection>,
@@ -61,6 +61,9 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
     });
     let admin = tokio::spawn(async move { axum::serve(listener, admin_router).await });
 
+    // Ready means serving: a standby replica waiting for the lease is healthy, and must not hold
+    // up a rolling update. Who leads is the `labforge_controller_leader` gauge.
+    ready.store(true, Ordering::Relaxed);
     let elector = options.leader_election.as_ref().map(|election| {
         LeaderElector::new(
             client.clone(),
@@ -78,7 +81,7 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
             .map_err(ServeError::Leader)?;
         tracing::info!("leading");
     }
-    ready.store(true, Ordering::Relaxed);
+    metrics.leader.set(1);
 
     let culler = options.culling.enabled.then(|| {
         let source: Arc<dyn ActivitySource> = match options.jupyter_base_url.clone() {

@@ -9,7 +9,8 @@ use labforge_crds::{Notebook, NotebookCondition, NotebookStatus};
 pub const INVALID_SPEC_CONDITION: &str = "InvalidSpec";
 
 /// Status from the StatefulSet (ready replicas) and the notebook's pod (conditions, and the state
-/// of the notebook container: the one named like the first container of the template).
+/// of the notebook container: the one named like the Notebook, as in Kubeflow, or else the first
+/// container of the template, so a differently named container still reports).
 pub fn notebook_status(
     notebook: &Notebook,
     stateful_set: Option<&StatefulSet>,
@@ -19,7 +20,8 @@ pub fn notebook_status(
         .and_then(|s| s.status.as_ref())
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
-    let container_name = notebook
+    let notebook_name = notebook.metadata.name.as_deref();
+    let first_container = notebook
         .spec
         .template
         .spec
@@ -30,9 +32,9 @@ pub fn notebook_status(
     let container_state = pod_status
         .and_then(|s| s.container_statuses.as_ref())
         .and_then(|statuses| {
-            statuses
-                .iter()
-                .find(|c| Some(c.name.as_str()) == container_name)
+            let named =
+                |name: Option<&str>| statuses.iter().find(|c| Some(c.name.as_str()) == name);
+            named(notebook_name).or_else(|| named(first_container))
         })
         .and_then(|c| c.state.clone())
         .unwrap_or_default();
@@ -159,19 +161,43 @@ mod tests {
     }
 
     #[test]
-    fn same_inputs_give_an_equal_status_so_nothing_is_rewritten() {
+    fn an_unchanged_error_keeps_its_condition_so_nothing_is_rewritten() {
         let nb = Notebook::test("alice", "lab");
-        let pod = pod_waiting("lab", "ContainerCreating");
-        assert_eq!(
-            notebook_status(&nb, None, Some(&pod)),
-            notebook_status(&nb, None, Some(&pod))
-        );
         let mut nb_with_status = nb.clone();
         nb_with_status.status = Some(invalid_spec_status(&nb, "no containers"));
         assert_eq!(
             invalid_spec_status(&nb_with_status, "no containers"),
             nb_with_status.status.clone().unwrap(),
             "an unchanged error keeps its transition time"
+        );
+        let changed = invalid_spec_status(&nb_with_status, "another problem");
+        assert_eq!(
+            changed.conditions[0].message.as_deref(),
+            Some("another problem")
+        );
+    }
+
+    #[test]
+    fn container_named_like_the_notebook_wins_over_the_first_container() {
+        let mut nb = Notebook::test("alice", "lab");
+        nb.spec.template.spec.as_mut().unwrap().containers[0].name = "sidecar-first".into();
+        let mut pod = pod_waiting("sidecar-first", "Sidecar");
+        let named = pod_waiting("lab", "ImagePullBackOff")
+            .status
+            .unwrap()
+            .container_statuses
+            .unwrap();
+        pod.status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()
+            .extend(named);
+        let status = notebook_status(&nb, None, Some(&pod));
+        assert_eq!(
+            status.container_state.waiting.unwrap().reason.as_deref(),
+            Some("ImagePullBackOff")
         );
     }
 }

@@ -121,6 +121,38 @@ async fn notebook_lifecycle_create_stop_start_delete() {
     );
     let sts = stateful_sets.get("lab").await.unwrap();
     assert_eq!(sts.metadata.owner_references.unwrap()[0].kind, "Notebook");
+
+    // Added and then removed annotations reach the VirtualService both ways.
+    let headers = json!({"metadata": {"annotations": {
+        "notebooks.kubeflow.org/http-headers-request-set": "{\"X-Team\":\"ml\"}"}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&headers))
+        .await
+        .unwrap();
+    eventually(
+        "header set on the route",
+        Duration::from_secs(10),
+        || async {
+            let vs = virtual_services.get("notebook-alice-lab").await.ok()?;
+            vs.spec.http[0].headers.is_some().then_some(())
+        },
+    )
+    .await;
+    let no_headers = json!({"metadata": {"annotations": {
+        "notebooks.kubeflow.org/http-headers-request-set": null}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&no_headers))
+        .await
+        .unwrap();
+    eventually(
+        "header removed from the route",
+        Duration::from_secs(10),
+        || async {
+            let vs = virtual_services.get("notebook-alice-lab").await.ok()?;
+            vs.spec.http[0].headers.is_none().then_some(())
+        },
+    )
+    .await;
     assert!(
         server.rejected().is_empty(),
         "the API server rejected: {:?}",
