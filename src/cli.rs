@@ -136,10 +136,12 @@ pub struct CommitArgs {
     /// Registry (`host[:port]`) to reach over plain HTTP; repeatable.
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
-    /// Registry user name (the password comes from LABFORGE_REGISTRY_PASSWORD).
+    /// Registry user name (the password comes from LABFORGE_REGISTRY_PASSWORD, never from the
+    /// command line, where other users of the machine could read it).
     #[arg(long, env = "LABFORGE_REGISTRY_USER")]
     pub registry_user: Option<String>,
-    #[arg(long, env = "LABFORGE_REGISTRY_PASSWORD", hide = true)]
+    /// Filled from LABFORGE_REGISTRY_PASSWORD by `run`, not by clap.
+    #[arg(skip)]
     pub registry_password: Option<String>,
     /// Image user (`uid[:gid]` or name).
     #[arg(long)]
@@ -198,7 +200,10 @@ impl TryFrom<&CommitArgs> for CommitOptions {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Build(BuildCommand::Commit(args)) => build_commit(&args).await,
+        Command::Build(BuildCommand::Commit(mut args)) => {
+            args.registry_password = env_var("LABFORGE_REGISTRY_PASSWORD");
+            build_commit(&args).await
+        }
         Command::Render(args) => render(&args),
         Command::Controller(args) => controller(&args).await,
         Command::Crds => {

@@ -33,7 +33,7 @@ pub enum CacheError {
 }
 
 /// Where the S3 cache lives and how to sign requests to it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct S3CacheConfig {
     /// e.g. `http://127.0.0.1:9000`; AWS's own endpoint when absent.
     pub endpoint: Option<String>,
@@ -45,6 +45,20 @@ pub struct S3CacheConfig {
     pub secret_access_key: String,
     /// Multipart part size in bytes (at least [`MIN_PART_SIZE`]).
     pub part_size: usize,
+}
+
+// Written by hand so that the secret key never reaches a log line.
+impl std::fmt::Debug for S3CacheConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3CacheConfig")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("access_key_id", &self.access_key_id)
+            .field("part_size", &self.part_size)
+            .finish_non_exhaustive()
+    }
 }
 
 pub struct S3Cache {
@@ -261,14 +275,25 @@ impl S3Cache {
             Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(false),
             Err(e) => return Err(self.error("get", key, e)),
         };
-        let partial = path.with_extension("partial");
+        // A uniquely named file beside the target, renamed into place when complete: concurrent
+        // gets never share it, and a failed one leaves nothing behind (removed on drop).
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let partial = tempfile::Builder::new()
+            .prefix(".labforge-partial-")
+            .tempfile_in(dir)
+            .map_err(|source| CacheError::File {
+                path: dir.to_owned(),
+                source,
+            })?;
+        let partial_path = partial.path().to_owned();
         let file_error = |source| CacheError::File {
-            path: partial.clone(),
+            path: partial_path.clone(),
             source,
         };
-        let mut file = tokio::fs::File::create(&partial)
-            .await
-            .map_err(file_error)?;
+        let mut file = tokio::fs::File::from_std(partial.reopen().map_err(file_error)?);
         let mut body = object.body;
         while let Some(chunk) = body
             .try_next()
@@ -278,12 +303,10 @@ impl S3Cache {
             file.write_all(&chunk).await.map_err(file_error)?;
         }
         file.flush().await.map_err(file_error)?;
-        tokio::fs::rename(&partial, path)
-            .await
-            .map_err(|source| CacheError::File {
-                path: path.to_owned(),
-                source,
-            })?;
+        partial.persist(path).map_err(|err| CacheError::File {
+            path: path.to_owned(),
+            source: err.error,
+        })?;
         Ok(true)
     }
 }

@@ -38,12 +38,22 @@ pub enum RegistryError {
 }
 
 /// How to reach registries.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct RegistryOptions {
     /// Registries (`host[:port]`) spoken to over plain HTTP, like a local test registry.
     pub insecure: Vec<String>,
     /// Basic-auth credentials; anonymous when absent.
     pub credentials: Option<(String, String)>,
+}
+
+// Written by hand so that the password never reaches a log line.
+impl std::fmt::Debug for RegistryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryOptions")
+            .field("insecure", &self.insecure)
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .finish_non_exhaustive()
+    }
 }
 
 /// A layer to push: its descriptor and the compressed blob on disk.
@@ -203,6 +213,19 @@ fn parse_reference(target: &str) -> Result<Reference, RegistryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_password() {
+        let options = RegistryOptions {
+            insecure: vec![],
+            credentials: Some(("alice".into(), "s3cret-pa55".into())),
+        };
+        let shown = format!("{options:?}");
+        assert!(
+            shown.contains("alice") && !shown.contains("s3cret-pa55"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn malformed_reference_is_named() {
