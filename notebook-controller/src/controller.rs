@@ -118,20 +118,7 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
 
     let children = match build_children(notebook, &ctx.config) {
         Ok(children) => children,
-        Err(err) => {
-            // Nothing is created for a Notebook we cannot build; the reason is on its status.
-            let status = invalid_spec_status(notebook, &err.to_string());
-            write_status_if_changed(&notebooks, notebook, status).await?;
-            publish(
-                ctx,
-                notebook,
-                EventType::Warning,
-                "InvalidSpec",
-                err.to_string(),
-            )
-            .await;
-            return Ok(Action::await_change());
-        }
+        Err(err) => return report_invalid_spec(&notebooks, notebook, ctx, err.to_string()).await,
     };
 
     let ns_labels = NamespaceLabels {
@@ -157,6 +144,18 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
             Err(err) => {
                 if matches!(err, Error::Apply { existed: false, .. }) {
                     ctx.metrics.create_failed.get_or_create(&ns_labels).inc();
+                }
+                // The API server refused what the Notebook asks for (a quantity our CRD let
+                // through, say): retrying cannot help, the user has to fix the Notebook.
+                if let Error::Apply {
+                    kind,
+                    source: kube::Error::Api(status),
+                    ..
+                } = &err
+                    && status.code == 422
+                {
+                    let message = format!("{kind} rejected: {}", status.message);
+                    return report_invalid_spec(&notebooks, notebook, ctx, message).await;
                 }
                 return Err(err);
             }
@@ -189,6 +188,23 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
     )
     .await;
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Nothing (more) is created for a Notebook that cannot be realized; the reason goes on its
+/// status as an `InvalidSpec` condition and a Warning event, and it waits for the user's fix.
+async fn report_invalid_spec(
+    notebooks: &Api<Notebook>,
+    notebook: &Notebook,
+    ctx: &Context,
+    message: String,
+) -> Result<Action, Error> {
+    let status = invalid_spec_status(notebook, &message);
+    let changed = notebook.status.as_ref() != Some(&status);
+    write_status_if_changed(notebooks, notebook, status).await?;
+    if changed {
+        publish(ctx, notebook, EventType::Warning, "InvalidSpec", message).await;
+    }
+    Ok(Action::await_change())
 }
 
 /// Annotation on each child with the digest of what labforge last applied to it.

@@ -518,3 +518,64 @@ async fn one_replica_leads_and_another_takes_over_an_expired_lease() {
     assert_eq!(spec.holder_identity.as_deref(), Some("replica-b"));
     assert_eq!(spec.lease_transitions, Some(1));
 }
+
+/// Our CRD types quantities as strings, so a bad one passes the CR schema; the API server then
+/// refuses the StatefulSet, and that must end as a condition, not a retry loop.
+#[tokio::test]
+async fn notebook_the_api_server_refuses_gets_a_condition_and_no_retry_loop() {
+    init_crypto();
+    let shared = FakeApiServerOptions::default().schemas_dir;
+    let schemas = tempfile::tempdir().unwrap();
+    for file in ["kubernetes-openapi-v2.json", "istio-networking-crds.yaml"] {
+        std::os::unix::fs::symlink(shared.join(file), schemas.path().join(file)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        labforge_tests::repo_root().join("crds/notebooks.kubeflow.org.yaml"),
+        schemas.path().join("kubeflow.org_notebooks.yaml"),
+    )
+    .unwrap();
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        schemas_dir: schemas.path().to_owned(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let client = server.client();
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    let mut bad = notebook("alice", "greedy");
+    let limits = json!({"cpu": "1", "memory": "2GB"});
+    bad.spec.template.spec.as_mut().unwrap().containers[0].resources =
+        Some(serde_json::from_value(json!({ "limits": limits })).unwrap());
+    notebooks
+        .create(&PostParams::default(), &bad)
+        .await
+        .unwrap();
+
+    let condition = eventually(
+        "InvalidSpec condition from the API's refusal",
+        Duration::from_secs(10),
+        || async {
+            let status = notebooks.get("greedy").await.ok()?.status?;
+            status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "InvalidSpec")
+        },
+    )
+    .await;
+    let message = condition.message.unwrap();
+    assert!(
+        message.contains("StatefulSet rejected") && message.contains("2GB"),
+        "{message}"
+    );
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
+    assert!(stateful_sets.get_opt("greedy").await.unwrap().is_none());
+    // No retry loop: the refused apply is not repeated while nothing changes.
+    let rejected = server.rejected().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(server.rejected().len(), rejected, "{:?}", server.rejected());
+}
