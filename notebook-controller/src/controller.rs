@@ -70,6 +70,8 @@ pub struct Context {
     reemitted: Mutex<HashSet<String>>,
     /// Consecutive reconcile failures per Notebook, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<Notebook>, u32>>,
+    /// Events last seen before this moment were re-emitted by an earlier instance.
+    started: jiff::Timestamp,
 }
 
 impl Context {
@@ -91,6 +93,7 @@ impl Context {
             metrics,
             reemitted: Mutex::new(HashSet::new()),
             failures: Mutex::new(HashMap::new()),
+            started: jiff::Timestamp::now(),
         }
     }
 }
@@ -330,6 +333,16 @@ async fn reemit_warnings(
             let Some(uid) = event.metadata.uid.clone() else {
                 continue;
             };
+            let last_seen = event
+                .last_timestamp
+                .as_ref()
+                .or(event.metadata.creation_timestamp.as_ref())
+                .map(|t| t.0);
+            // Event times have whole-second precision: compare at that precision.
+            if last_seen.is_some_and(|t| t.as_second() < ctx.started.as_second()) {
+                // Happened before this instance started: an earlier one has re-emitted it.
+                continue;
+            }
             let fresh = ctx
                 .reemitted
                 .lock()

@@ -271,23 +271,38 @@ async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
 
     let reemitted: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(client.clone(), "alice");
+    let count_reemitted = || async {
+        let list = reemitted.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Notebook")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("Failed to pull image"))
+            })
+            .count()
+    };
     eventually(
         "pod warning re-emitted on the Notebook",
         Duration::from_secs(10),
-        || async {
-            let list = reemitted.list(&ListParams::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Notebook")
-                        && e.note
-                            .as_deref()
-                            .is_some_and(|n| n.contains("Failed to pull image"))
-                })
-                .map(|_| ())
-        },
+        || async { (count_reemitted().await == 1).then_some(()) },
     )
     .await;
+
+    // A controller restart does not repeat warnings an earlier instance already re-emitted.
+    drop(_controller);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _restarted = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count_reemitted().await,
+        1,
+        "warning re-emitted again after a restart"
+    );
 }
 
 #[tokio::test]
