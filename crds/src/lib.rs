@@ -72,22 +72,8 @@ mod tests {
         /// Kubeflow's CRD (as shipped in shared/schemas) and ours, as two schema sets.
         fn kubeflow_and_ours() -> (SchemaSet, SchemaSet, tempfile::TempDir) {
             let kubeflow = SchemaSet::load(&FakeApiServerOptions::default()).unwrap();
-            let shared = FakeApiServerOptions::default().schemas_dir;
-            let ours_dir = tempfile::tempdir().unwrap();
-            for file in ["kubernetes-openapi-v2.json", "istio-networking-crds.yaml"] {
-                std::os::unix::fs::symlink(shared.join(file), ours_dir.path().join(file)).unwrap();
-            }
-            std::os::unix::fs::symlink(
-                manifest_dir().join("notebooks.kubeflow.org.yaml"),
-                ours_dir.path().join("kubeflow.org_notebooks.yaml"),
-            )
-            .unwrap();
-            let ours = SchemaSet::load(&FakeApiServerOptions {
-                schemas_dir: ours_dir.path().to_owned(),
-                ..Default::default()
-            })
-            .unwrap();
-            (kubeflow, ours, ours_dir)
+            let (options, dir) = FakeApiServerOptions::with_labforge_notebook_crd().unwrap();
+            (kubeflow, SchemaSet::load(&options).unwrap(), dir)
         }
 
         fn load(path: &Path) -> Value {

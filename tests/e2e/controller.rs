@@ -539,22 +539,8 @@ async fn one_replica_leads_and_another_takes_over_an_expired_lease() {
 #[tokio::test]
 async fn notebook_the_api_server_refuses_gets_a_condition_and_no_retry_loop() {
     init_crypto();
-    let shared = FakeApiServerOptions::default().schemas_dir;
-    let schemas = tempfile::tempdir().unwrap();
-    for file in ["kubernetes-openapi-v2.json", "istio-networking-crds.yaml"] {
-        std::os::unix::fs::symlink(shared.join(file), schemas.path().join(file)).unwrap();
-    }
-    std::os::unix::fs::symlink(
-        labforge_tests::repo_root().join("crds/notebooks.kubeflow.org.yaml"),
-        schemas.path().join("kubeflow.org_notebooks.yaml"),
-    )
-    .unwrap();
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        schemas_dir: schemas.path().to_owned(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (options, _schemas) = FakeApiServerOptions::with_labforge_notebook_crd().unwrap();
+    let server = FakeApiServer::start(options).await.unwrap();
     let client = server.client();
     let _controller = RunningController::start(
         client.clone(),

@@ -101,6 +101,28 @@ impl Default for FakeApiServerOptions {
     }
 }
 
+impl FakeApiServerOptions {
+    /// Options whose Notebook CRD is labforge's own (`crds/notebooks.kubeflow.org.yaml`) instead of
+    /// Kubeflow's, for tests of what our CRD lets through. The returned directory holds the
+    /// schema set and must outlive the options' use.
+    pub fn with_labforge_notebook_crd() -> std::io::Result<(Self, tempfile::TempDir)> {
+        let defaults = Self::default();
+        let dir = tempfile::tempdir()?;
+        for file in ["kubernetes-openapi-v2.json", "istio-networking-crds.yaml"] {
+            std::os::unix::fs::symlink(defaults.schemas_dir.join(file), dir.path().join(file))?;
+        }
+        std::os::unix::fs::symlink(
+            crate::repo_root().join("crds/notebooks.kubeflow.org.yaml"),
+            dir.path().join("kubeflow.org_notebooks.yaml"),
+        )?;
+        let options = Self {
+            schemas_dir: dir.path().to_owned(),
+            ..defaults
+        };
+        Ok((options, dir))
+    }
+}
+
 /// A running fake API server on `127.0.0.1`, stopped when dropped.
 pub struct FakeApiServer {
     app: Arc<http::App>,
