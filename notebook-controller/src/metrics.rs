@@ -110,9 +110,12 @@ impl Metrics {
             Some(running) => by_notebook.insert(key, running),
             None => by_notebook.remove(&key),
         };
+        // Keys sort by namespace first: count only this namespace's entries, not every notebook
+        // on every reconcile.
         let count = by_notebook
-            .iter()
-            .filter(|((ns, _), running)| ns == namespace && **running)
+            .range((namespace.to_owned(), String::new())..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .filter(|(_, running)| **running)
             .count();
         self.running
             .get_or_create(&NamespaceLabels {

@@ -72,21 +72,13 @@ pub fn render_yaml(notebooks: &[Notebook], config: &BuilderConfig) -> Result<Str
             out.push_str(&serde_yaml_ng::to_string(&object).map_err(RenderError::Output)?);
             Ok(())
         };
-        push(to_value(&children.stateful_set, "apps/v1", "StatefulSet"))?;
-        push(to_value(&children.service, "v1", "Service"))?;
+        push(serde_json::to_value(&children.stateful_set).unwrap_or_default())?;
+        push(serde_json::to_value(&children.service).unwrap_or_default())?;
         if let Some(vs) = &children.virtual_service {
             push(serde_json::to_value(vs).unwrap_or_default())?;
         }
     }
     Ok(out)
-}
-
-/// k8s-openapi types serialize their apiVersion/kind; this keeps the output explicit regardless.
-fn to_value(object: &impl serde::Serialize, api_version: &str, kind: &str) -> serde_json::Value {
-    let mut value = serde_json::to_value(object).unwrap_or_default();
-    value["apiVersion"] = api_version.into();
-    value["kind"] = kind.into();
-    value
 }
 
 #[cfg(test)]
