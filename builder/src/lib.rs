@@ -18,7 +18,6 @@ pub mod cache;
 pub mod commit;
 pub mod digest;
 pub mod image;
-pub mod index;
 pub mod layer;
 pub mod registry;
 

@@ -6,6 +6,7 @@
 //! is built once by streaming its layers (whiteouts applied, as a runtime does); the index of an
 //! image labforge saved is its parent's index plus the one new layer.
 
+use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -38,6 +39,9 @@ pub struct IndexEntry {
     pub device: Option<(u32, u32)>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub xattrs: BTreeMap<String, Vec<u8>>,
+    /// Hex SHA-256 of a regular file's content, for scans that verify content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +159,13 @@ impl BaselineIndex {
                     }
                 }
             }
+            let sha256 = if kind == EntryKind::File {
+                let mut hash = Sha256::new();
+                std::io::copy(&mut entry, &mut hash).map_err(io)?;
+                Some(hex::encode(hash.finalize()))
+            } else {
+                None
+            };
             let header = entry.header();
             let record = IndexEntry {
                 kind,
@@ -173,6 +184,7 @@ impl BaselineIndex {
                 },
                 device,
                 xattrs,
+                sha256,
             };
             self.replace(path, record);
         }

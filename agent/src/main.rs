@@ -1,0 +1,91 @@
+//! `labforge-agent`: the part of "save environment" that runs inside the notebook's container.
+//!
+//! It is mounted read-only (an init container's emptyDir in Kubernetes, a bind mount with podman)
+//! and started through exec. It holds no credentials and opens no connection: it reads the image's
+//! baseline index on stdin, scans the root against it and writes the change set to stdout (see
+//! `labforge_snapshot::protocol`). The builder outside does compression, caching and the push.
+//!
+//! Usage: `labforge-agent scan --parent <digest> [--root /] [--ignore PATH]... [--verify-content]`
+
+use labforge_snapshot::protocol::ChangeSetHeader;
+use labforge_snapshot::{BaselineIndex, ScanOptions, scan, write_change_set};
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+struct Args {
+    root: PathBuf,
+    parent: String,
+    ignore: Vec<PathBuf>,
+    verify_content: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some("scan".as_ref()) {
+        return Err("usage: labforge-agent scan --parent <digest> [--root DIR] [--ignore PATH]... [--verify-content]".into());
+    }
+    let mut parsed = Args {
+        root: PathBuf::from("/"),
+        parent: String::new(),
+        ignore: Vec::new(),
+        verify_content: false,
+    };
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.to_str() {
+            Some("--root") => parsed.root = value("--root")?.into(),
+            Some("--parent") => {
+                parsed.parent = value("--parent")?
+                    .into_string()
+                    .map_err(|_| "--parent is not UTF-8".to_string())?
+            }
+            Some("--ignore") => parsed.ignore.push(value("--ignore")?.into()),
+            Some("--verify-content") => parsed.verify_content = true,
+            _ => return Err(format!("unknown argument {arg:?}")),
+        }
+    }
+    if parsed.parent.is_empty() {
+        return Err("--parent <digest> is required".into());
+    }
+    Ok(parsed)
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    let baseline: BaselineIndex =
+        serde_json::from_reader(io::BufReader::new(io::stdin().lock()))
+            .map_err(|err| format!("reading the baseline index from stdin: {err}"))?;
+    let mut options = ScanOptions::container();
+    options.ignore.extend(args.ignore);
+    options.verify_content = args.verify_content;
+    let changes = scan(&args.root, &baseline, &options, |_| {}).map_err(|e| e.to_string())?;
+    drop(baseline);
+
+    let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
+    ChangeSetHeader::new(&changes, &args.parent)
+        .write_line(&mut out)
+        .and_then(|()| out.flush())
+        .map_err(|err| format!("writing to stdout: {err}"))?;
+    let (mut out, summary) =
+        write_change_set(&args.root, &changes, out, |_, _| {}).map_err(|e| e.to_string())?;
+    out.flush()
+        .map_err(|err| format!("writing to stdout: {err}"))?;
+    for path in summary.changed_while_writing {
+        eprintln!(
+            "labforge-agent: {} changed while it was saved",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("labforge-agent: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
