@@ -3,13 +3,16 @@
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use labforge_builder::commit::{CommitOptions, CommitProgress, commit_tree};
+use labforge_builder::cache::{BlobCache, S3Cache, S3CacheConfig};
 use labforge_builder::image::RuntimeConfig;
 use labforge_builder::layer::Compression;
 use labforge_builder::registry::RegistryOptions;
+use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, save};
+use labforge_builder::source::ChangeSource;
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_notebook_controller::service::{LeaderElection, ServeOptions, serve};
+use labforge_snapshot::ScanOptions;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -107,10 +110,11 @@ impl From<&RenderArgs> for BuilderConfig {
 
 #[derive(Debug, Subcommand)]
 pub enum BuildCommand {
-    /// Commit a directory tree as an image and push it to a registry.
+    /// Save a root (a directory, or a running container through its agent) as an image.
     ///
-    /// The whole tree becomes the image's only layer.
-    Commit(CommitArgs),
+    /// With `--base`, only what differs from the base image becomes one new layer on top of it;
+    /// without, the whole tree becomes the image's only layer.
+    Commit(Box<CommitArgs>),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -120,10 +124,42 @@ pub enum CompressionArg {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["root", "container"])))]
 pub struct CommitArgs {
-    /// Directory whose contents become the image's root filesystem.
+    /// Directory to save (mount points below it are skipped).
     #[arg(long)]
-    pub root: PathBuf,
+    pub root: Option<PathBuf>,
+    /// Running container to save, through the agent mounted in it (needs --base).
+    #[arg(long, requires = "base")]
+    pub container: Option<String>,
+    /// Container engine for --container.
+    #[arg(long, default_value = "podman")]
+    pub engine: PathBuf,
+    /// Image the root was started from; the new layer holds only the differences.
+    #[arg(long)]
+    pub base: Option<String>,
+    /// Path (as seen from the root) to leave out; repeatable.
+    #[arg(long = "ignore")]
+    pub ignore: Vec<String>,
+    /// Also compare file contents with the base (reads every file; metadata only by default).
+    #[arg(long)]
+    pub verify_content: bool,
+    /// Cache blobs and indexes in this directory.
+    #[arg(long, conflicts_with = "cache_s3")]
+    pub cache_dir: Option<PathBuf>,
+    /// Cache blobs and indexes in S3: `s3://bucket[/prefix]`; credentials from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+    #[arg(long)]
+    pub cache_s3: Option<String>,
+    /// S3 endpoint URL (an S3-compatible server); AWS when absent.
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+    /// Filled from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY by `run`, not by clap.
+    #[arg(skip)]
+    pub s3_credentials: Option<(String, String)>,
     /// Image reference to push, e.g. `registry.example.com/team/env:v1`.
     #[arg(long)]
     pub target: String,
@@ -157,7 +193,65 @@ pub struct CommitArgs {
     pub quiet: bool,
 }
 
-impl TryFrom<&CommitArgs> for CommitOptions {
+impl TryFrom<&CommitArgs> for ChangeSource {
+    type Error = anyhow::Error;
+
+    fn try_from(args: &CommitArgs) -> anyhow::Result<Self> {
+        Ok(match (&args.root, &args.container) {
+            (Some(root), None) => ChangeSource::Directory {
+                root: root.clone(),
+                scan: ScanOptions {
+                    ignore: args.ignore.iter().map(PathBuf::from).collect(),
+                    mountinfo: Some(PathBuf::from("/proc/self/mountinfo")),
+                    verify_content: args.verify_content,
+                },
+            },
+            (None, Some(container)) => ChangeSource::Container {
+                engine: args.engine.clone(),
+                container: container.clone(),
+                ignore: args.ignore.clone(),
+                verify_content: args.verify_content,
+            },
+            _ => anyhow::bail!("give exactly one of --root and --container"),
+        })
+    }
+}
+
+fn blob_cache(args: &CommitArgs) -> anyhow::Result<Option<BlobCache>> {
+    if let Some(dir) = &args.cache_dir {
+        return Ok(Some(BlobCache::Dir(dir.clone())));
+    }
+    let Some(url) = &args.cache_s3 else {
+        return Ok(None);
+    };
+    let Some(rest) = url.strip_prefix("s3://") else {
+        anyhow::bail!("--cache-s3 {url:?} must look like s3://bucket[/prefix]");
+    };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        anyhow::bail!("--cache-s3 {url:?} names no bucket");
+    }
+    let Some((access_key_id, secret_access_key)) = args.s3_credentials.clone() else {
+        anyhow::bail!(
+            "--cache-s3 needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
+        );
+    };
+    let prefix = match prefix.trim_end_matches('/') {
+        "" => String::new(),
+        p => format!("{p}/"),
+    };
+    Ok(Some(BlobCache::S3(S3Cache::new(S3CacheConfig {
+        endpoint: args.s3_endpoint.clone(),
+        region: args.s3_region.clone(),
+        bucket: bucket.to_owned(),
+        prefix,
+        access_key_id,
+        secret_access_key,
+        part_size: labforge_builder::cache::MIN_PART_SIZE * 2,
+    }))))
+}
+
+impl TryFrom<&CommitArgs> for SaveOptions {
     type Error = anyhow::Error;
 
     fn try_from(args: &CommitArgs) -> anyhow::Result<Self> {
@@ -182,8 +276,15 @@ impl TryFrom<&CommitArgs> for CommitOptions {
                 anyhow::bail!("LABFORGE_REGISTRY_PASSWORD is set but --registry-user is not")
             }
         };
-        Ok(CommitOptions {
+        let created_by = match (&args.root, &args.container) {
+            (Some(root), _) => format!("labforge build commit --root {}", root.display()),
+            (_, Some(container)) => format!("labforge build commit --container {container}"),
+            _ => "labforge build commit".to_owned(),
+        };
+        Ok(SaveOptions {
             compression,
+            cache: blob_cache(args)?,
+            created_by,
             registry: RegistryOptions {
                 insecure: args.insecure_registries.clone(),
                 credentials,
@@ -202,6 +303,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Build(BuildCommand::Commit(mut args)) => {
             args.registry_password = env_var("LABFORGE_REGISTRY_PASSWORD");
+            args.s3_credentials =
+                env_var("AWS_ACCESS_KEY_ID").zip(env_var("AWS_SECRET_ACCESS_KEY"));
             build_commit(&args).await
         }
         Command::Render(args) => render(&args),
@@ -276,13 +379,20 @@ fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
-    let options = match CommitOptions::try_from(args) {
-        Ok(options) => options,
+    let parsed =
+        ChangeSource::try_from(args).and_then(|source| Ok((source, SaveOptions::try_from(args)?)));
+    let (source, options) = match parsed {
+        Ok(parsed) => parsed,
         Err(err) => {
             eprintln!("labforge: error: {err:#}");
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
+    if let Some(BlobCache::S3(cache)) = &options.cache
+        && let Err(err) = cache.ensure_bucket().await
+    {
+        tracing::warn!("{err}");
+    }
     let bar = if args.quiet {
         ProgressBar::hidden()
     } else {
@@ -294,28 +404,71 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
     );
     bar.enable_steady_tick(Duration::from_millis(120));
     let reporter = bar.clone();
-    let committed = commit_tree(&args.root, &args.target, &options, move |p| match p {
-        CommitProgress::Writing { entries, bytes } => reporter.set_message(format!(
-            "writing layer: {entries} files, {}",
-            indicatif::HumanBytes(bytes)
-        )),
-        CommitProgress::Uploading { layer_bytes } => reporter.set_message(format!(
-            "uploading layer ({})",
-            indicatif::HumanBytes(layer_bytes)
-        )),
-    })
+    let what = args
+        .root
+        .as_ref()
+        .map(|r| r.display().to_string())
+        .or_else(|| args.container.clone())
+        .unwrap_or_default();
+    let saved = save(
+        &source,
+        args.base.as_deref(),
+        &args.target,
+        &options,
+        move |p| match p {
+            SaveProgress::Indexing { layer, layers } => {
+                reporter.set_message(format!("indexing base image: layer {layer}/{layers}"))
+            }
+            SaveProgress::Scanning { entries } => {
+                reporter.set_message(format!("scanning: {entries} files"))
+            }
+            SaveProgress::Scanned(header) => reporter.set_message(format!(
+                "scanned {} files: {} changed, {} removed, {} to write",
+                header.scanned,
+                header.changed,
+                header.deleted,
+                indicatif::HumanBytes(header.content_bytes)
+            )),
+            SaveProgress::Writing { bytes, total } => reporter.set_message(format!(
+                "writing layer: {} of {} file data",
+                indicatif::HumanBytes(bytes),
+                indicatif::HumanBytes(total)
+            )),
+            SaveProgress::Uploading { layer_bytes } => reporter.set_message(format!(
+                "uploading layer ({})",
+                indicatif::HumanBytes(layer_bytes)
+            )),
+            SaveProgress::CacheUnavailable(reason) => {
+                reporter.println(format!("cache unavailable, saving without it: {reason}"))
+            }
+        },
+    )
     .await
-    .with_context(|| format!("committing {} to {}", args.root.display(), args.target));
+    .with_context(|| format!("saving {what} as {}", args.target));
     bar.finish_and_clear();
-    let committed = committed?;
-    println!(
-        "pushed {}@{} (layer {}, {} files, {})",
-        committed.image.reference,
-        committed.image.manifest_digest,
-        committed.layer.digest,
-        committed.layer.entries,
-        indicatif::HumanBytes(committed.layer.size)
-    );
+    let saved = saved?;
+    let cache = match &saved.cache {
+        CacheOutcome::Disabled => String::new(),
+        CacheOutcome::Hit => "; cache hit".to_owned(),
+        CacheOutcome::Stored => "; cached".to_owned(),
+        CacheOutcome::Unavailable(reason) => {
+            format!("; saved uncached, cache unavailable: {reason}")
+        }
+    };
+    match &saved.layer {
+        Some(layer) => println!(
+            "pushed {}@{} (layer {}, {} files, {}{cache})",
+            saved.image.reference,
+            saved.image.manifest_digest,
+            layer.digest,
+            saved.header.changed,
+            indicatif::HumanBytes(layer.size)
+        ),
+        None => println!(
+            "pushed {}@{} (no changes since the base image{cache})",
+            saved.image.reference, saved.image.manifest_digest
+        ),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -329,25 +482,24 @@ mod tests {
         ];
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).unwrap().command {
-            Command::Build(BuildCommand::Commit(args)) => args,
+            Command::Build(BuildCommand::Commit(args)) => *args,
             other => panic!("parsed as {other:?}"),
         }
     }
 
     #[test]
     fn defaults_are_zstd_level_3_and_anonymous() {
-        let options = CommitOptions::try_from(&parse(&[])).unwrap();
+        let options = SaveOptions::try_from(&parse(&[])).unwrap();
         assert_eq!(options.compression, Compression::Zstd { level: 3 });
         assert!(options.registry.credentials.is_none());
     }
 
     #[test]
     fn out_of_range_level_is_refused_with_the_flag_named() {
-        let err = CommitOptions::try_from(&parse(&["--compression", "gzip", "--level", "12"]))
-            .unwrap_err();
+        let err =
+            SaveOptions::try_from(&parse(&["--compression", "gzip", "--level", "12"])).unwrap_err();
         assert!(err.to_string().contains("--level 12"), "{err}");
-        let ok =
-            CommitOptions::try_from(&parse(&["--compression", "gzip", "--level", "1"])).unwrap();
+        let ok = SaveOptions::try_from(&parse(&["--compression", "gzip", "--level", "1"])).unwrap();
         assert_eq!(ok.compression, Compression::Gzip { level: 1 });
     }
 
@@ -356,7 +508,7 @@ mod tests {
         let mut args = parse(&[]);
         args.registry_user = Some("alice".into());
         args.registry_password = None;
-        let err = CommitOptions::try_from(&args).unwrap_err();
+        let err = SaveOptions::try_from(&args).unwrap_err();
         assert!(
             err.to_string().contains("LABFORGE_REGISTRY_PASSWORD"),
             "{err}"

@@ -310,3 +310,113 @@ impl S3Cache {
         Ok(true)
     }
 }
+
+/// Where saved layers, baseline indexes and change-set records are cached: S3 for clusters, a
+/// local directory for one machine. Keys look like `blobs/sha256/<hex>`.
+pub enum BlobCache {
+    S3(S3Cache),
+    Dir(PathBuf),
+}
+
+impl std::fmt::Debug for BlobCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlobCache::S3(cache) => write!(f, "S3 bucket {:?}", cache.bucket),
+            BlobCache::Dir(dir) => write!(f, "directory {}", dir.display()),
+        }
+    }
+}
+
+impl BlobCache {
+    fn dir_path(dir: &Path, key: &str) -> PathBuf {
+        // Keys are built by labforge from digests; never let one climb out of the directory.
+        dir.join(key.replace("..", "_"))
+    }
+
+    /// Copies `key` to a new file at `path`; `false` (nothing created) when it is not cached.
+    pub async fn get_to_file(&self, key: &str, path: &Path) -> Result<bool, CacheError> {
+        match self {
+            BlobCache::S3(cache) => cache.get_to_file(key, path).await,
+            BlobCache::Dir(dir) => {
+                let source = Self::dir_path(dir, key);
+                match tokio::fs::copy(&source, path).await {
+                    Ok(_) => Ok(true),
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                    Err(source_err) => Err(CacheError::File {
+                        path: source,
+                        source: source_err,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Stores the file at `path` under `key`, replacing atomically.
+    pub async fn put_file(&self, key: &str, path: &Path) -> Result<(), CacheError> {
+        match self {
+            BlobCache::S3(cache) => cache.put_file(key, path).await,
+            BlobCache::Dir(dir) => {
+                let target = Self::dir_path(dir, key);
+                let file_error = |path: &Path| {
+                    let path = path.to_owned();
+                    move |source| CacheError::File { path, source }
+                };
+                let parent = target.parent().unwrap_or(dir).to_owned();
+                tokio::fs::create_dir_all(&parent)
+                    .await
+                    .map_err(file_error(&parent))?;
+                let partial = tempfile::Builder::new()
+                    .prefix(".labforge-partial-")
+                    .tempfile_in(&parent)
+                    .map_err(file_error(&parent))?;
+                tokio::fs::copy(path, partial.path())
+                    .await
+                    .map_err(file_error(path))?;
+                partial.persist(&target).map_err(|err| CacheError::File {
+                    path: target.clone(),
+                    source: err.error,
+                })?;
+                Ok(())
+            }
+        }
+    }
+
+    pub async fn contains(&self, key: &str) -> Result<bool, CacheError> {
+        match self {
+            BlobCache::S3(cache) => cache.contains(key).await,
+            BlobCache::Dir(dir) => Ok(tokio::fs::try_exists(Self::dir_path(dir, key))
+                .await
+                .unwrap_or(false)),
+        }
+    }
+
+    /// A small document (an index, a record), or `None` when it is not cached.
+    pub async fn get_bytes(&self, key: &str) -> Result<Option<Vec<u8>>, CacheError> {
+        let scratch = tempfile::tempdir().map_err(|source| CacheError::File {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let path = scratch.path().join("doc");
+        if !self.get_to_file(key, &path).await? {
+            return Ok(None);
+        }
+        tokio::fs::read(&path)
+            .await
+            .map(Some)
+            .map_err(|source| CacheError::File { path, source })
+    }
+
+    pub async fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), CacheError> {
+        let scratch = tempfile::NamedTempFile::new().map_err(|source| CacheError::File {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        tokio::fs::write(scratch.path(), bytes)
+            .await
+            .map_err(|source| CacheError::File {
+                path: scratch.path().to_owned(),
+                source,
+            })?;
+        self.put_file(key, scratch.path()).await
+    }
+}

@@ -5,7 +5,6 @@
 //! must survive unchanged.
 
 use crate::digest::Digest;
-use crate::layer::LayerDescriptor;
 use serde_json::{Value, json};
 
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
@@ -113,30 +112,12 @@ impl ImageConfig {
     }
 }
 
-fn oci_architecture() -> &'static str {
+pub(crate) fn oci_architecture() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
         other => other,
     }
-}
-
-/// Builds the manifest for `config` and its layers (in order, base first).
-pub fn manifest(config_bytes: &[u8], layers: &[LayerDescriptor]) -> Value {
-    json!({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_MEDIA_TYPE,
-        "config": {
-            "mediaType": CONFIG_MEDIA_TYPE,
-            "digest": Digest::of(config_bytes).as_str(),
-            "size": config_bytes.len(),
-        },
-        "layers": layers.iter().map(|l| json!({
-            "mediaType": l.media_type,
-            "digest": l.digest.as_str(),
-            "size": l.size,
-        })).collect::<Vec<_>>(),
-    })
 }
 
 #[cfg(test)]

@@ -5,11 +5,7 @@
 //! and one file copy buffer.
 
 use crate::digest::{Digest, DigestWriter};
-use std::collections::HashMap;
-use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
 
 /// How a layer is compressed; decides its media type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +30,14 @@ impl Compression {
             Compression::Gzip { .. } => "application/vnd.oci.image.layer.v1.tar+gzip",
         }
     }
+
+    /// Short name used in cache keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Zstd { .. } => "zstd",
+            Compression::Gzip { .. } => "gzip",
+        }
+    }
 }
 
 /// What a finished layer is: enough to reference it from a manifest and a config.
@@ -53,13 +57,7 @@ pub struct LayerDescriptor {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
-    #[error("reading {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("writing the layer stream")]
+    #[error("writing the layer stream: {0}")]
     Write(#[source] io::Error),
 }
 
@@ -107,114 +105,31 @@ impl<W: Write> Write for Compressor<W> {
     }
 }
 
-type Pipeline<W> = tar::Builder<DigestWriter<Compressor<DigestWriter<W>>>>;
-
-/// Writes one layer. Entries go in through [`LayerWriter::append_tree`]; [`LayerWriter::finish`]
-/// closes the stream and returns its descriptor.
-pub struct LayerWriter<W: Write> {
-    tar: Pipeline<W>,
+/// The write side of one layer blob: uncompressed tar bytes in, compressed bytes out to the sink,
+/// with both digests kept on the way.
+pub struct LayerStream<W: Write> {
+    pipeline: DigestWriter<Compressor<DigestWriter<W>>>,
     compression: Compression,
-    entries: u64,
-    /// First path seen for each multiply-linked inode, so later names become hardlink entries.
-    hardlinks: HashMap<(u64, u64), PathBuf>,
-    progress: Option<ProgressFn>,
 }
 
-/// Called after each entry with (entries written, uncompressed bytes written).
-type ProgressFn = Box<dyn FnMut(u64, u64) + Send>;
-
-impl<W: Write> LayerWriter<W> {
+impl<W: Write> LayerStream<W> {
     pub fn new(sink: W, compression: Compression) -> Result<Self, LayerError> {
         let compressor =
             Compressor::new(DigestWriter::new(sink), compression).map_err(LayerError::Write)?;
-        let mut tar = tar::Builder::new(DigestWriter::new(compressor));
-        // A layer records links as links and never expands holes: what is on disk is what unpacks.
-        tar.follow_symlinks(false);
-        tar.sparse(false);
-        tar.mode(tar::HeaderMode::Complete);
         Ok(Self {
-            tar,
+            pipeline: DigestWriter::new(compressor),
             compression,
-            entries: 0,
-            hardlinks: HashMap::new(),
-            progress: None,
         })
     }
 
-    /// Reports progress after each entry: (entries written, uncompressed bytes written).
-    pub fn with_progress(mut self, report: impl FnMut(u64, u64) + Send + 'static) -> Self {
-        self.progress = Some(Box::new(report));
-        self
+    /// Uncompressed bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.pipeline.written()
     }
 
-    fn entry_written(&mut self) {
-        self.entries += 1;
-        if let Some(report) = self.progress.as_mut() {
-            report(self.entries, self.tar.get_ref().written());
-        }
-    }
-
-    /// Appends everything below `root` (not `root` itself), in sorted order so that the same tree
-    /// always yields the same bytes. Sockets are skipped: they cannot be recreated from a tar.
-    pub fn append_tree(&mut self, root: &Path) -> Result<(), LayerError> {
-        self.append_dir_contents(root, Path::new(""))
-    }
-
-    fn append_dir_contents(&mut self, dir: &Path, rel: &Path) -> Result<(), LayerError> {
-        let read = |source| LayerError::Read {
-            path: dir.to_owned(),
-            source,
-        };
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .map_err(read)?
-            .map(|entry| entry.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(read)?;
-        names.sort();
-        for name in names {
-            let path = dir.join(&name);
-            let rel_path = rel.join(&name);
-            let meta = fs::symlink_metadata(&path).map_err(|source| LayerError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            let file_type = meta.file_type();
-            if file_type.is_socket() {
-                continue;
-            }
-            if file_type.is_file() && meta.nlink() > 1 {
-                let key = (meta.dev(), meta.ino());
-                if let Some(target) = self.hardlinks.get(&key) {
-                    let mut header = tar::Header::new_gnu();
-                    header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
-                    header.set_entry_type(tar::EntryType::Link);
-                    header.set_size(0);
-                    self.tar
-                        .append_link(&mut header, &rel_path, target)
-                        .map_err(LayerError::Write)?;
-                    self.entry_written();
-                    continue;
-                }
-                self.hardlinks.insert(key, rel_path.clone());
-            }
-            self.tar
-                .append_path_with_name(&path, &rel_path)
-                .map_err(|source| LayerError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-            self.entry_written();
-            if file_type.is_dir() {
-                self.append_dir_contents(&path, &rel_path)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Ends the tar stream, flushes the compressor and returns the sink with the layer's descriptor.
-    pub fn finish(self) -> Result<(W, LayerDescriptor), LayerError> {
-        let tar_stream = self.tar.into_inner().map_err(LayerError::Write)?;
-        let (compressor, diff_id, uncompressed_size) = tar_stream.finish();
+    /// Flushes the compressor and returns the sink with the layer's descriptor.
+    pub fn finish(self, entries: u64) -> Result<(W, LayerDescriptor), LayerError> {
+        let (compressor, diff_id, uncompressed_size) = self.pipeline.finish();
         let blob_stream = compressor.finish().map_err(LayerError::Write)?;
         let (mut sink, digest, size) = blob_stream.finish();
         sink.flush().map_err(LayerError::Write)?;
@@ -226,9 +141,18 @@ impl<W: Write> LayerWriter<W> {
                 size,
                 diff_id,
                 uncompressed_size,
-                entries: self.entries,
+                entries,
             },
         ))
+    }
+}
+
+impl<W: Write> Write for LayerStream<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pipeline.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.pipeline.flush()
     }
 }
 
@@ -236,127 +160,61 @@ impl<W: Write> LayerWriter<W> {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::os::unix::fs::symlink;
 
-    fn sample_tree() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        fs::create_dir_all(root.join("usr/lib/python3/site-packages/pkg")).unwrap();
-        fs::write(
-            root.join("usr/lib/python3/site-packages/pkg/__init__.py"),
-            b"x = 1\n",
-        )
-        .unwrap();
-        fs::write(root.join("big.bin"), vec![7u8; 300_000]).unwrap();
-        symlink("usr/lib", root.join("lib")).unwrap();
-        fs::hard_link(root.join("big.bin"), root.join("big-again.bin")).unwrap();
-        fs::create_dir(root.join("empty")).unwrap();
-        dir
+    fn sample_tar() -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_ustar();
+        header.set_size(300_000);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, "big.bin", &vec![7u8; 300_000][..])
+            .unwrap();
+        builder.into_inner().unwrap()
     }
 
-    fn unpack_entries(tar_bytes: &[u8]) -> Vec<(String, tar::EntryType, Vec<u8>, Option<String>)> {
-        let mut archive = tar::Archive::new(tar_bytes);
-        archive
-            .entries()
-            .unwrap()
-            .map(|e| {
-                let mut e = e.unwrap();
-                let path = e.path().unwrap().to_string_lossy().into_owned();
-                let kind = e.header().entry_type();
-                let link = e
-                    .link_name()
-                    .unwrap()
-                    .map(|l| l.to_string_lossy().into_owned());
-                let mut body = Vec::new();
-                e.read_to_end(&mut body).unwrap();
-                (path, kind, body, link)
-            })
-            .collect()
+    fn stream(compression: Compression, tar: &[u8]) -> (Vec<u8>, LayerDescriptor) {
+        let mut layer = LayerStream::new(Vec::new(), compression).unwrap();
+        layer.write_all(tar).unwrap();
+        assert_eq!(layer.written(), tar.len() as u64);
+        layer.finish(1).unwrap()
     }
 
     #[test]
-    fn zstd_layer_digests_match_the_bytes_and_the_tree_round_trips() {
-        let tree = sample_tree();
-        let mut writer = LayerWriter::new(Vec::new(), Compression::default()).unwrap();
-        writer.append_tree(tree.path()).unwrap();
-        let (blob, desc) = writer.finish().unwrap();
-
+    fn zstd_layer_digests_match_the_bytes() {
+        let tar = sample_tar();
+        let (blob, desc) = stream(Compression::default(), &tar);
         assert_eq!(
             desc.media_type,
             "application/vnd.oci.image.layer.v1.tar+zstd"
         );
         assert_eq!(desc.size, blob.len() as u64);
         assert_eq!(desc.digest, Digest::of(&blob));
-        let tar_bytes = zstd::decode_all(&blob[..]).unwrap();
-        assert_eq!(desc.diff_id, Digest::of(&tar_bytes));
-        assert_eq!(desc.uncompressed_size, tar_bytes.len() as u64);
+        assert_eq!(zstd::decode_all(&blob[..]).unwrap(), tar);
+        assert_eq!(desc.diff_id, Digest::of(&tar));
+        assert_eq!(desc.uncompressed_size, tar.len() as u64);
         assert!(
             desc.size < 10_000,
             "300 KB of sevens must compress: {}",
             desc.size
         );
-
-        let entries = unpack_entries(&tar_bytes);
-        let names: Vec<_> = entries.iter().map(|e| e.0.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "big-again.bin",
-                "big.bin",
-                "empty",
-                "lib",
-                "usr",
-                "usr/lib",
-                "usr/lib/python3",
-                "usr/lib/python3/site-packages",
-                "usr/lib/python3/site-packages/pkg",
-                "usr/lib/python3/site-packages/pkg/__init__.py",
-            ]
-        );
-        assert_eq!(desc.entries, names.len() as u64);
-        // The first name of the inode carries the data, the second is a hardlink to it.
-        assert_eq!(entries[0].1, tar::EntryType::Regular);
-        assert_eq!(entries[0].2.len(), 300_000);
-        assert_eq!(entries[1].1, tar::EntryType::Link);
-        assert_eq!(entries[1].3.as_deref(), Some("big-again.bin"));
-        assert_eq!(entries[3].1, tar::EntryType::Symlink);
-        assert_eq!(entries[3].3.as_deref(), Some("usr/lib"));
-        assert_eq!(entries[9].2, b"x = 1\n");
     }
 
     #[test]
     fn gzip_layer_has_gzip_media_type_and_same_diff_id_as_zstd() {
-        let tree = sample_tree();
-        let mut gz = LayerWriter::new(Vec::new(), Compression::Gzip { level: 6 }).unwrap();
-        gz.append_tree(tree.path()).unwrap();
-        let (gz_blob, gz_desc) = gz.finish().unwrap();
-        let mut zs = LayerWriter::new(Vec::new(), Compression::default()).unwrap();
-        zs.append_tree(tree.path()).unwrap();
-        let (_, zs_desc) = zs.finish().unwrap();
-
-        assert_eq!(
-            gz_desc.media_type,
-            "application/vnd.oci.image.layer.v1.tar+gzip"
-        );
-        let mut tar_bytes = Vec::new();
+        let tar = sample_tar();
+        let (gz_blob, gz) = stream(Compression::Gzip { level: 6 }, &tar);
+        let (_, zs) = stream(Compression::default(), &tar);
+        assert_eq!(gz.media_type, "application/vnd.oci.image.layer.v1.tar+gzip");
+        let mut unpacked = Vec::new();
         flate2::read::GzDecoder::new(&gz_blob[..])
-            .read_to_end(&mut tar_bytes)
+            .read_to_end(&mut unpacked)
             .unwrap();
-        assert_eq!(gz_desc.diff_id, Digest::of(&tar_bytes));
-        // The uncompressed stream does not depend on the compressor.
-        assert_eq!(gz_desc.diff_id, zs_desc.diff_id);
-        assert_ne!(gz_desc.digest, zs_desc.digest);
-    }
-
-    #[test]
-    fn unreadable_directory_is_named_in_the_error() {
-        let err = LayerWriter::new(Vec::new(), Compression::default())
-            .unwrap()
-            .append_tree(Path::new("/nonexistent/labforge-tree"))
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("/nonexistent/labforge-tree"),
-            "{err}"
+        assert_eq!(unpacked, tar);
+        assert_eq!(
+            gz.diff_id, zs.diff_id,
+            "the diff_id does not depend on the compressor"
         );
+        assert_ne!(gz.digest, zs.digest);
     }
 }

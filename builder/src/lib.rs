@@ -4,21 +4,27 @@
 //! Dockerfile, a container daemon or a privileged pod. This crate holds the parts of that pipeline that
 //! do I/O on blobs:
 //!
-//! - [`layer`]: a streaming tar writer that compresses (zstd or gzip) and computes both the
+//! - [`layer`]: a layer stream that compresses (zstd or gzip) and computes both the
 //!   uncompressed `diff_id` and the compressed blob digest in the same single pass;
 //! - [`image`]: OCI image configs and manifests, edited as JSON so that fields we do not model survive;
 //! - [`registry`]: pushing blobs (streamed from disk, skipped when already present) and manifests
 //!   through `oci-client`, tag written last;
-//! - [`cache`]: an S3 blob cache (`aws-sdk-s3`, custom endpoint, multipart for large blobs).
+//! - [`cache`]: the blob cache, S3 (`aws-sdk-s3`, custom endpoint, multipart) or a local directory;
+//! - [`source`]: where a change set comes from (a directory, or the agent inside a container);
+//! - [`save`]: the save itself: baseline index, change set, one new layer, push, cache.
+//!
+//! Scanning and the change-set tar live in `labforge-snapshot`, which the in-container agent is
+//! built from.
 //!
 //! The key design decision is that every blob is hashed while it is written, never re-read: a layer of
 //! any size costs one pass over the files and bounded memory.
 
 pub mod cache;
-pub mod commit;
 pub mod digest;
 pub mod image;
 pub mod layer;
 pub mod registry;
+pub mod save;
+pub mod source;
 
 pub use digest::Digest;

@@ -5,14 +5,30 @@
 //! part-way therefore never leaves a tag pointing at a missing blob.
 
 use crate::digest::Digest;
-use crate::image::{ImageConfig, MANIFEST_MEDIA_TYPE, manifest};
+use crate::image::{CONFIG_MEDIA_TYPE, ImageConfig, MANIFEST_MEDIA_TYPE};
 use crate::layer::LayerDescriptor;
 use futures::TryStreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
+use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DOCKER_MANIFEST_MEDIA_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub const DOCKER_CONFIG_MEDIA_TYPE: &str = "application/vnd.docker.container.image.v1+json";
+pub const DOCKER_LAYER_MEDIA_TYPE: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+const ACCEPTED_MANIFESTS: &[&str] = &[
+    MANIFEST_MEDIA_TYPE,
+    "application/vnd.oci.image.index.v1+json",
+    DOCKER_MANIFEST_MEDIA_TYPE,
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+/// Attempts per registry request; transient failures (a reset connection, a 5xx) are common.
+const ATTEMPTS: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -22,13 +38,15 @@ pub enum RegistryError {
         #[source]
         source: oci_client::ParseError,
     },
-    #[error("registry {registry}: {operation} failed")]
+    #[error("registry {registry}: {operation} failed: {source}")]
     Registry {
         registry: String,
         operation: &'static str,
         #[source]
         source: OciDistributionError,
     },
+    #[error("image {reference} {problem}")]
+    Manifest { reference: String, problem: String },
     #[error("opening layer blob {path}")]
     BlobFile {
         path: PathBuf,
@@ -95,65 +113,261 @@ impl RegistryClient {
         Self { client, auth }
     }
 
-    /// Pushes `layers` (base first), then `config`, then the manifest that tags `target`.
+    /// Reads `image`'s manifest (choosing this machine's platform from an index) and config.
+    pub async fn resolve(&self, image: &str) -> Result<ParentImage, RegistryError> {
+        let reference = parse_reference(image)?;
+        let failed = failure(&reference);
+        let (bytes, digest) = self
+            .client
+            .pull_manifest_raw(&reference, &self.auth, ACCEPTED_MANIFESTS)
+            .await
+            .map_err(failed("reading the base image manifest"))?;
+        let mut manifest: Value =
+            serde_json::from_slice(&bytes).map_err(|_| RegistryError::Manifest {
+                reference: image.to_owned(),
+                problem: "is not JSON".into(),
+            })?;
+        let mut manifest_digest = digest;
+        if manifest["manifests"].is_array() {
+            let chosen = manifest["manifests"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|m| {
+                    m["platform"]["os"] == "linux"
+                        && m["platform"]["architecture"] == crate::image::oci_architecture()
+                })
+                .and_then(|m| m["digest"].as_str())
+                .ok_or_else(|| RegistryError::Manifest {
+                    reference: image.to_owned(),
+                    problem: format!(
+                        "has no linux/{} image in its index",
+                        crate::image::oci_architecture()
+                    ),
+                })?
+                .to_owned();
+            let by_digest = reference.clone_with_digest(chosen);
+            let (bytes, digest) = self
+                .client
+                .pull_manifest_raw(&by_digest, &self.auth, ACCEPTED_MANIFESTS)
+                .await
+                .map_err(failed("reading the platform manifest"))?;
+            manifest = serde_json::from_slice(&bytes).map_err(|_| RegistryError::Manifest {
+                reference: image.to_owned(),
+                problem: "platform manifest is not JSON".into(),
+            })?;
+            manifest_digest = digest;
+        }
+        let config_descriptor =
+            descriptor_of(&manifest["config"]).ok_or_else(|| RegistryError::Manifest {
+                reference: image.to_owned(),
+                problem: "has no config descriptor".into(),
+            })?;
+        let mut config_bytes = Vec::new();
+        self.client
+            .pull_blob(&reference, &config_descriptor, &mut config_bytes)
+            .await
+            .map_err(failed("reading the base image config"))?;
+        let config =
+            ImageConfig::from_json(&config_bytes).map_err(|err| RegistryError::Manifest {
+                reference: image.to_owned(),
+                problem: err.to_string(),
+            })?;
+        let docker = manifest["mediaType"] == DOCKER_MANIFEST_MEDIA_TYPE
+            || manifest["config"]["mediaType"] == DOCKER_CONFIG_MEDIA_TYPE;
+        Ok(ParentImage {
+            reference,
+            manifest_digest: Digest::parse(&manifest_digest).ok_or_else(|| {
+                RegistryError::Manifest {
+                    reference: image.to_owned(),
+                    problem: format!("has a malformed digest {manifest_digest:?}"),
+                }
+            })?,
+            manifest,
+            config,
+            docker,
+        })
+    }
+
+    /// The compressed bytes of one of `parent`'s layers, as a stream.
+    pub async fn layer_stream(
+        &self,
+        parent: &ParentImage,
+        layer: &Value,
+    ) -> Result<futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>, RegistryError>
+    {
+        let descriptor = descriptor_of(layer).ok_or_else(|| RegistryError::Manifest {
+            reference: parent.reference.whole(),
+            problem: "has a malformed layer descriptor".into(),
+        })?;
+        let sized = self
+            .client
+            .pull_blob_stream(&parent.reference, &descriptor)
+            .await
+            .map_err(failure(&parent.reference)("downloading a base layer"))?;
+        Ok(sized.stream)
+    }
+
+    /// Pushes an image: `parent`'s layers (present already, mounted across repositories, or
+    /// copied from another registry), the new layer, the config, and last the manifest that tags
+    /// `target`. Each blob upload is retried; the tag is written only when every blob is in.
     pub async fn push_image(
         &self,
         target: &str,
         config: &ImageConfig,
-        layers: &[LayerBlob],
+        parent: Option<&ParentImage>,
+        layer: Option<&LayerBlob>,
+        annotations: &BTreeMap<String, String>,
     ) -> Result<PushedImage, RegistryError> {
         let reference = parse_reference(target)?;
-        let failed = |operation| {
-            let registry = reference.resolve_registry().to_owned();
-            move |source| RegistryError::Registry {
-                registry,
-                operation,
-                source,
-            }
-        };
-        self.client
-            .auth(&reference, &self.auth, RegistryOperation::Push)
-            .await
-            .map_err(failed("authentication"))?;
+        let failed = failure(&reference);
+        retrying(|| {
+            self.client
+                .auth(&reference, &self.auth, RegistryOperation::Push)
+        })
+        .await
+        .map_err(failed("authentication"))?;
 
+        let mut layers: Vec<Value> = Vec::new();
+        if let Some(parent) = parent {
+            for descriptor in parent.manifest["layers"].as_array().into_iter().flatten() {
+                self.ensure_parent_blob(&reference, parent, descriptor)
+                    .await?;
+                layers.push(descriptor.clone());
+            }
+        }
         let mut uploaded_layers = 0;
-        for layer in layers {
+        if let Some(layer) = layer {
             if self.push_blob_file(&reference, layer).await? {
                 uploaded_layers += 1;
             }
+            let mut descriptor = json!({
+                "mediaType": layer.descriptor.media_type,
+                "digest": layer.descriptor.digest.as_str(),
+                "size": layer.descriptor.size,
+            });
+            if parent.is_some_and(|p| p.docker) {
+                descriptor["mediaType"] = json!(DOCKER_LAYER_MEDIA_TYPE);
+            }
+            layers.push(descriptor);
         }
 
+        let docker = parent.is_some_and(|p| p.docker);
         let config_bytes = config.to_bytes();
         let config_digest = Digest::of(&config_bytes);
-        if !self
-            .client
-            .blob_exists(&reference, config_digest.as_str())
+        let exists = retrying(|| self.client.blob_exists(&reference, config_digest.as_str()))
             .await
-            .map_err(failed("checking the config blob"))?
-        {
-            self.client
-                .push_blob(&reference, config_bytes.clone(), config_digest.as_str())
-                .await
-                .map_err(failed("uploading the config blob"))?;
+            .map_err(failed("checking the config blob"))?;
+        if !exists {
+            retrying(|| {
+                self.client
+                    .push_blob(&reference, config_bytes.clone(), config_digest.as_str())
+            })
+            .await
+            .map_err(failed("uploading the config blob"))?;
         }
 
-        let descriptors: Vec<_> = layers.iter().map(|l| l.descriptor.clone()).collect();
-        let manifest_bytes =
-            serde_json::to_vec(&manifest(&config_bytes, &descriptors)).unwrap_or_default();
+        let mut manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": if docker { DOCKER_MANIFEST_MEDIA_TYPE } else { MANIFEST_MEDIA_TYPE },
+            "config": {
+                "mediaType": if docker { DOCKER_CONFIG_MEDIA_TYPE } else { CONFIG_MEDIA_TYPE },
+                "digest": config_digest.as_str(),
+                "size": config_bytes.len(),
+            },
+            "layers": layers,
+        });
+        if !docker && !annotations.is_empty() {
+            manifest["annotations"] = json!(annotations);
+        }
+        let manifest_bytes = serde_json::to_vec(&manifest).unwrap_or_default();
         let manifest_digest = Digest::of(&manifest_bytes);
-        self.client
-            .push_manifest_raw(
+        let media_type = if docker {
+            DOCKER_MANIFEST_MEDIA_TYPE
+        } else {
+            MANIFEST_MEDIA_TYPE
+        };
+        retrying(|| {
+            self.client.push_manifest_raw(
                 &reference,
-                manifest_bytes,
-                http::HeaderValue::from_static(MANIFEST_MEDIA_TYPE),
+                manifest_bytes.clone(),
+                http::HeaderValue::from_static(media_type),
             )
-            .await
-            .map_err(failed("writing the manifest"))?;
+        })
+        .await
+        .map_err(failed("writing the manifest"))?;
         Ok(PushedImage {
             reference: reference.whole(),
             manifest_digest,
             uploaded_layers,
         })
+    }
+
+    /// Makes one of the parent's layers present in `target`'s repository without re-uploading it
+    /// when the registry can avoid that: HEAD, then a cross-repository mount, then a copy.
+    async fn ensure_parent_blob(
+        &self,
+        target: &Reference,
+        parent: &ParentImage,
+        descriptor: &Value,
+    ) -> Result<(), RegistryError> {
+        let failed = failure(target);
+        let digest = descriptor["digest"].as_str().unwrap_or_default();
+        if retrying(|| self.client.blob_exists(target, digest))
+            .await
+            .map_err(failed("checking a base layer"))?
+        {
+            return Ok(());
+        }
+        if parent.reference.resolve_registry() == target.resolve_registry()
+            && self
+                .client
+                .mount_blob(target, &parent.reference, digest)
+                .await
+                .is_ok()
+            && self
+                .client
+                .blob_exists(target, digest)
+                .await
+                .unwrap_or(false)
+        {
+            tracing::debug!(%digest, "base layer mounted from {}", parent.reference.repository());
+            return Ok(());
+        }
+        let size = descriptor["size"].as_u64();
+        retrying(|| async {
+            let stream = self
+                .layer_stream(parent, descriptor)
+                .await
+                .map_err(|err| OciDistributionError::GenericError(Some(err.to_string())))?;
+            self.client
+                .push_blob_stream(
+                    target,
+                    stream.map_err(OciDistributionError::IoError),
+                    digest,
+                    size,
+                )
+                .await
+        })
+        .await
+        .map_err(failed("copying a base layer"))?;
+        Ok(())
+    }
+
+    /// Whether `target`'s repository has the blob (any failure counts as no).
+    pub async fn has_blob(&self, target: &str, digest: &Digest) -> bool {
+        let Ok(reference) = parse_reference(target) else {
+            return false;
+        };
+        self.client
+            .auth(&reference, &self.auth, RegistryOperation::Push)
+            .await
+            .is_ok()
+            && self
+                .client
+                .blob_exists(&reference, digest.as_str())
+                .await
+                .unwrap_or(false)
     }
 
     /// Streams one blob from disk unless the registry has it. Returns whether it was uploaded.
@@ -170,26 +384,108 @@ impl RegistryClient {
             .await
             .map_err(|source| RegistryError::Registry {
                 registry: registry(),
-                operation: "checking a layer blob",
+                operation: "checking the layer blob",
                 source,
             })?;
         if present {
             tracing::debug!(%digest, "layer already in the registry");
             return Ok(false);
         }
-        let file = open_blob(&layer.path).await?;
-        let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
-            .map_err(OciDistributionError::IoError);
-        self.client
-            .push_blob_stream(reference, stream, digest, Some(layer.descriptor.size))
-            .await
-            .map_err(|source| RegistryError::Registry {
-                registry: registry(),
-                operation: "uploading a layer blob",
-                source,
-            })?;
+        open_blob(&layer.path).await?;
+        retrying(|| async {
+            let file = tokio::fs::File::open(&layer.path)
+                .await
+                .map_err(OciDistributionError::IoError)?;
+            let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
+                .map_err(OciDistributionError::IoError);
+            self.client
+                .push_blob_stream(reference, stream, digest, Some(layer.descriptor.size))
+                .await
+        })
+        .await
+        .map_err(|source| RegistryError::Registry {
+            registry: registry(),
+            operation: "uploading a layer blob",
+            source,
+        })?;
         Ok(true)
     }
+}
+
+/// An image a new layer goes on top of.
+#[derive(Clone, Debug)]
+pub struct ParentImage {
+    pub reference: Reference,
+    /// The platform manifest (never an index), as JSON so that layer annotations survive.
+    pub manifest: Value,
+    pub manifest_digest: Digest,
+    pub config: ImageConfig,
+    /// Docker schema 2 media types: the new layer must be gzip with Docker's media type.
+    pub docker: bool,
+}
+
+impl ParentImage {
+    pub fn layers(&self) -> Vec<Value> {
+        self.manifest["layers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn descriptor_of(value: &Value) -> Option<OciDescriptor> {
+    Some(OciDescriptor {
+        media_type: value["mediaType"].as_str()?.to_owned(),
+        digest: value["digest"].as_str()?.to_owned(),
+        size: value["size"].as_i64()?,
+        ..Default::default()
+    })
+}
+
+fn failure(
+    reference: &Reference,
+) -> impl Fn(&'static str) -> Box<dyn FnOnce(OciDistributionError) -> RegistryError + Send> + use<>
+{
+    let registry = reference.resolve_registry().to_owned();
+    move |operation| {
+        let registry = registry.clone();
+        Box::new(move |source| RegistryError::Registry {
+            registry,
+            operation,
+            source,
+        })
+    }
+}
+
+/// Runs a registry request up to [`ATTEMPTS`] times, backing off between attempts. Requests that
+/// cannot succeed on a retry (a refused credential, a malformed request) fail at once.
+async fn retrying<T, F, Fut>(mut request: F) -> Result<T, OciDistributionError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, OciDistributionError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match request().await {
+            Ok(value) => return Ok(value),
+            Err(err) if attempt < ATTEMPTS && is_transient(&err) => {
+                tracing::warn!(attempt, "registry request failed, retrying: {err}");
+                tokio::time::sleep(Duration::from_millis(300 * 2u64.pow(attempt))).await;
+                attempt += 1;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+fn is_transient(err: &OciDistributionError) -> bool {
+    !matches!(
+        err,
+        OciDistributionError::AuthenticationFailure(_)
+            | OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::UrlParseError(_)
+            | OciDistributionError::ImageManifestNotFoundError(_)
+    )
 }
 
 async fn open_blob(path: &Path) -> Result<tokio::fs::File, RegistryError> {

@@ -1,0 +1,560 @@
+//! Saving an environment: the one operation behind `labforge build commit`, the ImageBuild
+//! reconciler and the web app's save button.
+//!
+//! ```text
+//! base image ──manifest, config──▶ parent        (registry)
+//! parent ──index by manifest digest (cache) or streamed layers──▶ baseline index
+//! source (directory | agent in a container) ──scan vs baseline──▶ header (change-set key) + tar
+//! key ──cache hit──▶ layer descriptor + child index: nothing compressed, nothing uploaded twice
+//! tar ──tee──▶ child index (parent index + this layer)
+//!     └─────▶ LayerStream (diff_id, compress, digest) ──▶ staged file ──▶ cache, registry
+//! parent layers + new layer, config, manifest (tag last) ──▶ registry; child index ──▶ cache
+//! ```
+//!
+//! The cache only ever saves work: when it is unreachable the save goes on without it and says so.
+
+use crate::cache::{BlobCache, CacheError};
+use crate::digest::Digest;
+use crate::image::{ImageConfig, RuntimeConfig};
+use crate::layer::{Compression, LayerDescriptor, LayerError, LayerStream};
+use crate::registry::{
+    DOCKER_LAYER_MEDIA_TYPE, LayerBlob, ParentImage, PushedImage, RegistryClient, RegistryError,
+    RegistryOptions,
+};
+use crate::source::{ChangeSource, RunningChangeSet, SourceError};
+use futures::TryStreamExt;
+use labforge_snapshot::BaselineIndex;
+use labforge_snapshot::index::IndexError;
+use labforge_snapshot::protocol::ChangeSetHeader;
+use std::collections::BTreeMap;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("indexing the base image: {0}")]
+    Index(#[source] IndexError),
+    #[error("compressing the layer: {0}")]
+    Layer(#[from] LayerError),
+    #[error("scratch file in {dir}: {source}")]
+    Scratch {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("base layer {digest} has media type {media_type:?}, which labforge cannot read")]
+    UnknownLayerType { digest: String, media_type: String },
+    #[error("a save task stopped unexpectedly")]
+    TaskPanicked,
+}
+
+/// How to save.
+#[derive(Debug)]
+pub struct SaveOptions {
+    pub compression: Compression,
+    pub registry: RegistryOptions,
+    pub cache: Option<BlobCache>,
+    /// Runtime defaults when there is no base image (a tree committed from scratch).
+    pub runtime: RuntimeConfig,
+    /// Where the compressed layer is staged before upload.
+    pub scratch_dir: PathBuf,
+    /// The history entry's `created_by`.
+    pub created_by: String,
+}
+
+/// Progress of a save, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SaveProgress {
+    Indexing { layer: usize, layers: usize },
+    Scanning { entries: u64 },
+    Scanned(ChangeSetHeader),
+    Writing { bytes: u64, total: u64 },
+    Uploading { layer_bytes: u64 },
+    CacheUnavailable(String),
+}
+
+/// What the cache did for a save.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheOutcome {
+    Disabled,
+    /// The same change set was saved before: no compression, no upload.
+    Hit,
+    /// Written to the cache for the next time.
+    Stored,
+    /// The cache could not be reached; the save went on without it.
+    Unavailable(String),
+}
+
+/// Where the baseline index came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexOrigin {
+    Empty,
+    Cache,
+    Layers,
+}
+
+/// The result of a save.
+#[derive(Clone, Debug)]
+pub struct Saved {
+    /// The new layer; `None` when nothing changed (the target then names the base's content).
+    pub layer: Option<LayerDescriptor>,
+    pub image: PushedImage,
+    pub header: ChangeSetHeader,
+    pub cache: CacheOutcome,
+    pub index: IndexOrigin,
+}
+
+/// Saves what changed in `source` since `base` (or all of it, without a base) as one new layer on
+/// `base`, pushed as `target`.
+pub async fn save(
+    source: &ChangeSource,
+    base: Option<&str>,
+    target: &str,
+    options: &SaveOptions,
+    progress: impl Fn(SaveProgress) + Send + Sync + Clone + 'static,
+) -> Result<Saved, SaveError> {
+    let registry = RegistryClient::new(&options.registry);
+    let cache = CacheState::new(options.cache.as_ref(), progress.clone());
+    let parent = match base {
+        Some(base) => Some(registry.resolve(base).await?),
+        None => None,
+    };
+    let compression = match &parent {
+        // Docker schema 2 manifests know gzip layers only.
+        Some(p) if p.docker => Compression::Gzip { level: 6 },
+        _ => options.compression,
+    };
+    let parent_key = parent
+        .as_ref()
+        .map_or_else(|| "scratch".to_owned(), |p| p.manifest_digest.to_string());
+
+    let (baseline, index) = match &parent {
+        None => (BaselineIndex::default(), IndexOrigin::Empty),
+        Some(parent) => baseline_index(&registry, parent, &cache, &progress).await?,
+    };
+    let baseline = Arc::new(baseline);
+
+    let running = {
+        let source = source.clone();
+        let baseline = Arc::clone(&baseline);
+        let parent_key = parent_key.clone();
+        let report = progress.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::source::start(&source, baseline, &parent_key, |entries| {
+                report(SaveProgress::Scanning { entries })
+            })
+        })
+        .await
+        .map_err(|_| SaveError::TaskPanicked)??
+    };
+    let header = running.header.clone();
+    progress(SaveProgress::Scanned(header.clone()));
+
+    let unchanged = header.changed == 0 && header.deleted == 0 && parent.is_some();
+    let record_key = format!(
+        "changesets/{}-{}.json",
+        header.key.trim_start_matches("sha256:"),
+        compression.name()
+    );
+    let child_index_key = format!(
+        "changesets/{}.index.json.zst",
+        header.key.trim_start_matches("sha256:")
+    );
+
+    let staged = tempfile::Builder::new()
+        .prefix("labforge-layer-")
+        .tempfile_in(&options.scratch_dir)
+        .map_err(|source| SaveError::Scratch {
+            dir: options.scratch_dir.clone(),
+            source,
+        })?;
+    let mut outcome = if cache.enabled() {
+        CacheOutcome::Stored
+    } else {
+        CacheOutcome::Disabled
+    };
+
+    let (layer, child_index) = if unchanged {
+        running.abandon();
+        (None, (*baseline).clone())
+    } else if let Some((layer, child)) = cached_change_set(
+        &registry,
+        target,
+        &cache,
+        &record_key,
+        &child_index_key,
+        &staged,
+    )
+    .await
+    {
+        running.abandon();
+        outcome = CacheOutcome::Hit;
+        (Some(layer), child)
+    } else {
+        let (layer, child) = write_layer(
+            running,
+            &baseline,
+            parent.as_ref().map_or(0, |p| p.layers().len()),
+            compression,
+            &staged,
+            progress.clone(),
+        )
+        .await?;
+        cache
+            .put_file(&blob_key(&layer.digest), staged.path())
+            .await;
+        cache
+            .put_bytes(
+                &record_key,
+                &serde_json::to_vec(&LayerRecord::from(&layer)).unwrap_or_default(),
+            )
+            .await;
+        cache
+            .put_bytes(&child_index_key, &encode_index(&child))
+            .await;
+        (Some(layer), child)
+    };
+
+    let mut layer = layer;
+    if let (Some(layer), Some(parent)) = (layer.as_mut(), &parent)
+        && parent.docker
+    {
+        layer.media_type = DOCKER_LAYER_MEDIA_TYPE;
+    }
+    let now = now_rfc3339();
+    let mut config = match &parent {
+        Some(parent) => parent.config.clone(),
+        None => ImageConfig::scratch(&options.runtime),
+    };
+    if let Some(layer) = &layer {
+        config.append_layer(&layer.diff_id, &options.created_by, &now);
+        progress(SaveProgress::Uploading {
+            layer_bytes: layer.size,
+        });
+    }
+    let mut annotations = BTreeMap::from([
+        ("org.opencontainers.image.created".to_owned(), now),
+        ("dev.labforge.change-set".to_owned(), header.key.clone()),
+    ]);
+    if let (Some(base), Some(parent)) = (base, &parent) {
+        annotations.insert("org.opencontainers.image.base.name".into(), base.to_owned());
+        annotations.insert(
+            "org.opencontainers.image.base.digest".into(),
+            parent.manifest_digest.to_string(),
+        );
+    }
+    let blob = layer.as_ref().map(|descriptor| LayerBlob {
+        descriptor: descriptor.clone(),
+        path: staged.path().to_owned(),
+    });
+    let image = registry
+        .push_image(
+            target,
+            &config,
+            parent.as_ref(),
+            blob.as_ref(),
+            &annotations,
+        )
+        .await?;
+    cache
+        .put_bytes(
+            &index_key(&image.manifest_digest),
+            &encode_index(&child_index),
+        )
+        .await;
+    if let Some(reason) = cache.unavailable() {
+        outcome = CacheOutcome::Unavailable(reason);
+    }
+    Ok(Saved {
+        layer,
+        image,
+        header,
+        cache: outcome,
+        index,
+    })
+}
+
+/// Cache keys; the layout is part of the cache's contract with older labforge versions.
+fn blob_key(digest: &Digest) -> String {
+    format!("blobs/sha256/{}", digest.hex())
+}
+
+fn index_key(manifest: &Digest) -> String {
+    format!("indexes/sha256/{}.json.zst", manifest.hex())
+}
+
+fn encode_index(index: &BaselineIndex) -> Vec<u8> {
+    let json = serde_json::to_vec(index).unwrap_or_default();
+    zstd::encode_all(&json[..], 3).unwrap_or_default()
+}
+
+fn decode_index(bytes: &[u8]) -> Option<BaselineIndex> {
+    let json = zstd::decode_all(bytes).ok()?;
+    serde_json::from_slice(&json).ok()
+}
+
+/// What the cache remembers of a saved change set.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LayerRecord {
+    media_type: String,
+    digest: String,
+    size: u64,
+    diff_id: String,
+    uncompressed_size: u64,
+    entries: u64,
+}
+
+impl From<&LayerDescriptor> for LayerRecord {
+    fn from(layer: &LayerDescriptor) -> Self {
+        LayerRecord {
+            media_type: layer.media_type.to_owned(),
+            digest: layer.digest.to_string(),
+            size: layer.size,
+            diff_id: layer.diff_id.to_string(),
+            uncompressed_size: layer.uncompressed_size,
+            entries: layer.entries,
+        }
+    }
+}
+
+impl LayerRecord {
+    fn descriptor(&self) -> Option<LayerDescriptor> {
+        let media_type = [Compression::default(), Compression::Gzip { level: 6 }]
+            .into_iter()
+            .map(Compression::media_type)
+            .find(|m| *m == self.media_type)?;
+        Some(LayerDescriptor {
+            media_type,
+            digest: Digest::parse(&self.digest)?,
+            size: self.size,
+            diff_id: Digest::parse(&self.diff_id)?,
+            uncompressed_size: self.uncompressed_size,
+            entries: self.entries,
+        })
+    }
+}
+
+/// The cache as a save sees it: every operation best-effort, and after the first failure no
+/// more attempts (an unreachable server would otherwise cost a timeout per key).
+struct CacheState<'a, P> {
+    cache: Option<&'a BlobCache>,
+    failure: Mutex<Option<String>>,
+    progress: P,
+}
+
+impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
+    fn new(cache: Option<&'a BlobCache>, progress: P) -> Self {
+        Self {
+            cache,
+            failure: Mutex::new(None),
+            progress,
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    fn unavailable(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    fn usable(&self) -> Option<&'a BlobCache> {
+        if self.unavailable().is_some() {
+            return None;
+        }
+        self.cache
+    }
+
+    fn record<T>(&self, result: Result<T, CacheError>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(err) => {
+                let reason = err.to_string();
+                tracing::warn!("cache unavailable, saving without it: {reason}");
+                (self.progress)(SaveProgress::CacheUnavailable(reason.clone()));
+                if let Ok(mut failure) = self.failure.lock() {
+                    failure.get_or_insert(reason);
+                }
+                None
+            }
+        }
+    }
+
+    async fn get_bytes(&self, key: &str) -> Option<Vec<u8>> {
+        let cache = self.usable()?;
+        self.record(cache.get_bytes(key).await).flatten()
+    }
+
+    async fn get_to_file(&self, key: &str, path: &std::path::Path) -> bool {
+        let Some(cache) = self.usable() else {
+            return false;
+        };
+        self.record(cache.get_to_file(key, path).await)
+            .unwrap_or(false)
+    }
+
+    async fn put_bytes(&self, key: &str, bytes: &[u8]) {
+        if let Some(cache) = self.usable() {
+            self.record(cache.put_bytes(key, bytes).await);
+        }
+    }
+
+    async fn put_file(&self, key: &str, path: &std::path::Path) {
+        if let Some(cache) = self.usable() {
+            self.record(cache.put_file(key, path).await);
+        }
+    }
+}
+
+/// The parent's index: from the cache by manifest digest, or built by streaming its layers.
+async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
+    registry: &RegistryClient,
+    parent: &ParentImage,
+    cache: &CacheState<'_, P>,
+    progress: &P,
+) -> Result<(BaselineIndex, IndexOrigin), SaveError> {
+    let key = index_key(&parent.manifest_digest);
+    if let Some(index) = cache
+        .get_bytes(&key)
+        .await
+        .as_deref()
+        .and_then(decode_index)
+    {
+        return Ok((index, IndexOrigin::Cache));
+    }
+    let layers = parent.layers();
+    let mut index = BaselineIndex::default();
+    for (number, layer) in layers.iter().enumerate() {
+        progress(SaveProgress::Indexing {
+            layer: number + 1,
+            layers: layers.len(),
+        });
+        let media_type = layer["mediaType"].as_str().unwrap_or_default().to_owned();
+        let digest = layer["digest"].as_str().unwrap_or_default().to_owned();
+        let stream = registry.layer_stream(parent, layer).await?;
+        let reader = tokio_util::io::StreamReader::new(stream.map_err(io::Error::other));
+        index = tokio::task::spawn_blocking(move || -> Result<BaselineIndex, SaveError> {
+            let bridge = tokio_util::io::SyncIoBridge::new(reader);
+            let tar: Box<dyn Read> = if media_type.ends_with("gzip") {
+                Box::new(flate2::read::GzDecoder::new(bridge))
+            } else if media_type.ends_with("zstd") {
+                Box::new(zstd::stream::read::Decoder::new(bridge).map_err(|e| {
+                    SaveError::Index(IndexError::Layer {
+                        layer: number,
+                        source: e,
+                    })
+                })?)
+            } else if media_type.ends_with(".tar") || media_type.ends_with("tar.diff") {
+                Box::new(bridge)
+            } else {
+                return Err(SaveError::UnknownLayerType { digest, media_type });
+            };
+            index.apply_layer(number, tar).map_err(SaveError::Index)?;
+            Ok(index)
+        })
+        .await
+        .map_err(|_| SaveError::TaskPanicked)??;
+    }
+    cache.put_bytes(&key, &encode_index(&index)).await;
+    Ok((index, IndexOrigin::Layers))
+}
+
+/// A change set saved before (same key): its layer, fetched into `staged` unless the target
+/// repository has it already, and the index it led to.
+async fn cached_change_set<P: Fn(SaveProgress)>(
+    registry: &RegistryClient,
+    target: &str,
+    cache: &CacheState<'_, P>,
+    record_key: &str,
+    child_index_key: &str,
+    staged: &tempfile::NamedTempFile,
+) -> Option<(LayerDescriptor, BaselineIndex)> {
+    let record: LayerRecord = serde_json::from_slice(&cache.get_bytes(record_key).await?).ok()?;
+    let layer = record.descriptor()?;
+    let child = decode_index(&cache.get_bytes(child_index_key).await?)?;
+    if !registry.has_blob(target, &layer.digest).await
+        && !cache
+            .get_to_file(&blob_key(&layer.digest), staged.path())
+            .await
+    {
+        return None;
+    }
+    Some((layer, child))
+}
+
+/// Reads the change-set tar once: into the child index and through compression into `staged`.
+async fn write_layer(
+    running: RunningChangeSet,
+    baseline: &Arc<BaselineIndex>,
+    layer_number: usize,
+    compression: Compression,
+    staged: &tempfile::NamedTempFile,
+    progress: impl Fn(SaveProgress) + Send + 'static,
+) -> Result<(LayerDescriptor, BaselineIndex), SaveError> {
+    let file = staged.reopen().map_err(|source| SaveError::Scratch {
+        dir: staged.path().to_owned(),
+        source,
+    })?;
+    let baseline = Arc::clone(baseline);
+    tokio::task::spawn_blocking(move || {
+        let mut running = running;
+        let total = running.header.content_bytes;
+        let entries = running.header.changed + running.header.deleted;
+        let mut stream = LayerStream::new(BufWriter::with_capacity(1 << 20, file), compression)?;
+        let mut child = (*baseline).clone();
+        let read = {
+            let mut tee = Tee {
+                reader: &mut running.tar,
+                writer: &mut stream,
+                since_report: 0,
+                progress: |bytes| progress(SaveProgress::Writing { bytes, total }),
+            };
+            child
+                .apply_layer(layer_number, &mut tee)
+                .map_err(SaveError::Index)
+                .and_then(|()| {
+                    // The end-of-archive blocks the tar reader leaves unread belong to the layer.
+                    io::copy(&mut tee, &mut io::sink())
+                        .map_err(|e| SaveError::Source(SourceError::Stream(e)))
+                })
+        };
+        // A producer's own failure (a file it could not read) explains a cut stream best.
+        running.finish()?;
+        read?;
+        let (_, layer) = stream.finish(entries)?;
+        Ok((layer, child))
+    })
+    .await
+    .map_err(|_| SaveError::TaskPanicked)?
+}
+
+/// Passes everything read through to a writer, reporting uncompressed bytes as they go.
+struct Tee<'a, R: ?Sized, W: Write, F> {
+    reader: &'a mut R,
+    writer: &'a mut LayerStream<W>,
+    since_report: u64,
+    progress: F,
+}
+
+impl<R: Read + ?Sized, W: Write, F: FnMut(u64)> Read for Tee<'_, R, W, F> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.reader.read(buf)?;
+        self.writer.write_all(&buf[..n])?;
+        self.since_report += n as u64;
+        if self.since_report >= 1 << 20 || n == 0 {
+            self.since_report = 0;
+            (self.progress)(self.writer.written());
+        }
+        Ok(n)
+    }
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
