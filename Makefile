@@ -7,7 +7,7 @@ SHELL := /bin/bash
 EXTRA_CA ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 CARGO ?= cargo
 
-.PHONY: up test setup images build lint unit help
+.PHONY: up test setup images build agent lint unit help
 
 help:
 	@echo "make up    - set up this machine, build, start labforge"
@@ -18,7 +18,7 @@ up: setup images build
 	scripts/up
 
 ## Everything CI runs: setup, images, lints, the whole suite.
-test: setup images lint
+test: setup images lint agent
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 setup:
@@ -27,8 +27,12 @@ setup:
 images: setup
 	images/build jupyterlab $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))
 
-build:
+build: agent
 	$(CARGO) build --bin labforge
+
+## The in-container agent, statically linked so that it runs in any notebook image.
+agent:
+	$(CARGO) rustc -q -p labforge-agent --profile agent --bin labforge-agent -- -C target-feature=+crt-static
 
 lint:
 	$(CARGO) fmt --all -- --check

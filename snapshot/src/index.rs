@@ -105,6 +105,10 @@ impl BaselineIndex {
                 layer,
                 path: raw.clone(),
             })?;
+            if path.as_os_str().is_empty() {
+                // The root itself (`./`): not a path of the image, and never deleted.
+                continue;
+            }
             let name = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -338,6 +342,15 @@ mod tests {
             err.to_string().contains("layer 3") && err.to_string().contains("escapes"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_root_entry_of_a_layer_is_not_a_path() {
+        let mut index = BaselineIndex::default();
+        index
+            .apply_layer(0, &layer(&[("./", D, ""), ("./bin/", D, "")])[..])
+            .unwrap();
+        assert_eq!(paths(&index), ["bin"]);
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod deploy;
 mod fake_kube;
 mod notebook_image;
 mod s3_cache;
+mod save;
 
 /// The labforge binary built for this test run.
 pub fn labforge() -> std::process::Command {

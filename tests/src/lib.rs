@@ -5,8 +5,10 @@
 //! state and stops it on `Drop`, so tests stay independent and leave nothing running. When a tool
 //! is missing the error names it and the setup command to run, instead of hanging.
 
+pub mod agent;
 pub mod browser;
 pub mod fake_kube;
+pub mod faulty;
 pub mod images;
 pub mod jupyter;
 pub mod notebook;

@@ -23,6 +23,16 @@ impl JupyterLab {
         namespace: &str,
         name: &str,
     ) -> Result<Self, SupportError> {
+        Self::start_with(registry, namespace, name, &[]).await
+    }
+
+    /// Like [`JupyterLab::start`], with more `podman run` arguments (mounts, say).
+    pub async fn start_with(
+        registry: &Registry,
+        namespace: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> Result<Self, SupportError> {
         crate::init_crypto();
         let podman = Podman::locate()?;
         let reference = crate::images::push_layout(
@@ -33,15 +43,11 @@ impl JupyterLab {
         podman.pull(&reference, false)?;
         let port = free_port()?;
         let prefix = format!("/notebook/{namespace}/{name}");
-        let container = podman.run_detached(
-            &[
-                "-p",
-                &format!("127.0.0.1:{port}:8888"),
-                "-e",
-                &format!("NB_PREFIX={prefix}"),
-            ],
-            &reference,
-        )?;
+        let publish = format!("127.0.0.1:{port}:8888");
+        let nb_prefix = format!("NB_PREFIX={prefix}");
+        let mut args = vec!["-p", &publish, "-e", &nb_prefix];
+        args.extend_from_slice(extra);
+        let container = podman.run_detached(&args, &reference)?;
         let notebook = Self {
             container,
             podman,
@@ -84,6 +90,11 @@ impl JupyterLab {
     /// `http://127.0.0.1:PORT`, the server without the prefix.
     pub fn origin(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The image reference the notebook runs (in the test registry).
+    pub fn image(&self) -> &str {
+        &self.reference
     }
 
     pub fn container(&self) -> &Container {

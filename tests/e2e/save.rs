@@ -1,0 +1,532 @@
+//! Saving environments with `labforge build commit --base`: tricky trees unpack to exactly what was
+//! saved (skopeo + umoci), a `pip install` inside a running podman notebook is saved through the
+//! agent and imports from the saved image, incremental saves add one layer each, and the registry
+//! and S3 faults leave no broken tag behind.
+
+use crate::{labforge, need};
+use labforge_tests::faulty::FaultyRelay;
+use labforge_tests::notebook::JupyterLab;
+use labforge_tests::tools::{locate, run};
+use labforge_tests::{Registry, S3Server};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn write(root: &Path, rel: &str, body: impl AsRef<[u8]>) {
+    let path = root.join(rel);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, body).unwrap();
+}
+
+/// Bytes zstd cannot shrink, so layer sizes follow content sizes.
+fn noise(len: usize, seed: u32) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state.to_le_bytes()[1]
+        })
+        .collect()
+}
+
+fn save(args: &[&str], registry: &str) -> Output {
+    labforge()
+        .args([
+            "build",
+            "commit",
+            "--quiet",
+            "--insecure-registry",
+            registry,
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn succeeded(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "save failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn skopeo(args: &[&str]) -> Result<String, labforge_tests::SupportError> {
+    run(Command::new(need(locate("skopeo"))).args(args))
+}
+
+fn inspect(reference: &str, view: &[&str]) -> Value {
+    let mut args = vec!["inspect", "--tls-verify=false"];
+    args.extend_from_slice(view);
+    let target = format!("docker://{reference}");
+    args.push(&target);
+    serde_json::from_str(&need(skopeo(&args))).unwrap()
+}
+
+/// Debian's umoci reads gzip layers only, so images it unpacks are saved with gzip (the podman
+/// test covers zstd).
+const GZIP: [&str; 2] = ["--compression", "gzip"];
+
+/// Copies `reference` into an OCI layout and unpacks it with umoci; returns (workdir, rootfs).
+fn unpack(reference: &str) -> (tempfile::TempDir, PathBuf) {
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("layout");
+    need(skopeo(&[
+        "copy",
+        "-q",
+        "--src-tls-verify=false",
+        &format!("docker://{reference}"),
+        &format!("oci:{}:img", layout.display()),
+    ]));
+    let bundle = work.path().join("bundle");
+    need(run(Command::new(need(locate("umoci")))
+        .args(["unpack", "--image"])
+        .arg(format!("{}:img", layout.display()))
+        .arg(&bundle)));
+    let rootfs = bundle.join("rootfs");
+    (work, rootfs)
+}
+
+/// Everything an unpacked tree must preserve, per path.
+fn describe(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_owned();
+            let kind = meta.file_type();
+            let detail = if kind.is_dir() {
+                stack.push(path.clone());
+                "dir".to_owned()
+            } else if kind.is_symlink() {
+                format!("link -> {}", fs::read_link(&path).unwrap().display())
+            } else if kind.is_file() {
+                format!(
+                    "file {} mtime {} links {}",
+                    labforge_builder::Digest::of(&fs::read(&path).unwrap()),
+                    meta.mtime(),
+                    meta.nlink()
+                )
+            } else {
+                format!("special {:o}", meta.mode() & 0o170000)
+            };
+            let xattrs: Vec<String> = xattr::list(&path)
+                .map(|names| {
+                    names
+                        .filter_map(|n| n.to_str().map(str::to_owned))
+                        .filter(|n| n.starts_with("user."))
+                        .map(|n| {
+                            let value = xattr::get(&path, &n).ok().flatten().unwrap_or_default();
+                            format!("{n}={}", String::from_utf8_lossy(&value))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.insert(
+                rel,
+                format!(
+                    "{detail} mode {:o} owner {}:{} xattrs {xattrs:?}",
+                    meta.mode() & 0o7777,
+                    meta.uid(),
+                    meta.gid()
+                ),
+            );
+        }
+    }
+    out
+}
+
+#[track_caller]
+fn assert_same_tree(saved: &Path, unpacked: &Path) {
+    let want = describe(saved);
+    let got = describe(unpacked);
+    let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
+    let extra: Vec<_> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing {missing:?}, unexpected {extra:?}"
+    );
+    for (path, description) in &want {
+        assert_eq!(&got[path], description, "{}", path.display());
+    }
+}
+
+const LONG: &str =
+    "directory-name-long-enough-that-three-of-them-overflow-every-ustar-field-by-far";
+
+fn base_tree(root: &Path) {
+    write(root, "etc/motd", "hello");
+    write(root, "opt/pkg/a.py", "a");
+    write(root, "opt/pkg/b.py", "b");
+    write(root, "opt/pkg/sub/c.py", "c");
+    write(root, "var/cache/x/1", "1");
+    write(root, "var/lib/swap", "f");
+    write(root, "srv/old/tree/deep.txt", "deep");
+    write(root, "usr/bin/tool", "#!/bin/sh\n");
+    symlink("tool", root.join("usr/bin/alias")).unwrap();
+    write(root, "usr/share/big.bin", noise(300_000, 7));
+}
+
+fn tricky_changes(root: &Path) {
+    fs::remove_file(root.join("etc/motd")).unwrap();
+    fs::remove_dir_all(root.join("srv/old")).unwrap();
+    fs::remove_dir_all(root.join("opt/pkg")).unwrap();
+    write(root, "opt/pkg/new.py", "new");
+    fs::remove_dir_all(root.join("var/cache/x")).unwrap();
+    write(root, "var/cache/x", "dir became a file");
+    fs::remove_file(root.join("var/lib/swap")).unwrap();
+    write(root, "var/lib/swap/inside", "file became a dir");
+    fs::remove_file(root.join("usr/bin/alias")).unwrap();
+    symlink("../../etc/elsewhere", root.join("usr/bin/alias")).unwrap();
+    write(root, "usr/bin/twin-a", "twins");
+    fs::hard_link(root.join("usr/bin/twin-a"), root.join("usr/bin/twin-b")).unwrap();
+    fs::set_permissions(
+        root.join("usr/bin/tool"),
+        fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    fs::create_dir_all(root.join("usr/share/empty")).unwrap();
+    write(root, &format!("{LONG}/{LONG}/{LONG}/file.txt"), "long");
+    write(root, "données/naïve-文件.txt", "unicode");
+    write(root, "usr/share/caps.bin", "x");
+    xattr::set(root.join("usr/share/caps.bin"), "user.labforge", b"kept").unwrap();
+    std::os::unix::fs::chown(root.join("opt/pkg/new.py"), Some(1000), Some(100)).unwrap();
+}
+
+#[tokio::test]
+async fn tricky_changes_saved_on_a_base_unpack_to_exactly_the_saved_tree() {
+    let registry = need(Registry::start().await);
+    let host = registry.host();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("root");
+    base_tree(&root);
+    let base = format!("{host}/e2e/tricky:base");
+    let root_arg = root.to_str().unwrap();
+    succeeded(&save(
+        &["--root", root_arg, "--target", &base, GZIP[0], GZIP[1]],
+        &host,
+    ));
+
+    tricky_changes(&root);
+    let saved = format!("{host}/e2e/tricky:saved");
+    let stdout = succeeded(&save(
+        &[
+            "--root", root_arg, "--base", &base, "--target", &saved, GZIP[0], GZIP[1],
+        ],
+        &host,
+    ));
+    assert!(
+        stdout.starts_with(&format!("pushed {saved}@sha256:")),
+        "{stdout}"
+    );
+
+    let manifest = inspect(&saved, &["--raw"]);
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2, "one new layer on the base");
+    assert_eq!(
+        manifest["annotations"]["org.opencontainers.image.base.name"],
+        base.as_str()
+    );
+    assert!(
+        layers[1]["size"].as_u64().unwrap() < 10_000,
+        "only the changes, not the 300 kB base file: {}",
+        layers[1]
+    );
+    let (_work, rootfs) = unpack(&saved);
+    assert_same_tree(&root, &rootfs);
+
+    // An incremental save on the saved image adds exactly one more, small layer.
+    write(&root, "usr/share/added-later.txt", "later");
+    fs::remove_file(root.join("usr/bin/twin-b")).unwrap();
+    let again = format!("{host}/e2e/tricky:again");
+    succeeded(&save(
+        &[
+            "--root", root_arg, "--base", &saved, "--target", &again, GZIP[0], GZIP[1],
+        ],
+        &host,
+    ));
+    let manifest = inspect(&again, &["--raw"]);
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 3);
+    assert!(layers[2]["size"].as_u64().unwrap() < 2_000, "{}", layers[2]);
+    let (_work, rootfs) = unpack(&again);
+    assert_same_tree(&root, &rootfs);
+}
+
+/// A wheel built by hand (a wheel is a zip with metadata), so pip installs it with no network.
+fn wheel(dir: &Path, name: &str, version: &str, value: &str) -> PathBuf {
+    let file = dir.join(format!("{name}-{version}-py3-none-any.whl"));
+    let script = r#"
+import zipfile, sys
+name, version, value, path = sys.argv[1:]
+info = f"{name}-{version}.dist-info"
+files = {
+    f"{name}/__init__.py": f"VALUE = {value!r}\n",
+    f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: labforge-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+with zipfile.ZipFile(path, "w") as z:
+    for n, body in files.items():
+        z.writestr(n, body)
+"#;
+    need(run(Command::new("python3")
+        .args(["-c", script, name, version, value])
+        .arg(&file)));
+    file
+}
+
+#[tokio::test]
+async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
+    let registry = need(Registry::start().await);
+    let host = registry.host();
+    let agent = need(labforge_tests::agent::agent_binary());
+    let workspace = tempfile::tempdir().unwrap();
+    fs::set_permissions(workspace.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    wheel(workspace.path(), "labforge_probe", "1.0", "first");
+    wheel(workspace.path(), "labforge_second", "2.0", "second");
+    let agent_mount = format!("{}:/.labforge/agent:ro", agent.parent().unwrap().display());
+    let workspace_mount = format!("{}:/home/jovyan", workspace.path().display());
+    let notebook = need(
+        JupyterLab::start_with(
+            &registry,
+            "alice",
+            "env",
+            &["-v", &agent_mount, "-v", &workspace_mount],
+        )
+        .await,
+    );
+    let container = notebook.container();
+    need(container.exec(&[
+        "pip",
+        "install",
+        "--no-index",
+        "-q",
+        "/home/jovyan/labforge_probe-1.0-py3-none-any.whl",
+    ]));
+    // A file of the image removed in the notebook must stay removed in the saved image.
+    need(container.exec(&["rm", "/opt/conda/bin/jupyter-trust"]));
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap();
+
+    let first = format!("{host}/alice/env:saved-1");
+    let stdout = succeeded(&save(
+        &[
+            "--container",
+            container.name(),
+            "--base",
+            notebook.image(),
+            "--target",
+            &first,
+            "--cache-dir",
+            cache_arg,
+        ],
+        &host,
+    ));
+    assert!(stdout.contains("; cached"), "{stdout}");
+    let base_layers = inspect(notebook.image(), &["--raw"])["layers"]
+        .as_array()
+        .unwrap()
+        .len();
+    let saved_layers = inspect(&first, &["--raw"])["layers"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(saved_layers.len(), base_layers + 1);
+
+    let podman = need(labforge_tests::Podman::locate());
+    let run_saved = |image: &str, code: &str| {
+        need(podman.pull(image, false));
+        let out = podman
+            .command()
+            .args([
+                "run",
+                "--rm",
+                "--entrypoint",
+                "/opt/conda/bin/python",
+                image,
+                "-c",
+                code,
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, printed, stderr) = run_saved(
+        &first,
+        "import os, labforge_probe; print(labforge_probe.VALUE, \
+         os.path.exists('/opt/conda/bin/jupyter-trust'), os.path.exists('/.labforge/agent/labforge-agent'), \
+         os.path.exists('/home/jovyan/labforge_probe-1.0-py3-none-any.whl'))",
+    );
+    assert!(ok, "{stderr}");
+    // Installed package saved; deletion kept; neither the agent nor the workspace is in the image.
+    assert_eq!(printed, "first False False False");
+
+    // Second save from the same notebook, on the first saved image: one more layer, new package only.
+    need(container.exec(&[
+        "pip",
+        "install",
+        "--no-index",
+        "-q",
+        "/home/jovyan/labforge_second-2.0-py3-none-any.whl",
+    ]));
+    let second = format!("{host}/alice/env:saved-2");
+    succeeded(&save(
+        &[
+            "--container",
+            container.name(),
+            "--base",
+            &first,
+            "--target",
+            &second,
+            "--cache-dir",
+            cache_arg,
+        ],
+        &host,
+    ));
+    let layers = inspect(&second, &["--raw"])["layers"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(layers.len(), base_layers + 2);
+    assert_eq!(layers[..base_layers + 1], saved_layers[..]);
+    let (ok, printed, stderr) = run_saved(
+        &second,
+        "import labforge_probe, labforge_second; print(labforge_probe.VALUE, labforge_second.VALUE)",
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(printed, "first second");
+    let newest = layers.last().unwrap()["size"].as_u64().unwrap();
+    let previous = saved_layers.last().unwrap()["size"].as_u64().unwrap();
+    assert!(
+        newest < 64 * 1024,
+        "second layer holds only the second install: {newest} bytes (first: {previous})"
+    );
+
+    // Saving the same changes again: the cache knows the change set, nothing is compressed.
+    let third = format!("{host}/alice/env:saved-2-again");
+    let stdout = succeeded(&save(
+        &[
+            "--container",
+            container.name(),
+            "--base",
+            &first,
+            "--target",
+            &third,
+            "--cache-dir",
+            cache_arg,
+        ],
+        &host,
+    ));
+    assert!(stdout.contains("cache hit"), "{stdout}");
+    assert_eq!(
+        inspect(&third, &["--raw"])["layers"],
+        inspect(&second, &["--raw"])["layers"]
+    );
+}
+
+// The relay runs on the runtime while the test thread blocks on the labforge process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
+    let registry = need(Registry::start().await);
+    let relay = need(FaultyRelay::start(registry.host().parse().unwrap()).await);
+    let host = relay.host();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("root");
+    base_tree(&root);
+    write(&root, "payload.bin", noise(3 << 20, 11));
+    let root_arg = root.to_str().unwrap();
+    let target = format!("{host}/e2e/faulty:v1");
+
+    relay.fail_after(512 * 1024);
+    let out = save(
+        &["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]],
+        &host,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the push cannot succeed through a cut connection"
+    );
+    assert!(stderr.contains(&format!("registry {host}")), "{stderr}");
+    relay.heal();
+    // No tag was written: the manifest goes last.
+    let tag = reqwest::get(format!(
+        "http://{}/v2/e2e/faulty/manifests/v1",
+        registry.host()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(tag.status(), 404);
+
+    succeeded(&save(
+        &["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]],
+        &host,
+    ));
+    // A full copy reads every blob the tag points at.
+    let (_work, rootfs) = unpack(&target);
+    assert_eq!(
+        fs::read(rootfs.join("payload.bin")).unwrap(),
+        noise(3 << 20, 11)
+    );
+}
+
+#[tokio::test]
+async fn s3_down_still_saves_uncached_and_says_so() {
+    let registry = need(Registry::start().await);
+    let host = registry.host();
+    let mut s3 = need(S3Server::start().await);
+    let endpoint = s3.endpoint();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("root");
+    base_tree(&root);
+    let root_arg = root.to_str().unwrap();
+    let with_s3 = |target: &str| {
+        labforge()
+            .args(["build", "commit", "--quiet", "--insecure-registry", &host])
+            .args(["--root", root_arg, "--target", target, GZIP[0], GZIP[1]])
+            .args([
+                "--cache-s3",
+                "s3://labforge-cache/saves",
+                "--s3-endpoint",
+                &endpoint,
+            ])
+            .env("AWS_ACCESS_KEY_ID", "labforge-test")
+            .env("AWS_SECRET_ACCESS_KEY", "labforge-test-secret-value")
+            .output()
+            .unwrap()
+    };
+    let up = succeeded(&with_s3(&format!("{host}/e2e/s3:up")));
+    assert!(up.contains("; cached"), "{up}");
+    let hit = succeeded(&with_s3(&format!("{host}/e2e/s3:again")));
+    assert!(hit.contains("cache hit"), "{hit}");
+
+    s3.stop();
+    let out = with_s3(&format!("{host}/e2e/s3:down"));
+    let stdout = succeeded(&out);
+    assert!(
+        stdout.contains("saved uncached, cache unavailable"),
+        "{stdout}"
+    );
+    let everything = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !everything.contains("labforge-test-secret-value"),
+        "secret leaked: {everything}"
+    );
+    let (_work, rootfs) = unpack(&format!("{host}/e2e/s3:down"));
+    assert_same_tree(&root, &rootfs);
+}
