@@ -94,6 +94,9 @@ pub struct RenderArgs {
     /// Build no VirtualService (a cluster without Istio).
     #[arg(long)]
     pub no_virtual_service: bool,
+    /// Image of the save agent, copied into each notebook pod by an init container.
+    #[arg(long, env = "LABFORGE_AGENT_IMAGE")]
+    pub agent_image: Option<String>,
 }
 
 impl From<&RenderArgs> for BuilderConfig {
@@ -103,6 +106,7 @@ impl From<&RenderArgs> for BuilderConfig {
             host: args.istio_host.clone(),
             cluster_domain: args.cluster_domain.clone(),
             virtual_service: !args.no_virtual_service,
+            agent_image: args.agent_image.clone(),
             ..BuilderConfig::default()
         }
     }

@@ -5,7 +5,10 @@
 //! baseline index on stdin, scans the root against it and writes the change set to stdout (see
 //! `labforge_snapshot::protocol`). The builder outside does compression, caching and the push.
 //!
-//! Usage: `labforge-agent scan --parent <digest> [--root /] [--ignore PATH]... [--verify-content]`
+//! Usage:
+//! - `labforge-agent scan --parent <digest> [--root /] [--ignore PATH]... [--verify-content]`
+//! - `labforge-agent install <dir>`: copies itself into `<dir>` (a Kubernetes init container does
+//!   this into an emptyDir the notebook container mounts read-only).
 
 use labforge_snapshot::protocol::ChangeSetHeader;
 use labforge_snapshot::{BaselineIndex, ScanOptions, scan, write_change_set};
@@ -51,7 +54,24 @@ fn parse_args() -> Result<Args, String> {
     Ok(parsed)
 }
 
+/// Copies this executable to `<dir>/labforge-agent`, executable by everyone.
+fn install(dir: &std::ffi::OsStr) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().map_err(|e| format!("finding myself: {e}"))?;
+    let target = std::path::Path::new(dir).join("labforge-agent");
+    std::fs::copy(&me, &target).map_err(|e| format!("copying to {}: {e}", target.display()))?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("making {} executable: {e}", target.display()))
+}
+
 fn run() -> Result<(), String> {
+    let mut argv = std::env::args_os().skip(1);
+    if argv.next().as_deref() == Some("install".as_ref()) {
+        return match (argv.next(), argv.next()) {
+            (Some(dir), None) => install(&dir),
+            _ => Err("usage: labforge-agent install <dir>".into()),
+        };
+    }
     let args = parse_args()?;
     let baseline: BaselineIndex =
         serde_json::from_reader(io::BufReader::new(io::stdin().lock()))

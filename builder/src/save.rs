@@ -181,7 +181,7 @@ pub async fn save(
 
     let (layer, child_index) = if unchanged {
         running.abandon();
-        (None, (*baseline).clone())
+        (None, baseline)
     } else if let Some((layer, child)) = cached_change_set(
         &registry,
         target,
@@ -194,11 +194,11 @@ pub async fn save(
     {
         running.abandon();
         outcome = CacheOutcome::Hit;
-        (Some(layer), child)
+        (Some(layer), Arc::new(child))
     } else {
         let (layer, child) = write_layer(
             running,
-            &baseline,
+            baseline,
             parent.as_ref().map_or(0, |p| p.layers().len()),
             compression,
             &staged,
@@ -217,7 +217,7 @@ pub async fn save(
         cache
             .put_bytes(&child_index_key, &encode_index(&child))
             .await;
-        (Some(layer), child)
+        (Some(layer), Arc::new(child))
     };
 
     let mut layer = layer;
@@ -288,14 +288,18 @@ fn index_key(manifest: &Digest) -> String {
     format!("indexes/sha256/{}.json.zst", manifest.hex())
 }
 
+/// zstd-compressed JSON, streamed both ways: the uncompressed JSON is never held in memory.
 fn encode_index(index: &BaselineIndex) -> Vec<u8> {
-    let json = serde_json::to_vec(index).unwrap_or_default();
-    zstd::encode_all(&json[..], 3).unwrap_or_default()
+    let encoded = zstd::stream::write::Encoder::new(Vec::new(), 3).and_then(|mut encoder| {
+        serde_json::to_writer(&mut encoder, index)?;
+        encoder.finish()
+    });
+    encoded.unwrap_or_default()
 }
 
 fn decode_index(bytes: &[u8]) -> Option<BaselineIndex> {
-    let json = zstd::decode_all(bytes).ok()?;
-    serde_json::from_slice(&json).ok()
+    let decoder = zstd::stream::read::Decoder::new(bytes).ok()?;
+    serde_json::from_reader(std::io::BufReader::new(decoder)).ok()
 }
 
 /// What the cache remembers of a saved change set.
@@ -491,7 +495,7 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
 /// Reads the change-set tar once: into the child index and through compression into `staged`.
 async fn write_layer(
     running: RunningChangeSet,
-    baseline: &Arc<BaselineIndex>,
+    baseline: Arc<BaselineIndex>,
     layer_number: usize,
     compression: Compression,
     staged: &tempfile::NamedTempFile,
@@ -501,13 +505,13 @@ async fn write_layer(
         dir: staged.path().to_owned(),
         source,
     })?;
-    let baseline = Arc::clone(baseline);
     tokio::task::spawn_blocking(move || {
         let mut running = running;
         let total = running.header.content_bytes;
         let entries = running.header.changed + running.header.deleted;
         let mut stream = LayerStream::new(BufWriter::with_capacity(1 << 20, file), compression)?;
-        let mut child = (*baseline).clone();
+        // The scan is over, so the baseline is usually ours alone: no copy of the index.
+        let mut child = Arc::try_unwrap(baseline).unwrap_or_else(|shared| (*shared).clone());
         let read = {
             let mut tee = Tee {
                 reader: &mut running.tar,
@@ -516,7 +520,7 @@ async fn write_layer(
                 progress: |bytes| progress(SaveProgress::Writing { bytes, total }),
             };
             child
-                .apply_layer(layer_number, &mut tee)
+                .apply_layer_metadata(layer_number, &mut tee)
                 .map_err(SaveError::Index)
                 .and_then(|()| {
                     // The end-of-archive blocks the tar reader leaves unread belong to the layer.

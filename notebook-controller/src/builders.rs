@@ -2,8 +2,8 @@
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, PodSecurityContext, PodSpec, PodTemplateSpec, Service,
-    ServicePort, ServiceSpec,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -28,6 +28,9 @@ pub const DEFAULT_FS_GROUP: i64 = 100;
 pub const DEFAULT_WORKING_DIR: &str = "/home/jovyan";
 /// Environment variable carrying the route prefix into the notebook.
 pub const PREFIX_ENV: &str = "NB_PREFIX";
+/// Where the save agent is mounted in notebook containers (the builder execs it there).
+pub const AGENT_DIR: &str = "/.labforge/agent";
+const AGENT_VOLUME: &str = "labforge-agent";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BuildError {
@@ -50,6 +53,9 @@ pub struct BuilderConfig {
     pub virtual_service: bool,
     /// `ADD_FSGROUP`, default true: pods without a security context get `fsGroup: 100`.
     pub add_fs_group: bool,
+    /// `LABFORGE_AGENT_IMAGE`: when set, an init container copies the save agent from this image
+    /// into an emptyDir that the notebook container mounts read-only at [`AGENT_DIR`].
+    pub agent_image: Option<String>,
 }
 
 impl Default for BuilderConfig {
@@ -60,6 +66,7 @@ impl Default for BuilderConfig {
             cluster_domain: "cluster.local".into(),
             virtual_service: true,
             add_fs_group: true,
+            agent_image: None,
         }
     }
 }
@@ -93,6 +100,7 @@ impl BuilderConfig {
             cluster_domain: get("CLUSTER_DOMAIN").unwrap_or(defaults.cluster_domain),
             virtual_service: flag("USE_ISTIO", defaults.virtual_service)?,
             add_fs_group: flag("ADD_FSGROUP", defaults.add_fs_group)?,
+            agent_image: get("LABFORGE_AGENT_IMAGE"),
         })
     }
 }
@@ -181,6 +189,9 @@ pub fn stateful_set(
     if let Some(container) = pod_spec.containers.first_mut() {
         apply_container_defaults(container, &route_prefix(id.namespace, id.name));
     }
+    if let Some(image) = &config.agent_image {
+        mount_agent(&mut pod_spec, image);
+    }
     if config.add_fs_group && pod_spec.security_context.is_none() {
         pod_spec.security_context = Some(PodSecurityContext {
             fs_group: Some(DEFAULT_FS_GROUP),
@@ -214,6 +225,46 @@ pub fn stateful_set(
         }),
         status: None,
     })
+}
+
+/// Puts the save agent into the pod without touching the notebook's image: an init container copies
+/// the static binary into an emptyDir, mounted read-only in the notebook container. The agent holds
+/// no credentials; the builder outside execs it.
+fn mount_agent(pod: &mut PodSpec, image: &str) {
+    let mount = |read_only| VolumeMount {
+        name: AGENT_VOLUME.into(),
+        mount_path: AGENT_DIR.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    if volumes.iter().any(|v| v.name == AGENT_VOLUME) {
+        return;
+    }
+    volumes.push(Volume {
+        name: AGENT_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+    pod.init_containers
+        .get_or_insert_with(Vec::new)
+        .push(Container {
+            name: "labforge-agent-install".into(),
+            image: Some(image.to_owned()),
+            command: Some(vec![
+                "/labforge-agent".into(),
+                "install".into(),
+                AGENT_DIR.into(),
+            ]),
+            volume_mounts: Some(vec![mount(false)]),
+            ..Default::default()
+        });
+    if let Some(container) = pod.containers.first_mut() {
+        container
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(true));
+    }
 }
 
 fn apply_container_defaults(container: &mut Container, prefix: &str) {
@@ -441,6 +492,46 @@ mod tests {
     }
 
     #[test]
+    fn agent_image_adds_an_init_container_and_a_read_only_mount() {
+        let config = BuilderConfig::from_env(|k| {
+            (k == "LABFORGE_AGENT_IMAGE").then(|| "registry.example/labforge/agent:1".to_owned())
+        })
+        .unwrap();
+        let sts = stateful_set(&Notebook::test("alice", "lab"), &config).unwrap();
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            init.image.as_deref(),
+            Some("registry.example/labforge/agent:1")
+        );
+        assert_eq!(
+            init.command.as_deref().unwrap(),
+            ["/labforge-agent", "install", AGENT_DIR]
+        );
+        let volume = &pod.volumes.as_ref().unwrap()[0];
+        assert!(volume.empty_dir.is_some());
+        let mounts = pod.containers[0].volume_mounts.as_ref().unwrap();
+        let agent = mounts.iter().find(|m| m.mount_path == AGENT_DIR).unwrap();
+        assert_eq!(
+            (agent.name.as_str(), agent.read_only),
+            (volume.name.as_str(), Some(true))
+        );
+        // Without the setting the pod is exactly Kubeflow's.
+        let plain =
+            stateful_set(&Notebook::test("alice", "lab"), &BuilderConfig::default()).unwrap();
+        assert!(
+            plain
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .init_containers
+                .is_none()
+        );
+    }
+
+    #[test]
     fn add_fsgroup_false_leaves_the_security_context_alone() {
         let config = BuilderConfig {
             add_fs_group: false,
@@ -581,8 +672,15 @@ mod schema_tests {
         let schemas = SchemaSet::load(&FakeApiServerOptions::default()).unwrap();
         let notebooks = samples();
         assert!(notebooks.len() >= 4, "samples found: {}", notebooks.len());
-        for notebook in &notebooks {
-            let children = build_children(notebook, &BuilderConfig::default()).unwrap();
+        let with_agent = BuilderConfig {
+            agent_image: Some("registry.example/labforge/agent:1".into()),
+            ..Default::default()
+        };
+        for (notebook, config) in notebooks
+            .iter()
+            .flat_map(|n| [(n, BuilderConfig::default()), (n, with_agent.clone())])
+        {
+            let children = build_children(notebook, &config).unwrap();
             let objects = [
                 (
                     "apps/v1",

@@ -94,8 +94,18 @@ impl BaselineIndex {
 
     /// Applies one uncompressed layer tar on top of the index, the way a container runtime
     /// unpacks it: whiteouts delete, opaque whiteouts hide everything below from lower layers,
-    /// hardlinks take their target's metadata.
+    /// hardlinks take their target's metadata. File contents are hashed for content verification.
     pub fn apply_layer(&mut self, layer: usize, tar: impl Read) -> Result<(), IndexError> {
+        self.apply(layer, tar, true)
+    }
+
+    /// [`BaselineIndex::apply_layer`] without hashing contents: for a layer labforge just wrote,
+    /// whose files a content-verifying scan then compares by metadata only.
+    pub fn apply_layer_metadata(&mut self, layer: usize, tar: impl Read) -> Result<(), IndexError> {
+        self.apply(layer, tar, false)
+    }
+
+    fn apply(&mut self, layer: usize, tar: impl Read, hash: bool) -> Result<(), IndexError> {
         let io = |source| IndexError::Layer { layer, source };
         let mut archive = tar::Archive::new(tar);
         for entry in archive.entries().map_err(io)? {
@@ -163,7 +173,7 @@ impl BaselineIndex {
                     }
                 }
             }
-            let sha256 = if kind == EntryKind::File {
+            let sha256 = if hash && kind == EntryKind::File {
                 let mut hash = Sha256::new();
                 std::io::copy(&mut entry, &mut hash).map_err(io)?;
                 Some(hex::encode(hash.finalize()))
