@@ -154,6 +154,13 @@ pub async fn save(
     };
     let header = running.header.clone();
     progress(SaveProgress::Scanned(header.clone()));
+    let started = std::time::Instant::now();
+    tracing::info!(
+        scanned = header.scanned,
+        changed = header.changed,
+        deleted = header.deleted,
+        "scanned"
+    );
 
     let unchanged = header.changed == 0 && header.deleted == 0 && parent.is_some();
     let record_key = format!(
@@ -248,6 +255,7 @@ pub async fn save(
             parent.manifest_digest.to_string(),
         );
     }
+    tracing::info!(elapsed = ?started.elapsed(), "layer ready");
     let blob = layer.as_ref().map(|descriptor| LayerBlob {
         descriptor: descriptor.clone(),
         path: staged.path().to_owned(),
