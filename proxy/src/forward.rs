@@ -1,0 +1,406 @@
+//! One request's way through the proxy: normalize, identify, route, authorize, forward.
+//!
+//! Nothing reaches a notebook before the route is known and the user allowed on it. Forwarding
+//! streams bodies both ways (hyper `Incoming` in, `Incoming` out, never buffered), preserves the
+//! Host, adds `X-Forwarded-*`, strips hop-by-hop headers, and sets no timeout (notebooks hold
+//! long requests). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
+//! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP.
+
+use crate::activity::ActivityCell;
+use crate::authz::{Decision, IdentitySource, NamespaceAccess, authorize};
+use crate::metrics::{ErrorLabels, Metrics};
+use crate::normalize::normalize_path;
+use crate::respond::{ProxyError, error_response, wants_json};
+use crate::routes::RequestView;
+use crate::source::RouteStore;
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Bodies the proxy sends: the upstream's, streamed, or one of its own pages.
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+
+/// How long connecting to an upstream may take (a stopped notebook's address may not answer at
+/// all); requests themselves have no timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1, plus the
+/// non-standard ones proxies have always dropped).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Everything a request needs, shared by all connections.
+pub struct Forwarder {
+    client: Client<HttpConnector, Incoming>,
+    routes: Arc<RouteStore>,
+    identity: Arc<dyn IdentitySource>,
+    access: Arc<dyn NamespaceAccess>,
+    metrics: Arc<Metrics>,
+    /// Destination `host:port` → address to connect to instead (embedded mode, tests).
+    upstream_addresses: HashMap<String, String>,
+}
+
+impl Forwarder {
+    pub fn new(
+        routes: Arc<RouteStore>,
+        identity: Arc<dyn IdentitySource>,
+        access: Arc<dyn NamespaceAccess>,
+        metrics: Arc<Metrics>,
+        upstream_addresses: HashMap<String, String>,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // Finds upstreams that vanished without a FIN (a killed pod) under idle websockets.
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
+        Self {
+            client,
+            routes,
+            identity,
+            access,
+            metrics,
+            upstream_addresses,
+        }
+    }
+
+    /// Answers one request; errors become the proxy's own pages here and nowhere else.
+    pub async fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<ProxyBody> {
+        let json = wants_json(request.headers(), request.uri().path());
+        let response = match self.forward(request, peer, tls).await {
+            Ok(response) => response,
+            Err(error) => {
+                match &error {
+                    ProxyError::UpstreamUnavailable(e) | ProxyError::UpstreamFailed(e) => {
+                        tracing::warn!(error = %error, cause = %e, "upstream")
+                    }
+                    _ => tracing::debug!(error = %error, "refused"),
+                }
+                error_response(&error, json).map(Either::Right)
+            }
+        };
+        self.metrics
+            .requests
+            .get_or_create(&crate::metrics::CodeLabels {
+                code: response.status().as_u16(),
+            })
+            .inc();
+        response
+    }
+
+    async fn forward(
+        &self,
+        mut request: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
+        let host = authority.host().to_ascii_lowercase();
+        let path = normalize_path(request.uri().path())?;
+        // Authentication first: an anonymous client learns nothing about which routes exist.
+        let identity = self
+            .identity
+            .identify(request.headers())
+            .ok_or(ProxyError::Unauthenticated)?;
+        let table = self.routes.table();
+        let found = table
+            .lookup(&RequestView {
+                host: &host,
+                path: &path,
+                method: request.method(),
+                headers: request.headers(),
+            })
+            .ok_or(ProxyError::NoRoute)?;
+        let rule = found.rule.clone();
+        let notebook_namespace = rule
+            .owner
+            .notebook
+            .as_ref()
+            .map(|_| rule.owner.namespace.as_str());
+        match authorize(Some(&identity), notebook_namespace, self.access.as_ref()) {
+            Decision::Allow => {}
+            Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
+            Decision::Forbidden => return Err(ProxyError::Forbidden),
+        }
+        let destination = rule.pick_destination().ok_or(ProxyError::NoRoute)?;
+        let address = self
+            .upstream_addresses
+            .get(&destination.authority)
+            .unwrap_or(&destination.authority);
+        let upstream_path = rule.rewritten_path(&found, &path);
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{upstream_path}?{query}"),
+            None => upstream_path.into_owned(),
+        };
+        drop(table);
+        let uri = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(address.as_str())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|_| ProxyError::NoRoute)?;
+
+        let upgrade = is_upgrade(request.headers()) && request.version() == Version::HTTP_11;
+        let upgrade_protocol = upgrade
+            .then(|| request.headers().get(header::UPGRADE).cloned())
+            .flatten();
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+
+        let (mut parts, body) = request.into_parts();
+        let headers = &mut parts.headers;
+        strip_hop_by_hop(headers);
+        if let Some(protocol) = upgrade_protocol {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, protocol);
+        }
+        if !headers.contains_key(header::HOST)
+            && let Ok(value) = HeaderValue::from_str(authority.as_str())
+        {
+            // HTTP/2 clients send :authority only; the notebook checks Origin against Host.
+            headers.insert(header::HOST, value);
+        }
+        append_forwarded_for(headers, peer);
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(
+                X_FORWARDED_PROTO.clone(),
+                HeaderValue::from_static(if tls { "https" } else { "http" }),
+            );
+        }
+        if !headers.contains_key(&X_FORWARDED_HOST)
+            && let Ok(value) = HeaderValue::from_str(authority.as_str())
+        {
+            headers.insert(X_FORWARDED_HOST.clone(), value);
+        }
+        rule.request_headers.apply(headers);
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let upstream_request = Request::from_parts(parts, body);
+
+        let started = Instant::now();
+        let mut response = self.client.request(upstream_request).await.map_err(|e| {
+            let kind = if e.is_connect() {
+                "connect"
+            } else {
+                "upstream"
+            };
+            self.metrics
+                .upstream_errors
+                .get_or_create(&ErrorLabels { kind })
+                .inc();
+            if e.is_connect() {
+                ProxyError::UpstreamUnavailable(e)
+            } else {
+                ProxyError::UpstreamFailed(e)
+            }
+        })?;
+        self.metrics
+            .upstream_latency
+            .observe(started.elapsed().as_secs_f64());
+        let activity = rule.owner.activity.clone();
+
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS
+            && let Some(client_upgrade) = client_upgrade
+        {
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            activity.touch();
+            let metrics = self.metrics.clone();
+            tokio::spawn(async move {
+                let (client_io, upstream_io) =
+                    match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                        Ok(pair) => pair,
+                        Err(err) => {
+                            tracing::debug!(error = %err, "upgrade not completed");
+                            return;
+                        }
+                    };
+                metrics.websockets.inc();
+                metrics.websockets_active.inc();
+                let mut client_io = Touching {
+                    io: TokioIo::new(client_io),
+                    cell: activity.clone(),
+                };
+                let mut upstream_io = Touching {
+                    io: TokioIo::new(upstream_io),
+                    cell: activity,
+                };
+                // Ends when either side closes or fails; both sockets are dropped with it.
+                if let Err(err) =
+                    tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io).await
+                {
+                    tracing::debug!(error = %err, "websocket tunnel ended");
+                }
+                metrics.websockets_active.dec();
+            });
+            let (parts, _) = response.into_parts();
+            return Ok(Response::from_parts(parts, Either::Right(Full::default())));
+        }
+
+        if response.status().as_u16() < 400 {
+            activity.touch();
+        }
+        strip_hop_by_hop(response.headers_mut());
+        rule.response_headers.apply(response.headers_mut());
+        Ok(response.map(Either::Left))
+    }
+}
+
+/// The authority a request was sent to: the absolute URI's (HTTP/2, absolute-form) or Host.
+fn request_authority<B>(request: &Request<B>) -> Option<Authority> {
+    if let Some(authority) = request.uri().authority() {
+        return Some(authority.clone());
+    }
+    let host = request.headers().get(header::HOST)?.to_str().ok()?;
+    host.parse().ok()
+}
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Drops hop-by-hop headers, including every header the Connection header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(connection) = headers.get(header::CONNECTION) {
+        let named: Vec<HeaderName> = connection
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
+    let ip = peer.ip().to_string();
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) => format!("{existing}, {ip}"),
+        None => ip,
+    };
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR.clone(), value);
+    }
+}
+
+/// An upgraded connection whose reads count as the route's activity.
+struct Touching<T> {
+    io: T,
+    cell: Arc<ActivityCell>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Touching<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.cell.touch();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Touching<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_are_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert("kubeflow-userid", HeaderValue::from_static("alice"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["kubeflow-userid"]);
+    }
+
+    #[test]
+    fn upgrade_needs_both_headers_and_forwarded_for_appends() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(!is_upgrade(&headers));
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert!(is_upgrade(&headers));
+        append_forwarded_for(&mut headers, "10.0.0.9:5555".parse().unwrap());
+        assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9");
+        append_forwarded_for(&mut headers, "[::1]:1".parse().unwrap());
+        assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9, ::1");
+    }
+}
