@@ -158,6 +158,11 @@ pub struct ControllerArgs {
     /// the notebook's Service inside the cluster).
     #[arg(long)]
     pub jupyter_base_url: Option<String>,
+    /// Admin URL of the labforge proxy (e.g. `http://labforge-proxy.kubeflow:8081`): its
+    /// per-notebook activity counts for culling, so notebooks without Jupyter's API are culled
+    /// by their traffic.
+    #[arg(long, env = "PROXY_ACTIVITY_URL")]
+    pub proxy_activity_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -334,6 +339,7 @@ impl TryFrom<&ControllerArgs> for ServeOptions {
                 lease_duration: Duration::from_secs(15),
             }),
             jupyter_base_url: args.jupyter_base_url.clone(),
+            proxy_activity_url: args.proxy_activity_url.clone(),
         })
     }
 }

@@ -30,7 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-const ALICE: &str = "alice@example.com";
+pub const ALICE: &str = "alice@example.com";
 const CAROL: &str = "carol@example.com";
 const BOB: &str = "bob@example.com";
 const ROOT: &str = "root@example.com";
@@ -58,7 +58,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
     }
 }
 
-async fn start_proxy(routes: RoutesFrom, upstreams: HashMap<String, String>) -> RunningProxy {
+pub async fn start_proxy(routes: RoutesFrom, upstreams: HashMap<String, String>) -> RunningProxy {
     init_crypto();
     labforge_proxy::start(options(upstreams), routes)
         .await
@@ -66,12 +66,12 @@ async fn start_proxy(routes: RoutesFrom, upstreams: HashMap<String, String>) -> 
 }
 
 /// The VirtualService the controller writes for `namespace/name`.
-fn notebook_vs(namespace: &str, name: &str) -> VirtualService {
+pub fn notebook_vs(namespace: &str, name: &str) -> VirtualService {
     virtual_service(&notebook(namespace, name), &BuilderConfig::default()).unwrap()
 }
 
 /// `name.namespace.svc.cluster.local:80`, the controller's destination.
-fn service_authority(namespace: &str, name: &str) -> String {
+pub fn service_authority(namespace: &str, name: &str) -> String {
     format!("{name}.{namespace}.svc.cluster.local:80")
 }
 
