@@ -443,7 +443,10 @@ async fn virtual_service_changes_are_served_within_100_ms_for_every_version() {
 
 /// Where a path lands after normalization: `Ok(Some(ns))` a notebook of `ns`, `Ok(None)` no
 /// route, `Err(status)` refused before routing. This is the specification the matrix checks.
-const PATHS: &[(&str, Result<Option<&str>, u16>, &str)] = &[
+/// `Ok(Some(ns))`, `Ok(None)` or `Err(status)`, as above.
+type Lands = Result<Option<&'static str>, u16>;
+
+const PATHS: &[(&str, Lands, &str)] = &[
     (
         "/notebook/alice/lab/api/status",
         Ok(Some("alice")),
