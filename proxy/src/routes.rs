@@ -470,8 +470,8 @@ pub struct RouteTable {
 impl RouteTable {
     /// Builds the table from every known VirtualService; ones that cannot be used (bad regex,
     /// no destination) are skipped and reported, never fatal to the others.
-    pub fn build(
-        virtual_services: &[VirtualService],
+    pub fn build<'v>(
+        virtual_services: impl IntoIterator<Item = &'v VirtualService>,
         gateway: &GatewayFilter,
         activity: &Activity,
     ) -> (RouteTable, Vec<Skipped>) {

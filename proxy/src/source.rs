@@ -122,19 +122,18 @@ impl RouteStore {
         for change in changes {
             match change {
                 Change::Upsert(vs) => {
-                    records.insert(key_of(&vs), *vs);
+                    records.insert(key_of(&vs), slim(*vs));
                 }
                 Change::Remove { namespace, name } => {
                     records.remove(&(namespace, name));
                 }
                 Change::Replace(list) => {
-                    *records = list.into_iter().map(|vs| (key_of(&vs), vs)).collect();
+                    *records = list.into_iter().map(|vs| (key_of(&vs), slim(vs))).collect();
                     self.ready.store(true, Ordering::Release);
                 }
             }
         }
-        let list: Vec<VirtualService> = records.values().cloned().collect();
-        let (table, skipped) = RouteTable::build(&list, &self.gateway, &self.activity);
+        let (table, skipped) = RouteTable::build(records.values(), &self.gateway, &self.activity);
         for s in &skipped {
             tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
         }
@@ -147,6 +146,14 @@ impl RouteStore {
         tracing::debug!(rules = table.rule_count(), "route table swapped");
         self.table.store(Arc::new(table));
     }
+}
+
+/// Drops what routing never reads (managed fields, annotations such as kubectl's last-applied
+/// copy), which is most of an object's size in a cluster.
+fn slim(mut vs: VirtualService) -> VirtualService {
+    vs.metadata.managed_fields = None;
+    vs.metadata.annotations = None;
+    vs
 }
 
 fn key_of(vs: &VirtualService) -> Key {
