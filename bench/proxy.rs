@@ -145,6 +145,17 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: nginx's master stops and reaps its workers only when asked.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
