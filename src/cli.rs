@@ -84,6 +84,9 @@ pub struct ProxyArgs {
     /// `<namespace>=<user>`: the user reaches the namespace's notebooks; repeatable.
     #[arg(long = "member")]
     pub members: Vec<String>,
+    /// A namespace whose routes every authenticated user reaches (the dashboard's); repeatable.
+    #[arg(long = "shared-namespace", default_value = "kubeflow")]
+    pub shared_namespaces: Vec<String>,
     /// Read VirtualServices from these YAML files instead of watching Kubernetes; repeatable.
     #[arg(long = "routes-file")]
     pub routes_files: Vec<PathBuf>,
@@ -104,11 +107,12 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
     fn try_from(args: &ProxyArgs) -> anyhow::Result<Self> {
         let header = http::HeaderName::from_bytes(args.user_header.to_ascii_lowercase().as_bytes())
             .with_context(|| format!("--user-header {:?}", args.user_header))?;
-        let access = StaticAccess::with_members(
+        let mut access = StaticAccess::with_members(
             args.admins.iter().map(String::as_str),
             args.members.iter().map(String::as_str),
         )
         .context("--member")?;
+        access.shared = args.shared_namespaces.iter().cloned().collect();
         let upstream_addresses = args
             .upstreams
             .iter()
@@ -470,6 +474,7 @@ mod tests {
 
     #[test]
     fn proxy_arguments_become_options() {
+        use labforge_proxy::authz::NamespaceAccess;
         let options = ProxyOptions::try_from(&parse_proxy(&[
             "--admin",
             "root@x",
@@ -486,6 +491,8 @@ mod tests {
         assert!(options.access.is_admin("root@x"));
         assert!(options.access.is_member("alice@x", "alice"));
         assert!(!options.access.is_member("alice@x", "bob"));
+        assert!(options.access.is_shared("kubeflow"));
+        assert!(!options.access.is_shared("alice"));
         assert_eq!(
             options.upstream_addresses["lab.alice.svc.cluster.local:80"],
             "127.0.0.1:9999"

@@ -2,8 +2,10 @@
 //!
 //! Kubeflow's model: a notebook belongs to its namespace (a user's profile), so its owner and
 //! the people the owner shared the profile with are that namespace's members; admins reach every
-//! notebook. Routes that are not notebooks (dashboards, APIs behind the same gateway) need an
-//! authenticated user and nothing more; they do their own authorization, as under Istio.
+//! notebook. A route is guarded by the namespace of its VirtualService and the namespaces of its
+//! destinations (`<svc>.<ns>.svc…`), so a VirtualService in one's own namespace cannot open a path
+//! to somebody else's notebook. Shared namespaces (`kubeflow`: the dashboard and its APIs, which
+//! do their own authorization) need an authenticated user and nothing more.
 //!
 //! Both halves are traits so the deployment decides: in a cluster the user comes from a header
 //! the auth proxy in front sets (`kubeflow-userid`), in single-machine mode from labforge's own
@@ -61,14 +63,18 @@ impl IdentitySource for TrustedHeader {
 pub trait NamespaceAccess: Send + Sync {
     fn is_admin(&self, user: &str) -> bool;
     fn is_member(&self, user: &str, namespace: &str) -> bool;
+    /// Routes into this namespace are open to every authenticated user.
+    fn is_shared(&self, namespace: &str) -> bool;
 }
 
-/// Membership from configuration: `--admin <user>` and `--member <namespace>=<user>`.
+/// Membership from configuration: `--admin <user>`, `--member <namespace>=<user>` and
+/// `--shared-namespace <namespace>`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StaticAccess {
     pub admins: BTreeSet<String>,
     /// Namespace → its members.
     pub members: BTreeMap<String, BTreeSet<String>>,
+    pub shared: BTreeSet<String>,
 }
 
 impl StaticAccess {
@@ -111,6 +117,10 @@ impl NamespaceAccess for StaticAccess {
             .get(namespace)
             .is_some_and(|users| users.contains(user))
     }
+
+    fn is_shared(&self, namespace: &str) -> bool {
+        self.shared.contains(namespace)
+    }
 }
 
 /// The outcome for one request.
@@ -123,23 +133,25 @@ pub enum Decision {
     Forbidden,
 }
 
-/// What a route needs: `notebook_namespace` is `Some` for notebook routes.
+/// Whether `identity` may use a route guarded by `namespaces`: an admin always, anyone else only
+/// as a member of every namespace that is not shared.
 pub fn authorize(
     identity: Option<&Identity>,
-    notebook_namespace: Option<&str>,
+    namespaces: &[String],
     access: &dyn NamespaceAccess,
 ) -> Decision {
     let Some(identity) = identity else {
         return Decision::Unauthenticated;
     };
-    match notebook_namespace {
-        None => Decision::Allow,
-        Some(namespace)
-            if access.is_admin(&identity.user) || access.is_member(&identity.user, namespace) =>
-        {
-            Decision::Allow
-        }
-        Some(_) => Decision::Forbidden,
+    let allowed = access.is_admin(&identity.user)
+        || namespaces
+            .iter()
+            .filter(|ns| !access.is_shared(ns))
+            .all(|ns| access.is_member(&identity.user, ns));
+    if allowed {
+        Decision::Allow
+    } else {
+        Decision::Forbidden
     }
 }
 
@@ -154,7 +166,7 @@ mod tests {
 
     #[test]
     fn owner_members_and_admins_reach_a_notebook_nobody_else_does() {
-        let access = StaticAccess::with_members(
+        let mut access = StaticAccess::with_members(
             ["root@example.com"],
             [
                 "alice=alice@example.com",
@@ -163,31 +175,47 @@ mod tests {
             ],
         )
         .unwrap();
-        let decide = |who: Option<&str>, ns| authorize(who.map(user).as_ref(), ns, &access);
+        access.shared.insert("kubeflow".into());
+        let decide = |who: Option<&str>, ns: &[&str]| {
+            let ns: Vec<String> = ns.iter().map(|n| n.to_string()).collect();
+            authorize(who.map(user).as_ref(), &ns, &access)
+        };
         assert_eq!(
-            decide(Some("alice@example.com"), Some("alice")),
+            decide(Some("alice@example.com"), &["alice"]),
             Decision::Allow
         );
         assert_eq!(
-            decide(Some("carol@example.com"), Some("alice")),
+            decide(Some("carol@example.com"), &["alice"]),
             Decision::Allow
         );
         assert_eq!(
-            decide(Some("root@example.com"), Some("alice")),
+            decide(Some("root@example.com"), &["alice"]),
             Decision::Allow
         );
         assert_eq!(
-            decide(Some("bob@example.com"), Some("alice")),
+            decide(Some("bob@example.com"), &["alice"]),
             Decision::Forbidden
         );
         assert_eq!(
-            decide(Some("ALICE@example.com"), Some("alice")),
+            decide(Some("ALICE@example.com"), &["alice"]),
             Decision::Forbidden
         );
-        assert_eq!(decide(None, Some("alice")), Decision::Unauthenticated);
-        // Not a notebook: any authenticated user, still nobody anonymous.
-        assert_eq!(decide(Some("bob@example.com"), None), Decision::Allow);
-        assert_eq!(decide(None, None), Decision::Unauthenticated);
+        assert_eq!(decide(None, &["alice"]), Decision::Unauthenticated);
+        // bob's VirtualService leading to alice's service needs both namespaces.
+        assert_eq!(
+            decide(Some("bob@example.com"), &["alice", "bob"]),
+            Decision::Forbidden
+        );
+        assert_eq!(
+            decide(Some("root@example.com"), &["alice", "bob"]),
+            Decision::Allow
+        );
+        // The shared namespace: any authenticated user, still nobody anonymous.
+        assert_eq!(
+            decide(Some("bob@example.com"), &["kubeflow"]),
+            Decision::Allow
+        );
+        assert_eq!(decide(None, &["kubeflow"]), Decision::Unauthenticated);
     }
 
     #[test]

@@ -145,12 +145,7 @@ impl Forwarder {
             })
             .ok_or(ProxyError::NoRoute)?;
         let rule = found.rule.clone();
-        let notebook_namespace = rule
-            .owner
-            .notebook
-            .as_ref()
-            .map(|_| rule.owner.namespace.as_str());
-        match authorize(Some(&identity), notebook_namespace, self.access.as_ref()) {
+        match authorize(Some(&identity), &rule.namespaces, self.access.as_ref()) {
             Decision::Allow => {}
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),

@@ -284,6 +284,8 @@ pub struct Rule {
     pub request_headers: HeaderOps,
     pub response_headers: HeaderOps,
     pub destinations: Vec<Destination>,
+    /// Namespaces guarding this rule: its VirtualService's and its destinations' (sorted).
+    pub namespaces: Vec<String>,
     total_weight: u32,
     /// Round-robin position for weighted destinations (exact proportions, no randomness).
     next: AtomicU64,
@@ -589,6 +591,22 @@ fn notebook_of(vs: &VirtualService, namespace: &str, name: &str) -> Option<Strin
     })
 }
 
+/// The namespace of a Kubernetes Service host (`svc.ns`, `svc.ns.svc`, `svc.ns.svc.<domain>`);
+/// `None` for a short name (the VirtualService's own namespace), an IP or an outside name. A
+/// two-label outside name (`example.com`) reads as `svc.ns`: that fails closed (a namespace
+/// nobody is a member of), never open.
+fn destination_namespace(host: &str) -> Option<&str> {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    let labels: Vec<&str> = host.split('.').collect();
+    match labels.as_slice() {
+        [_, ns] => Some(ns),
+        [_, ns, "svc", ..] => Some(ns),
+        _ => None,
+    }
+}
+
 fn compile_rule(
     route: &HttpRoute,
     owner: &Arc<RouteOwner>,
@@ -624,6 +642,15 @@ fn compile_rule(
         return Err("no route destination (redirects and direct responses are not served)".into());
     }
     let total_weight = destinations.iter().map(|d| d.weight).sum();
+    let mut namespaces: Vec<String> = route
+        .route
+        .iter()
+        .filter_map(|d| destination_namespace(&d.destination.host))
+        .chain([owner.namespace.as_str()])
+        .map(str::to_owned)
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
     if total_weight == 0 {
         return Err("every destination has weight 0".into());
     }
@@ -635,6 +662,7 @@ fn compile_rule(
         request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
         response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
         destinations,
+        namespaces,
         total_weight,
         next: AtomicU64::new(0),
         created,
@@ -769,6 +797,31 @@ mod tests {
             .owner;
         assert_eq!(owner.notebook.as_deref(), Some("lab"));
         assert_eq!(owner.key(), "bob/lab");
+        let rule = t.lookup(&req("/notebook/bob/lab/x").view()).unwrap().rule;
+        assert_eq!(rule.namespaces, ["bob"]);
+    }
+
+    #[test]
+    fn a_rule_is_guarded_by_its_own_and_its_destinations_namespaces() {
+        let t = table(&[vs(
+            "bob",
+            "sneaky",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/a/"}}],
+                 "route": [{"destination": {"host": "lab.alice.svc.cluster.local"}}]},
+                {"match": [{"uri": {"prefix": "/b/"}}],
+                 "route": [{"destination": {"host": "web"}, "weight": 50},
+                           {"destination": {"host": "api.carol"}, "weight": 50}]},
+                {"match": [{"uri": {"prefix": "/c/"}}],
+                 "route": [{"destination": {"host": "127.0.0.1", "port": {"number": 8888}}},
+                           {"destination": {"host": "www.example.com"}}]},
+            ]}),
+        )]);
+        let namespaces = |path: &str| t.lookup(&req(path).view()).unwrap().rule.namespaces.clone();
+        assert_eq!(namespaces("/a/"), ["alice", "bob"]);
+        assert_eq!(namespaces("/b/"), ["bob", "carol"]);
+        assert_eq!(namespaces("/c/"), ["bob"]);
     }
 
     #[test]

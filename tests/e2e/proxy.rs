@@ -560,6 +560,25 @@ async fn authorization_matrix_over_users_and_path_tricks() {
     }
     assert_eq!(cases, 5 * PATHS.len());
 
+    // bob's own VirtualService leading to alice's notebook: guarded by both namespaces.
+    let mut sneaky = notebook_vs("bob", "lab");
+    sneaky.metadata.name = Some("sneaky".into());
+    sneaky.metadata.owner_references = None;
+    sneaky.spec.http[0].matches[0].uri =
+        Some(labforge_crds::istio::StringMatch::Prefix("/sneaky/".into()));
+    sneaky.spec.http[0].rewrite = None;
+    sneaky.spec.http[0].route[0].destination.host = "lab.alice.svc.cluster.local".into();
+    proxy.routes.upsert(sneaky);
+    for (user, expected) in [(BOB, 403), (ALICE, 403), (CAROL, 403), (ROOT, 200)] {
+        let hits_before = alice_nb.hits();
+        let (status, _) = raw_get(proxy.addr, "/sneaky/api", &[("kubeflow-userid", user)]).await;
+        assert_eq!(
+            status, expected,
+            "{user} through bob's route to alice's notebook"
+        );
+        assert_eq!(alice_nb.hits() - hits_before, usize::from(expected == 200));
+    }
+
     // A user header sent twice (one appended by the client) is no identity at all.
     let (status, _) = raw_get(
         proxy.addr,
