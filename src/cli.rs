@@ -474,7 +474,6 @@ mod tests {
 
     #[test]
     fn proxy_arguments_become_options() {
-        use labforge_proxy::authz::NamespaceAccess;
         let options = ProxyOptions::try_from(&parse_proxy(&[
             "--admin",
             "root@x",
