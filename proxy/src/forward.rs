@@ -4,7 +4,8 @@
 //! streams bodies both ways (hyper `Incoming` in, `Incoming` out, never buffered), preserves the
 //! Host, adds `X-Forwarded-*`, strips hop-by-hop headers, and sets no timeout (notebooks hold
 //! long requests). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
-//! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP.
+//! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP. A websocket whose
+//! upstream cannot be reached gets a close frame (1013) rather than a failed handshake.
 
 use crate::activity::ActivityCell;
 use crate::authz::{Decision, IdentitySource, NamespaceAccess, authorize};
@@ -173,6 +174,7 @@ impl Forwarder {
             .then(|| request.headers().get(header::UPGRADE).cloned())
             .flatten();
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let websocket_key = request.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
 
         let (mut parts, body) = request.into_parts();
         let headers = &mut parts.headers;
@@ -205,7 +207,7 @@ impl Forwarder {
         let upstream_request = Request::from_parts(parts, body);
 
         let started = Instant::now();
-        let mut response = self.client.request(upstream_request).await.map_err(|e| {
+        let result = self.client.request(upstream_request).await.map_err(|e| {
             let kind = if e.is_connect() {
                 "connect"
             } else {
@@ -220,7 +222,17 @@ impl Forwarder {
             } else {
                 ProxyError::UpstreamFailed(e)
             }
-        })?;
+        });
+        let (mut response, client_upgrade) = match (result, client_upgrade, websocket_key) {
+            (Ok(response), client_upgrade, _) => (response, client_upgrade),
+            // A websocket client (a kernel or terminal tab) gets a proper close it can act on,
+            // not a failed handshake.
+            (Err(error), Some(client_upgrade), Some(key)) => {
+                tracing::warn!(error = %error, "websocket upstream");
+                return Ok(close_websocket(client_upgrade, &key, &error));
+            }
+            (Err(error), _, _) => return Err(error),
+        };
         self.metrics
             .upstream_latency
             .observe(started.elapsed().as_secs_f64());
@@ -270,6 +282,46 @@ impl Forwarder {
         rule.response_headers.apply(response.headers_mut());
         Ok(response.map(Either::Left))
     }
+}
+
+/// Websocket close code 1013, "try again later": the notebook is stopped or starting.
+const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
+
+/// Accepts the websocket handshake and closes it at once with 1013 and the error as reason.
+fn close_websocket(
+    client_upgrade: hyper::upgrade::OnUpgrade,
+    key: &HeaderValue,
+    error: &ProxyError,
+) -> Response<ProxyBody> {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha1 = sha1::Sha1::new();
+    sha1.update(key.as_bytes());
+    sha1.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha1.finalize());
+    // A close frame's payload is at most 125 bytes: the code and a short reason.
+    let mut reason = error.to_string();
+    reason.truncate(100);
+    let mut frame = vec![0x88, (2 + reason.len()) as u8];
+    frame.extend_from_slice(&CLOSE_TRY_AGAIN_LATER.to_be_bytes());
+    frame.extend_from_slice(reason.as_bytes());
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt as _;
+        if let Ok(upgraded) = client_upgrade.await {
+            let mut io = TokioIo::new(upgraded);
+            let _ = io.write_all(&frame).await;
+            let _ = io.shutdown().await;
+        }
+    });
+    let mut response = Response::new(Either::Right(Full::default()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    response
 }
 
 /// The authority a request was sent to: the absolute URI's (HTTP/2, absolute-form) or Host.

@@ -691,7 +691,8 @@ async fn error_pages_are_html_for_browsers_and_json_for_api_clients() {
         .unwrap();
     assert_eq!(api.status(), 503);
     assert_eq!(api.headers()["content-type"], "application/json");
-    // A websocket to a stopped notebook fails its handshake with the 503 and is closed.
+    // A websocket to a stopped notebook is accepted and closed at once with 1013 (try again
+    // later) and the reason, so the client's retry logic can act on it.
     let mut request = format!(
         "ws://{}/notebook/alice/lab/api/kernels/k/channels",
         proxy.addr
@@ -701,9 +702,11 @@ async fn error_pages_are_html_for_browsers_and_json_for_api_clients() {
     request
         .headers_mut()
         .insert("kubeflow-userid", ALICE.parse().unwrap());
-    match tokio_tungstenite::connect_async(request).await {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            assert_eq!(response.status(), 503)
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    match ws.next().await {
+        Some(Ok(Message::Close(Some(frame)))) => {
+            assert_eq!(u16::from(frame.code), 1013);
+            assert!(frame.reason.contains("not reachable"), "{}", frame.reason);
         }
         other => panic!("websocket to a closed upstream: {other:?}"),
     }
