@@ -93,6 +93,9 @@ pub struct ProxyArgs {
     /// `<host>:<port>=<address>:<port>`: connect there for that destination; repeatable.
     #[arg(long = "upstream")]
     pub upstreams: Vec<String>,
+    /// Serving threads (each with its own listener and upstream pool); 0: one per CPU.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     /// TLS certificate chain (PEM); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -140,6 +143,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                 _ => None,
             },
             upstream_addresses,
+            threads: args.threads,
         })
     }
 }

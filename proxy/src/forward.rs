@@ -93,6 +93,10 @@ impl Forwarder {
         }
     }
 
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Answers one request; errors become the proxy's own pages here and nowhere else.
     pub async fn handle(
         &self,

@@ -28,6 +28,8 @@ pub struct Metrics {
     /// Failures to reach an upstream, by kind (`connect`, `upstream`).
     pub upstream_errors: Family<ErrorLabels, Counter>,
     pub websockets_active: Gauge,
+    /// Client connections open now (each one a task).
+    pub connections_open: Gauge,
     pub websockets: Counter,
     /// Rules in the current table.
     pub routes: Gauge,
@@ -46,6 +48,7 @@ impl Metrics {
             ]),
             upstream_errors: Family::default(),
             websockets_active: Gauge::default(),
+            connections_open: Gauge::default(),
             websockets: Counter::default(),
             routes: Gauge::default(),
             virtual_services: Gauge::default(),
@@ -71,6 +74,11 @@ impl Metrics {
             "websockets_active",
             "Websocket connections being proxied now",
             metrics.websockets_active.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections open now",
+            metrics.connections_open.clone(),
         );
         registry.register(
             "websockets",

@@ -1,5 +1,6 @@
 //! Accepting connections: HTTP/1.1 and HTTP/2 (prior knowledge on plain TCP, ALPN under TLS) on
-//! one listener, with upgrades enabled, a task per connection, and rustls when configured.
+//! a listener, with upgrades enabled, a task per connection, and rustls when configured. Each
+//! serving thread runs one of these loops on its own listener (see [`crate::start`]).
 
 use crate::forward::Forwarder;
 use hyper::service::service_fn;
@@ -75,6 +76,8 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
         };
         let _ = stream.set_nodelay(true);
         let forwarder = forwarder.clone();
+        let connections = forwarder.metrics().connections_open.clone();
+        connections.inc();
         let builder = builder.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -92,6 +95,7 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
                     }
                     Err(err) => {
                         tracing::debug!(%peer, error = %err, "TLS handshake");
+                        connections.dec();
                         return;
                     }
                 },
@@ -104,6 +108,7 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
             if let Err(err) = served {
                 tracing::debug!(%peer, error = %err, "connection");
             }
+            connections.dec();
         });
     }
 }
