@@ -50,6 +50,14 @@ impl Activity {
             .retain(|k, _| keys.contains(k));
     }
 
+    /// Whether a route with this key exists (cells live exactly as long as their routes).
+    pub fn contains(&self, key: &str) -> bool {
+        self.cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(key)
+    }
+
     pub fn get(&self, key: &str) -> Option<Timestamp> {
         self.cells
             .lock()

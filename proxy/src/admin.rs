@@ -71,7 +71,7 @@ async fn one_activity(
     Path((namespace, name)): Path<(String, String)>,
 ) -> impl IntoResponse {
     let key = activity_key(&namespace, &name);
-    if !state.routes.table().keys().contains(&key) {
+    if !state.activity.contains(&key) {
         return (
             StatusCode::NOT_FOUND,
             Json(serde_json::json!({ "last_activity": null })),

@@ -82,6 +82,8 @@ impl Forwarder {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_timer(hyper_util::rt::TokioTimer::new())
+            // Host is always set here (preserved from the client), never derived from the URI.
+            .set_host(false)
             .build(connector);
         Self {
             client,

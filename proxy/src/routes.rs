@@ -289,7 +289,8 @@ pub struct Rule {
     total_weight: u32,
     /// Round-robin position for weighted destinations (exact proportions, no randomness).
     next: AtomicU64,
-    created: (Option<jiff::Timestamp>, String, String, usize),
+    /// Creation time of its VirtualService and its position there, for merging.
+    created: (Option<jiff::Timestamp>, usize),
 }
 
 impl Rule {
@@ -465,61 +466,102 @@ pub struct RouteTable {
     any_host: Option<HostRules>,
     rule_count: usize,
     virtual_services: usize,
-    /// Activity keys of the routes, for pruning the activity record.
-    keys: BTreeSet<String>,
+}
+
+/// One VirtualService compiled once (matchers, regexes, header operations): a table rebuild only
+/// merges and indexes these, so a change to one of 10,000 routes does not recompile the others,
+/// and the raw objects need not be kept.
+#[derive(Debug)]
+pub struct CompiledVirtualService {
+    /// Lowercase.
+    pub hosts: Vec<String>,
+    pub rules: Vec<Arc<Rule>>,
+}
+
+impl CompiledVirtualService {
+    /// `None` when the VirtualService is not bound to the gateway or has no usable rule; rules
+    /// that cannot be used (bad regex, no destination) are skipped and reported.
+    pub fn compile(
+        vs: &VirtualService,
+        gateway: &GatewayFilter,
+        activity: &Activity,
+    ) -> (Option<Self>, Vec<Skipped>) {
+        let mut skipped = Vec::new();
+        let namespace = vs.metadata.namespace.clone().unwrap_or_default();
+        let name = vs.metadata.name.clone().unwrap_or_default();
+        if !gateway.accepts(&namespace, &vs.spec.gateways) {
+            return (None, skipped);
+        }
+        let notebook = notebook_of(vs, &namespace, &name);
+        let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
+        let owner = Arc::new(RouteOwner {
+            activity: activity.cell(&key),
+            namespace,
+            virtual_service: name,
+            notebook,
+        });
+        let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let mut rules = Vec::new();
+        for (position, route) in vs.spec.http.iter().enumerate() {
+            match compile_rule(route, &owner, (created, position)) {
+                Ok(rule) => rules.push(Arc::new(rule)),
+                Err(reason) => skipped.push(Skipped {
+                    namespace: owner.namespace.clone(),
+                    name: owner.virtual_service.clone(),
+                    reason: format!("http[{position}]: {reason}"),
+                }),
+            }
+        }
+        if rules.is_empty() {
+            return (None, skipped);
+        }
+        let hosts = vs
+            .spec
+            .hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        (Some(Self { hosts, rules }), skipped)
+    }
+
+    /// The activity key of its routes.
+    pub fn key(&self) -> Option<String> {
+        self.rules.first().map(|r| r.owner.key())
+    }
 }
 
 impl RouteTable {
-    /// Builds the table from every known VirtualService; ones that cannot be used (bad regex,
-    /// no destination) are skipped and reported, never fatal to the others.
+    /// Compiles and builds in one go (tests, and sources without updates).
     pub fn build<'v>(
         virtual_services: impl IntoIterator<Item = &'v VirtualService>,
         gateway: &GatewayFilter,
         activity: &Activity,
     ) -> (RouteTable, Vec<Skipped>) {
         let mut skipped = Vec::new();
-        let mut by_host: HashMap<String, Vec<Arc<Rule>>> = HashMap::new();
+        let compiled: Vec<CompiledVirtualService> = virtual_services
+            .into_iter()
+            .filter_map(|vs| {
+                let (compiled, mut s) = CompiledVirtualService::compile(vs, gateway, activity);
+                skipped.append(&mut s);
+                compiled
+            })
+            .collect();
+        (Self::from_compiled(&compiled), skipped)
+    }
+
+    /// Merges compiled VirtualServices per host and indexes them.
+    pub fn from_compiled<'c>(
+        compiled: impl IntoIterator<Item = &'c CompiledVirtualService>,
+    ) -> RouteTable {
+        let mut by_host: HashMap<&str, Vec<Arc<Rule>>> = HashMap::new();
         let mut table = RouteTable::default();
-        for vs in virtual_services {
-            let namespace = vs.metadata.namespace.clone().unwrap_or_default();
-            let name = vs.metadata.name.clone().unwrap_or_default();
-            if !gateway.accepts(&namespace, &vs.spec.gateways) {
-                continue;
-            }
-            let notebook = notebook_of(vs, &namespace, &name);
-            let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
-            let owner = Arc::new(RouteOwner {
-                activity: activity.cell(&key),
-                namespace: namespace.clone(),
-                virtual_service: name.clone(),
-                notebook,
-            });
-            let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            let mut rules = Vec::new();
-            for (position, route) in vs.spec.http.iter().enumerate() {
-                match compile_rule(
-                    route,
-                    &owner,
-                    (created, namespace.clone(), name.clone(), position),
-                ) {
-                    Ok(rule) => rules.push(Arc::new(rule)),
-                    Err(reason) => skipped.push(Skipped {
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                        reason: format!("http[{position}]: {reason}"),
-                    }),
-                }
-            }
-            if rules.is_empty() {
-                continue;
-            }
+        for vs in compiled {
             table.virtual_services += 1;
-            table.keys.insert(key);
-            for host in &vs.spec.hosts {
+            for host in &vs.hosts {
                 by_host
-                    .entry(host.to_ascii_lowercase())
+                    .entry(host.as_str())
                     .or_default()
-                    .extend(rules.iter().cloned());
+                    .extend(vs.rules.iter().cloned());
             }
         }
         for (host, mut rules) in by_host {
@@ -527,7 +569,10 @@ impl RouteTable {
             rules.sort_by(|a, b| {
                 a.is_catch_all()
                     .cmp(&b.is_catch_all())
-                    .then_with(|| a.created.cmp(&b.created))
+                    .then_with(|| a.created.0.cmp(&b.created.0))
+                    .then_with(|| a.owner.namespace.cmp(&b.owner.namespace))
+                    .then_with(|| a.owner.virtual_service.cmp(&b.owner.virtual_service))
+                    .then_with(|| a.created.1.cmp(&b.created.1))
             });
             table.rule_count += rules.len();
             let indexed = HostRules::index(rules);
@@ -536,13 +581,13 @@ impl RouteTable {
             } else if let Some(suffix) = host.strip_prefix('*') {
                 table.suffix_hosts.push((suffix.to_owned(), indexed));
             } else {
-                table.exact_hosts.insert(host, indexed);
+                table.exact_hosts.insert(host.to_owned(), indexed);
             }
         }
         table
             .suffix_hosts
             .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        (table, skipped)
+        table
     }
 
     /// The first rule matching the request, in Istio's order.
@@ -567,11 +612,6 @@ impl RouteTable {
     /// VirtualServices that contributed at least one rule.
     pub fn virtual_service_count(&self) -> usize {
         self.virtual_services
-    }
-
-    /// Activity keys (`<ns>/<name>`) of the routes in this table.
-    pub fn keys(&self) -> &BTreeSet<String> {
-        &self.keys
     }
 }
 
@@ -610,7 +650,7 @@ fn destination_namespace(host: &str) -> Option<&str> {
 fn compile_rule(
     route: &HttpRoute,
     owner: &Arc<RouteOwner>,
-    created: (Option<jiff::Timestamp>, String, String, usize),
+    created: (Option<jiff::Timestamp>, usize),
 ) -> Result<Rule, String> {
     let matches = route
         .matches

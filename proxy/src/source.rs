@@ -11,14 +11,14 @@
 
 use crate::activity::Activity;
 use crate::metrics::Metrics;
-use crate::routes::{GatewayFilter, RouteTable};
+use crate::routes::{CompiledVirtualService, GatewayFilter, RouteTable};
 use arc_swap::ArcSwap;
 use futures::{FutureExt, StreamExt};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use labforge_crds::VirtualService;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -72,7 +72,8 @@ type Key = (String, String);
 /// The known VirtualServices and the table built from them.
 pub struct RouteStore {
     table: ArcSwap<RouteTable>,
-    records: Mutex<BTreeMap<Key, VirtualService>>,
+    /// Compiled once when they arrive; the raw objects are not kept.
+    records: Mutex<BTreeMap<Key, CompiledVirtualService>>,
     gateway: GatewayFilter,
     activity: Arc<Activity>,
     metrics: Arc<Metrics>,
@@ -122,22 +123,30 @@ impl RouteStore {
         for change in changes {
             match change {
                 Change::Upsert(vs) => {
-                    records.insert(key_of(&vs), slim(*vs));
+                    let key = key_of(&vs);
+                    match self.compile(&vs) {
+                        Some(compiled) => records.insert(key, compiled),
+                        None => records.remove(&key),
+                    };
                 }
                 Change::Remove { namespace, name } => {
                     records.remove(&(namespace, name));
                 }
                 Change::Replace(list) => {
-                    *records = list.into_iter().map(|vs| (key_of(&vs), slim(vs))).collect();
+                    records.clear();
+                    for vs in list {
+                        if let Some(compiled) = self.compile(&vs) {
+                            records.insert(key_of(&vs), compiled);
+                        }
+                    }
                     self.ready.store(true, Ordering::Release);
                 }
             }
         }
-        let (table, skipped) = RouteTable::build(records.values(), &self.gateway, &self.activity);
-        for s in &skipped {
-            tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
-        }
-        self.activity.retain(table.keys());
+        let table = RouteTable::from_compiled(records.values());
+        let keys: BTreeSet<String> = records.values().filter_map(|r| r.key()).collect();
+        drop(records);
+        self.activity.retain(&keys);
         self.metrics.routes.set(table.rule_count() as i64);
         self.metrics
             .virtual_services
@@ -146,14 +155,15 @@ impl RouteStore {
         tracing::debug!(rules = table.rule_count(), "route table swapped");
         self.table.store(Arc::new(table));
     }
-}
 
-/// Drops what routing never reads (managed fields, annotations such as kubectl's last-applied
-/// copy), which is most of an object's size in a cluster.
-fn slim(mut vs: VirtualService) -> VirtualService {
-    vs.metadata.managed_fields = None;
-    vs.metadata.annotations = None;
-    vs
+    fn compile(&self, vs: &VirtualService) -> Option<CompiledVirtualService> {
+        let (compiled, skipped) =
+            CompiledVirtualService::compile(vs, &self.gateway, &self.activity);
+        for s in &skipped {
+            tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
+        }
+        compiled
+    }
 }
 
 fn key_of(vs: &VirtualService) -> Key {
