@@ -1,7 +1,8 @@
 //! One request's way through the proxy: normalize, identify, route, authorize, forward.
 //!
 //! Nothing reaches a notebook before the route is known and the user allowed on it. Forwarding
-//! streams bodies both ways (hyper `Incoming` in, `Incoming` out, never buffered), preserves the
+//! streams bodies both ways (hyper `Incoming` in and out, never buffered) over this thread's
+//! [`crate::upstream::UpstreamPool`], preserves the
 //! Host, adds `X-Forwarded-*`, strips hop-by-hop headers, and sets no timeout (notebooks hold
 //! long requests). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
 //! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP. A websocket whose
@@ -14,29 +15,24 @@ use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
 use crate::routes::RequestView;
 use crate::source::RouteStore;
+use crate::upstream::{PooledBody, UpstreamPool};
 use bytes::Bytes;
 use http::header::{self, HeaderName};
-use http::uri::{Authority, Scheme};
+use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bodies the proxy sends: the upstream's, streamed, or one of its own pages.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
-
-/// How long connecting to an upstream may take (a stopped notebook's address may not answer at
-/// all); requests themselves have no timeout.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub type ProxyBody = Either<PooledBody, Full<Bytes>>;
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1, plus the
 /// non-standard ones proxies have always dropped).
@@ -57,7 +53,8 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 
 /// Everything a request needs, shared by all connections.
 pub struct Forwarder {
-    client: Client<HttpConnector, Incoming>,
+    /// This serving thread's upstream connections.
+    upstreams: Arc<UpstreamPool>,
     routes: Arc<RouteStore>,
     identity: Arc<dyn IdentitySource>,
     access: Arc<dyn NamespaceAccess>,
@@ -74,19 +71,8 @@ impl Forwarder {
         metrics: Arc<Metrics>,
         upstream_addresses: HashMap<String, String>,
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        // Finds upstreams that vanished without a FIN (a killed pod) under idle websockets.
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            // Host is always set here (preserved from the client), never derived from the URI.
-            .set_host(false)
-            .build(connector);
         Self {
-            client,
+            upstreams: Arc::default(),
             routes,
             identity,
             access,
@@ -168,9 +154,8 @@ impl Forwarder {
             None => upstream_path.into_owned(),
         };
         drop(table);
+        // Origin form: the connection is to the destination already.
         let uri = Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(address.as_str())
             .path_and_query(path_and_query)
             .build()
             .map_err(|_| ProxyError::NoRoute)?;
@@ -213,22 +198,26 @@ impl Forwarder {
         let upstream_request = Request::from_parts(parts, body);
 
         let started = Instant::now();
-        let result = self.client.request(upstream_request).await.map_err(|e| {
-            let kind = if e.is_connect() {
-                "connect"
-            } else {
-                "upstream"
-            };
-            self.metrics
-                .upstream_errors
-                .get_or_create(&ErrorLabels { kind })
-                .inc();
-            if e.is_connect() {
-                ProxyError::UpstreamUnavailable(e)
-            } else {
-                ProxyError::UpstreamFailed(e)
-            }
-        });
+        let result = self
+            .upstreams
+            .send(address, upstream_request)
+            .await
+            .map_err(|e| {
+                let kind = if e.is_connect() {
+                    "connect"
+                } else {
+                    "upstream"
+                };
+                self.metrics
+                    .upstream_errors
+                    .get_or_create(&ErrorLabels { kind })
+                    .inc();
+                if e.is_connect() {
+                    ProxyError::UpstreamUnavailable(e)
+                } else {
+                    ProxyError::UpstreamFailed(e)
+                }
+            });
         let (mut response, client_upgrade) = match (result, client_upgrade, websocket_key) {
             (Ok(response), client_upgrade, _) => (response, client_upgrade),
             // A websocket client (a kernel or terminal tab) gets a proper close it can act on,

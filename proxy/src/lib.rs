@@ -4,8 +4,8 @@
 //! Data flow: a route source (Kubernetes watch of VirtualServices, YAML files, or records pushed
 //! by the embedded web app) → [`source::RouteStore`] rebuilds an immutable [`routes::RouteTable`]
 //! and swaps it in → each request is normalized ([`normalize`]), identified and authorized
-//! ([`authz`]), matched with Istio's semantics and forwarded ([`forward`]) over a pooled hyper
-//! client, websockets tunnelled; successful responses and websocket traffic update the route's
+//! ([`authz`]), matched with Istio's semantics and forwarded ([`forward`]) over a per-thread
+//! HTTP/1.1 connection pool ([`upstream`]), websockets tunnelled; successful responses and websocket traffic update the route's
 //! [`activity`], which the admin endpoint ([`admin`]) serves to the culler.
 //!
 //! The key decision: the table is rebuilt whole and swapped atomically instead of being edited in
@@ -22,6 +22,7 @@ pub mod respond;
 pub mod routes;
 pub mod server;
 pub mod source;
+pub mod upstream;
 
 use crate::activity::Activity;
 use crate::authz::{IdentitySource, NamespaceAccess};

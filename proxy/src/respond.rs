@@ -21,9 +21,9 @@ pub enum ProxyError {
     #[error("no route for this address")]
     NoRoute,
     #[error("the notebook server is not reachable (it may be stopped or starting)")]
-    UpstreamUnavailable(#[source] hyper_util::client::legacy::Error),
+    UpstreamUnavailable(#[source] crate::upstream::UpstreamError),
     #[error("the notebook server failed to answer")]
-    UpstreamFailed(#[source] hyper_util::client::legacy::Error),
+    UpstreamFailed(#[source] crate::upstream::UpstreamError),
 }
 
 impl ProxyError {
