@@ -933,3 +933,78 @@ async fn tls_listener_serves_with_rustls() {
     let seen: Value = response.json().await.unwrap();
     assert_eq!(seen["x-forwarded-proto"], "https");
 }
+
+#[tokio::test]
+async fn pooled_connections_the_upstream_closed_never_fail_a_request() {
+    // An upstream that closes every connection after its first response, without saying so in
+    // the response (as servers with a short idle timeout do): the pooled connection is dead when
+    // the next request comes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closing = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 4096];
+                let mut read = 0;
+                while !buffer[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer[read..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read += n,
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
+                    .await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let steady = Upstream::start("steady").await;
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([
+            (service_authority("alice", "closing"), closing.to_string()),
+            (
+                service_authority("alice", "steady"),
+                steady.addr.to_string(),
+            ),
+        ]),
+    )
+    .await;
+    proxy.routes.replace_all(vec![
+        notebook_vs("alice", "closing"),
+        notebook_vs("alice", "steady"),
+    ]);
+    let http = reqwest::Client::new();
+    for name in ["closing", "steady"] {
+        for i in 0..50 {
+            let response = http
+                .get(format!("http://{}/notebook/alice/{name}/{i}", proxy.addr))
+                .header("kubeflow-userid", ALICE)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{name} request {i}");
+            // Give the closing upstream's FIN time to arrive sometimes, and sometimes not.
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        50,
+        "one connection per request"
+    );
+    assert_eq!(steady.hits(), 50);
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_requests_total{code=\"200\"}").await,
+        100.0,
+        "no request failed"
+    );
+    server.abort();
+}
