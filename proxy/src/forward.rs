@@ -174,10 +174,12 @@ impl Forwarder {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol);
         }
-        if !headers.contains_key(header::HOST)
+        // The upstream sees the host the request was routed by: HTTP/2's :authority (there is no
+        // Host header) and an absolute-form target both override Host (RFC 9112 §3.2.2); the
+        // notebook checks Origin against it.
+        if (parts.uri.authority().is_some() || !headers.contains_key(header::HOST))
             && let Ok(value) = HeaderValue::from_str(authority.as_str())
         {
-            // HTTP/2 clients send :authority only; the notebook checks Origin against Host.
             headers.insert(header::HOST, value);
         }
         append_forwarded_for(headers, peer);

@@ -622,6 +622,25 @@ async fn forwarding_preserves_host_adds_forwarded_headers_and_serves_http2() {
         "hop-by-hop headers are not forwarded"
     );
 
+    // An absolute-form target wins over the Host header, for routing and for the upstream.
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET http://lab.example.com/notebook/alice/lab/abs HTTP/1.1\r\nHost: other.example.org\r\n\
+                 kubeflow-userid: {ALICE}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen: Value = serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(seen["host"], "lab.example.com");
+    assert_eq!(seen["path"], "/notebook/alice/lab/abs");
+
     // HTTP/2 with prior knowledge: the upstream still gets HTTP/1.1 with a Host header.
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
