@@ -12,6 +12,10 @@ use labforge_builder::source::ChangeSource;
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_notebook_controller::service::{LeaderElection, ServeOptions, serve};
+use labforge_proxy::authz::{StaticAccess, TrustedHeader};
+use labforge_proxy::routes::GatewayFilter;
+use labforge_proxy::server::TlsFiles;
+use labforge_proxy::{ProxyOptions, RoutesFrom};
 use labforge_snapshot::ScanOptions;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +52,103 @@ pub enum Command {
     /// Reads Kubeflow's environment: ISTIO_GATEWAY, ISTIO_HOST, CLUSTER_DOMAIN, USE_ISTIO,
     /// ADD_FSGROUP, ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD.
     Controller(ControllerArgs),
+    /// Run the notebook proxy: routes from Istio VirtualServices (a Kubernetes watch, or
+    /// --routes-file), every request authenticated and authorized per notebook.
+    Proxy(ProxyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Address the proxy serves on.
+    #[arg(long, default_value = "0.0.0.0:8000")]
+    pub listen: std::net::SocketAddr,
+    /// Address of /metrics, /healthz, /readyz and /activity.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub admin_addr: std::net::SocketAddr,
+    /// Serve VirtualServices bound to this gateway (`<namespace>/<name>`).
+    #[arg(
+        long,
+        env = "ISTIO_GATEWAY",
+        default_value = "kubeflow/kubeflow-gateway"
+    )]
+    pub gateway: String,
+    /// Serve VirtualServices of every gateway (ignores --gateway).
+    #[arg(long)]
+    pub any_gateway: bool,
+    /// Header carrying the authenticated user, set by the auth proxy in front.
+    #[arg(long, env = "USERID_HEADER", default_value = "kubeflow-userid")]
+    pub user_header: String,
+    /// Prefix of the user header's value to strip (e.g. `accounts.google.com:`).
+    #[arg(long, env = "USERID_PREFIX", default_value = "")]
+    pub user_prefix: String,
+    /// A user who reaches every notebook; repeatable.
+    #[arg(long = "admin")]
+    pub admins: Vec<String>,
+    /// `<namespace>=<user>`: the user reaches the namespace's notebooks; repeatable.
+    #[arg(long = "member")]
+    pub members: Vec<String>,
+    /// A namespace whose routes every authenticated user reaches (the dashboard's); repeatable.
+    #[arg(long = "shared-namespace", default_value = "kubeflow")]
+    pub shared_namespaces: Vec<String>,
+    /// Read VirtualServices from these YAML files instead of watching Kubernetes; repeatable.
+    #[arg(long = "routes-file")]
+    pub routes_files: Vec<PathBuf>,
+    /// `<host>:<port>=<address>:<port>`: connect there for that destination; repeatable.
+    #[arg(long = "upstream")]
+    pub upstreams: Vec<String>,
+    /// Serving threads (each with its own listener and upstream pool); 0: one per CPU.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); needs --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TryFrom<&ProxyArgs> for ProxyOptions {
+    type Error = anyhow::Error;
+
+    fn try_from(args: &ProxyArgs) -> anyhow::Result<Self> {
+        let header = http::HeaderName::from_bytes(args.user_header.to_ascii_lowercase().as_bytes())
+            .with_context(|| format!("--user-header {:?}", args.user_header))?;
+        let mut access = StaticAccess::with_members(
+            args.admins.iter().map(String::as_str),
+            args.members.iter().map(String::as_str),
+        )
+        .context("--member")?;
+        access.shared = args.shared_namespaces.iter().cloned().collect();
+        let upstream_addresses = args
+            .upstreams
+            .iter()
+            .map(|pair| match pair.split_once('=') {
+                Some((from, to)) if from.contains(':') && to.contains(':') => {
+                    Ok((from.to_owned(), to.to_owned()))
+                }
+                _ => anyhow::bail!("--upstream {pair:?} is not <host>:<port>=<address>:<port>"),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(ProxyOptions {
+            listen: args.listen,
+            admin: args.admin_addr,
+            gateway: GatewayFilter((!args.any_gateway).then(|| args.gateway.clone())),
+            identity: std::sync::Arc::new(TrustedHeader {
+                header,
+                prefix: args.user_prefix.clone(),
+            }),
+            access: std::sync::Arc::new(access),
+            tls: match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                _ => None,
+            },
+            upstream_addresses,
+            threads: args.threads,
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -68,6 +169,11 @@ pub struct ControllerArgs {
     /// the notebook's Service inside the cluster).
     #[arg(long)]
     pub jupyter_base_url: Option<String>,
+    /// Admin URL of the labforge proxy (e.g. `http://labforge-proxy.kubeflow:8081`): its
+    /// per-notebook activity counts for culling, so notebooks without Jupyter's API are culled
+    /// by their traffic.
+    #[arg(long, env = "PROXY_ACTIVITY_URL")]
+    pub proxy_activity_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -313,6 +419,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Render(args) => render(&args),
         Command::Controller(args) => controller(&args).await,
+        Command::Proxy(args) => proxy(&args).await,
         Command::Crds => {
             for crd in labforge_crds::crds() {
                 print!("{}", labforge_crds::crd_yaml(&crd)?);
@@ -347,6 +454,7 @@ impl TryFrom<&ControllerArgs> for ServeOptions {
                 lease_duration: Duration::from_secs(15),
             }),
             jupyter_base_url: args.jupyter_base_url.clone(),
+            proxy_activity_url: args.proxy_activity_url.clone(),
         })
     }
 }
@@ -363,6 +471,31 @@ async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?;
     serve(client, options).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
+    let options = match ProxyOptions::try_from(args) {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("labforge: error: {err:#}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let routes = if args.routes_files.is_empty() {
+        RoutesFrom::Kubernetes(
+            kube::Client::try_default()
+                .await
+                .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?,
+        )
+    } else {
+        RoutesFrom::Files(args.routes_files.clone())
+    };
+    let running = labforge_proxy::start(options, routes).await?;
+    tokio::select! {
+        () = running.wait() => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -489,6 +622,62 @@ mod tests {
             Command::Build(BuildCommand::Commit(args)) => *args,
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    fn parse_proxy(args: &[&str]) -> ProxyArgs {
+        let mut argv = vec!["labforge", "proxy"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Proxy(args) => args,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn proxy_arguments_become_options() {
+        let options = ProxyOptions::try_from(&parse_proxy(&[
+            "--admin",
+            "root@x",
+            "--member",
+            "alice=alice@x",
+            "--upstream",
+            "lab.alice.svc.cluster.local:80=127.0.0.1:9999",
+        ]))
+        .unwrap();
+        assert_eq!(
+            options.gateway,
+            GatewayFilter(Some("kubeflow/kubeflow-gateway".into()))
+        );
+        assert!(options.access.is_admin("root@x"));
+        assert!(options.access.is_member("alice@x", "alice"));
+        assert!(!options.access.is_member("alice@x", "bob"));
+        assert!(options.access.is_shared("kubeflow"));
+        assert!(!options.access.is_shared("alice"));
+        assert_eq!(
+            options.upstream_addresses["lab.alice.svc.cluster.local:80"],
+            "127.0.0.1:9999"
+        );
+        assert!(options.tls.is_none());
+        let any = ProxyOptions::try_from(&parse_proxy(&["--any-gateway"])).unwrap();
+        assert_eq!(any.gateway, GatewayFilter(None));
+    }
+
+    #[test]
+    fn malformed_proxy_arguments_are_refused() {
+        for bad in [
+            &["--member", "alice"][..],
+            &["--upstream", "nowhere"],
+            &["--user-header", "bad header"],
+        ] {
+            assert!(
+                ProxyOptions::try_from(&parse_proxy(bad)).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            Cli::try_parse_from(["labforge", "proxy", "--tls-cert", "c.pem"]).is_err(),
+            "a certificate without its key"
+        );
     }
 
     #[test]

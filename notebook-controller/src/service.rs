@@ -3,7 +3,7 @@
 use crate::admin::{self, AdminState};
 use crate::builders::BuilderConfig;
 use crate::controller::{self, Context, FIELD_MANAGER};
-use crate::culler::{self, ActivitySource, CullingConfig, JupyterActivity};
+use crate::culler::{self, ActivitySource, CullingConfig, JupyterActivity, ProxyActivity};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use std::net::SocketAddr;
@@ -35,6 +35,9 @@ pub struct ServeOptions {
     /// Base URL of notebook servers for culling, with `{namespace}` and `{name}` placeholders;
     /// `None` uses the notebook's Service DNS name inside the cluster.
     pub jupyter_base_url: Option<String>,
+    /// The labforge proxy's admin URL; when set, its per-route activity is a culling source too
+    /// (the only one for notebooks without Jupyter's API).
+    pub proxy_activity_url: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -84,7 +87,7 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
     metrics.leader.set(1);
 
     let culler = options.culling.enabled.then(|| {
-        let source: Arc<dyn ActivitySource> = match options.jupyter_base_url.clone() {
+        let jupyter: Arc<dyn ActivitySource> = match options.jupyter_base_url.clone() {
             Some(template) => Arc::new(JupyterActivity::new(move |namespace, name| {
                 template
                     .replace("{namespace}", namespace)
@@ -94,9 +97,13 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
                 options.builder.cluster_domain.clone(),
             )),
         };
+        let mut sources = vec![jupyter];
+        if let Some(url) = &options.proxy_activity_url {
+            sources.push(Arc::new(ProxyActivity::new(url.clone())));
+        }
         tokio::spawn(culler::run(
             client.clone(),
-            vec![source],
+            sources,
             options.culling.clone(),
             metrics.clone(),
         ))

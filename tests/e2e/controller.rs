@@ -37,6 +37,7 @@ pub fn serve_options(culling: CullingConfig, jupyter_base_url: Option<String>) -
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         leader_election: None,
         jupyter_base_url,
+        proxy_activity_url: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Idle culling against a real JupyterLab (podman) and the fake Kubernetes API server: activity is
 //! read from Jupyter's kernels API, and an idle notebook is stopped with Kubeflow's annotation.
+//! Notebooks without Jupyter's API are culled by the traffic the labforge proxy saw.
 
 use crate::controller::{RunningController, eventually, notebook, serve_options};
 use crate::{init_crypto, need};
@@ -86,4 +87,97 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_without_it() {
+    use crate::proxy::{ALICE, notebook_vs, service_authority, start_proxy};
+    use labforge_proxy::RoutesFrom;
+    init_crypto();
+    // A code-server stand-in: serves pages, has no Jupyter API.
+    let app = axum::Router::new().fallback(|uri: axum::http::Uri| async move {
+        if uri.path().contains("/api/") {
+            (axum::http::StatusCode::NOT_FOUND, "not jupyter")
+        } else {
+            (axum::http::StatusCode::OK, "code-server")
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let upstream_task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        ["busy", "quiet"]
+            .into_iter()
+            .map(|name| (service_authority("alice", name), upstream.to_string()))
+            .collect(),
+    )
+    .await;
+    proxy.routes.replace_all(vec![
+        notebook_vs("alice", "busy"),
+        notebook_vs("alice", "quiet"),
+    ]);
+
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let client = server.client();
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    for name in ["busy", "quiet"] {
+        notebooks
+            .create(&PostParams::default(), &notebook("alice", name))
+            .await
+            .unwrap();
+    }
+    // Someone keeps using "busy" through the proxy.
+    let busy_url = format!("http://{}/notebook/alice/busy/", proxy.addr);
+    let traffic = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        loop {
+            let response = http
+                .get(&busy_url)
+                .header("kubeflow-userid", ALICE)
+                .send()
+                .await;
+            assert_eq!(response.unwrap().status(), 200);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let idle_time = Duration::from_secs(3);
+    let mut options = serve_options(
+        CullingConfig {
+            enabled: true,
+            idle_time,
+            check_period: Duration::from_millis(300),
+        },
+        Some(format!("http://{upstream}")),
+    );
+    options.proxy_activity_url = Some(format!("http://{}", proxy.admin_addr));
+    let _controller = RunningController::start(client.clone(), options);
+
+    eventually("quiet culled", Duration::from_secs(15), || async {
+        notebooks
+            .get("quiet")
+            .await
+            .ok()?
+            .annotation(STOP_ANNOTATION)
+            .map(|_| ())
+    })
+    .await;
+    // Longer than the idle time again: only the proxy's activity can have kept "busy" running.
+    tokio::time::sleep(idle_time + Duration::from_secs(1)).await;
+    let busy = notebooks.get("busy").await.unwrap();
+    assert!(!busy.is_stopped(), "busy was culled despite its traffic");
+    let recorded: jiff::Timestamp = busy
+        .annotation(LAST_ACTIVITY_ANNOTATION)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let proxy_seen: jiff::Timestamp = proxy.activity.get("alice/busy").unwrap();
+    assert!(
+        proxy_seen.duration_since(recorded) < jiff::SignedDuration::from_secs(2),
+        "the annotation follows the proxy's activity ({recorded} vs {proxy_seen})"
+    );
+    traffic.abort();
+    upstream_task.abort();
 }

@@ -11,6 +11,7 @@ mod culling;
 mod deploy;
 mod fake_kube;
 mod notebook_image;
+mod proxy;
 mod s3_cache;
 mod save;
 

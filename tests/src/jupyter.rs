@@ -12,8 +12,23 @@ pub struct JupyterClient {
 
 impl JupyterClient {
     pub async fn connect(base: &str) -> Result<Self, SupportError> {
+        Self::connect_with_headers(base, reqwest::header::HeaderMap::new()).await
+    }
+
+    /// Like [`Self::connect`], sending `headers` on every request (e.g. the user header a proxy
+    /// in front of the server wants).
+    pub async fn connect_with_headers(
+        base: &str,
+        headers: reqwest::header::HeaderMap,
+    ) -> Result<Self, SupportError> {
         crate::init_crypto();
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .map_err(|e| SupportError::Command {
+                command: format!("building a client for {base}"),
+                detail: e.to_string(),
+            })?;
         let failed = |detail: String| SupportError::Command {
             command: format!("GET {base}/lab"),
             detail,
@@ -37,6 +52,11 @@ impl JupyterClient {
             base: base.to_owned(),
             xsrf,
         })
+    }
+
+    /// The XSRF token (Jupyter wants it as `_xsrf` cookie and header, websockets included).
+    pub fn xsrf(&self) -> &str {
+        &self.xsrf
     }
 
     /// POSTs JSON to an API path (`/api/kernels`, ...) and returns the JSON answer.

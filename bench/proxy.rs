@@ -1,0 +1,565 @@
+//! Proxy benchmark (not a test): `labforge proxy` against nginx and configurable-http-proxy.
+//!
+//! In one run, on the same cores, with the same wrk settings for every contender:
+//! - a tiny static upstream (hyper, in this process, one thread) and a websocket echo upstream;
+//! - `labforge proxy` (release build, routes from a VirtualService file), nginx (temporary config,
+//!   foreground, loopback, keep-alive upstream pool) and configurable-http-proxy (npm, routes via
+//!   its REST API);
+//! - wrk at full load (req/s, p50, p99), then at half of labforge's full-load rate (fixed rate via
+//!   wrk's `delay` hook) to compare p99 added latency against the upstream alone;
+//! - the same with 10,000 routes (the measured route is the last one created), with RSS;
+//! - websocket echo round trips through each proxy;
+//! - labforge's open descriptors before and after 10,000 requests to a refused upstream.
+//!
+//!   scripts/setup   # nginx, wrk, configurable-http-proxy
+//!   cargo bench --bench proxy [-- SECONDS]
+
+use futures::{SinkExt, StreamExt};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::Message;
+
+const CONNECTIONS: u32 = 64;
+const THREADS: u32 = 2;
+const USER: &str = "bench@example.com";
+const CHP: &str = "/opt/labforge/chp/node_modules/.bin/configurable-http-proxy";
+
+fn free_port() -> u16 {
+    labforge_tests::tools::free_port().expect("free port")
+}
+
+/// A small fixed response, keep-alive, from a one-thread hyper server.
+fn start_upstream() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+    let addr = listener.local_addr().expect("upstream addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("upstream runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|_request| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from_static(b"ok\n")),
+                        ))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+    });
+    addr
+}
+
+/// A websocket echo server on its own thread.
+fn start_echo() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind echo");
+    let addr = listener.local_addr().expect("echo addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("echo runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(async move {
+                    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    while let Some(Ok(message)) = ws.next().await {
+                        if message.is_text() && ws.send(message).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    addr
+}
+
+fn vs_yaml(i: usize, prefix: &str, port: u16) -> String {
+    format!(
+        "---\napiVersion: networking.istio.io/v1beta1\nkind: VirtualService\n\
+         metadata: {{name: notebook-bench-nb{i}, namespace: bench, creationTimestamp: '2026-01-01T00:00:00Z'}}\n\
+         spec:\n  hosts: ['*']\n  gateways: [kubeflow/kubeflow-gateway]\n  http:\n\
+         \x20 - match: [{{uri: {{prefix: '{prefix}'}}}}]\n    rewrite: {{uri: '{prefix}'}}\n\
+         \x20   route: [{{destination: {{host: 127.0.0.1, port: {{number: {port}}}}}}}]\n"
+    )
+}
+
+fn route_prefix(i: usize) -> String {
+    format!("/notebook/bench/nb{i}/")
+}
+
+/// The routes every contender gets: `routes` notebooks on the upstream, a websocket route on the
+/// echo server and a route to a port nobody listens on.
+struct Routes {
+    count: usize,
+    upstream: u16,
+    echo: u16,
+    refused: u16,
+}
+
+impl Routes {
+    fn measured(&self) -> String {
+        format!("{}x", route_prefix(self.count - 1))
+    }
+    fn list(&self) -> Vec<(String, u16)> {
+        let mut list: Vec<_> = (0..self.count)
+            .map(|i| (route_prefix(i), self.upstream))
+            .collect();
+        list.push(("/ws/".into(), self.echo));
+        list.push(("/refused/".into(), self.refused));
+        list
+    }
+}
+
+struct Running {
+    name: &'static str,
+    child: Child,
+    port: u16,
+    /// Worker processes to sum RSS over (nginx); the main pid otherwise.
+    pids: Vec<u32>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: nginx's master stops and reaps its workers only when asked.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "port {port} never opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start_labforge(dir: &Path, routes: &Routes) -> Running {
+    let file = dir.join(format!("routes-{}.yaml", routes.count));
+    let mut yaml = String::new();
+    for (i, (prefix, port)) in routes.list().into_iter().enumerate() {
+        yaml.push_str(&vs_yaml(i, &prefix, port));
+    }
+    std::fs::write(&file, yaml).expect("routes file");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_labforge"))
+        .args(["proxy", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--member", &format!("bench={USER}")])
+        .arg("--routes-file")
+        .arg(&file)
+        .env("LABFORGE_LOG", "error")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start labforge proxy");
+    wait_port(port);
+    let pid = child.id();
+    Running {
+        name: "labforge",
+        child,
+        port,
+        pids: vec![pid],
+    }
+}
+
+fn start_nginx(dir: &Path, routes: &Routes) -> Option<Running> {
+    let nginx = labforge_tests::locate("nginx").ok()?;
+    let prefix = dir.join(format!("nginx-{}", routes.count));
+    std::fs::create_dir_all(prefix.join("logs")).expect("nginx dir");
+    let port = free_port();
+    let mut locations = String::new();
+    for (path, upstream) in routes.list() {
+        locations.push_str(&format!(
+            "location {path} {{ proxy_pass http://u{upstream}; }}\n"
+        ));
+    }
+    let upstreams: String = [routes.upstream, routes.echo, routes.refused]
+        .iter()
+        .map(|p| format!("upstream u{p} {{ server 127.0.0.1:{p}; keepalive 128; }}\n"))
+        .collect();
+    let config = format!(
+        "daemon off;\nmaster_process on;\nuser root;\nworker_processes 2;\npid {pid};\n\
+         error_log {prefix}/logs/error.log crit;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n access_log off;\n client_body_temp_path {prefix}/body;\n proxy_temp_path {prefix}/proxy;\n\
+         fastcgi_temp_path {prefix}/fastcgi;\n uwsgi_temp_path {prefix}/uwsgi;\n scgi_temp_path {prefix}/scgi;\n\
+         map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}\n\
+         proxy_http_version 1.1;\n proxy_set_header Host $host;\n\
+         proxy_set_header Upgrade $http_upgrade;\n proxy_set_header Connection $connection_upgrade;\n\
+         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n proxy_read_timeout 3600s;\n\
+         {upstreams}\n server {{\n  listen 127.0.0.1:{port} backlog=4096;\n{locations} }}\n}}\n",
+        pid = prefix.join("nginx.pid").display(),
+        prefix = prefix.display(),
+    );
+    let conf = prefix.join("nginx.conf");
+    std::fs::write(&conf, config).expect("nginx.conf");
+    let child = Command::new(nginx)
+        .arg("-p")
+        .arg(&prefix)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    wait_port(port);
+    std::thread::sleep(Duration::from_millis(300));
+    let master = child.id();
+    let mut pids = vec![master];
+    pids.extend(children_of(master));
+    Some(Running {
+        name: "nginx",
+        child,
+        port,
+        pids,
+    })
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+async fn start_chp(routes: &Routes) -> Option<Running> {
+    if !Path::new(CHP).exists() {
+        return None;
+    }
+    let (port, api) = (free_port(), free_port());
+    let token = "bench-token";
+    let child = Command::new(CHP)
+        .args(["--ip", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--api-ip", "127.0.0.1", "--api-port", &api.to_string()])
+        .args(["--log-level", "error"])
+        .env("CONFIGPROXY_AUTH_TOKEN", token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start configurable-http-proxy");
+    wait_port(api);
+    let http = reqwest::Client::new();
+    for (path, upstream) in routes.list() {
+        let response = http
+            .post(format!(
+                "http://127.0.0.1:{api}/api/routes{}",
+                path.trim_end_matches('/')
+            ))
+            .header("Authorization", format!("token {token}"))
+            .json(&serde_json::json!({ "target": format!("http://127.0.0.1:{upstream}") }))
+            .send()
+            .await
+            .expect("CHP route");
+        assert!(response.status().is_success(), "CHP route {path}");
+    }
+    let pid = child.id();
+    Some(Running {
+        name: "CHP",
+        child,
+        port,
+        pids: vec![pid],
+    })
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Wrk {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+fn parse_latency(value: &str) -> f64 {
+    let value = value.trim();
+    let (number, factor) = if let Some(v) = value.strip_suffix("us") {
+        (v, 0.001)
+    } else if let Some(v) = value.strip_suffix("ms") {
+        (v, 1.0)
+    } else if let Some(v) = value.strip_suffix('s') {
+        (v, 1000.0)
+    } else {
+        (value, 1.0)
+    };
+    number.parse::<f64>().unwrap_or(f64::NAN) * factor
+}
+
+/// wrk against `url`; `rate` fixes the request rate through a per-connection delay.
+fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
+    let mut command = Command::new("wrk");
+    let mut connections = CONNECTIONS;
+    if let Some(rate) = rate {
+        // Each connection waits `delay` ms between requests: rate ≈ connections × 1000 / delay.
+        let delay_ms = 10.0;
+        connections = ((rate * delay_ms / 1000.0).round() as u32).clamp(THREADS, 1000);
+        let script = dir.join("delay.lua");
+        std::fs::write(&script, format!("function delay() return {delay_ms} end\n")).expect("lua");
+        command.arg("-s").arg(script);
+    }
+    let output = command
+        .args(["-t", &THREADS.to_string(), "-c", &connections.to_string()])
+        .args(["-d", &format!("{seconds}s"), "--latency"])
+        .args(["-H", &format!("kubeflow-userid: {USER}")])
+        .arg(url)
+        .output()
+        .expect("wrk (scripts/setup installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut result = Wrk::default();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(v) = line.strip_prefix("Requests/sec:") {
+            result.rps = v.trim().parse().unwrap_or(0.0);
+        } else if let Some(v) = line.strip_prefix("50%") {
+            result.p50_ms = parse_latency(v);
+        } else if let Some(v) = line.strip_prefix("99%") {
+            result.p99_ms = parse_latency(v);
+        } else if let Some(v) = line.strip_prefix("Non-2xx or 3xx responses:") {
+            result.errors += v.trim().parse::<u64>().unwrap_or(0);
+        } else if let Some(v) = line.strip_prefix("Socket errors:") {
+            result.errors += v
+                .split(',')
+                .filter_map(|part| part.split_whitespace().last()?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+    }
+    result
+}
+
+/// Resident set size (kB) summed over `pids`; `peak` reads VmHWM instead of VmRSS.
+fn rss_kb(pids: &[u32], peak: bool) -> u64 {
+    let field = if peak { "VmHWM:" } else { "VmRSS:" };
+    pids.iter()
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Median and p99 of `count` sequential websocket echo round trips, in µs.
+async fn ws_round_trips(port: u16, count: usize) -> Option<(f64, f64)> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://127.0.0.1:{port}/ws/echo")
+        .into_client_request()
+        .ok()?;
+    request
+        .headers_mut()
+        .insert("kubeflow-userid", USER.parse().ok()?);
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.ok()?;
+    let mut samples = Vec::with_capacity(count);
+    for i in 0..count + 100 {
+        let started = Instant::now();
+        ws.send(Message::text(format!("m{i}"))).await.ok()?;
+        ws.next().await?.ok()?;
+        if i >= 100 {
+            samples.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    Some((
+        samples[samples.len() / 2],
+        samples[samples.len() * 99 / 100],
+    ))
+}
+
+struct Row {
+    label: String,
+    full: Wrk,
+    half: Option<Wrk>,
+    rss_kb: u64,
+    ws: Option<(f64, f64)>,
+}
+
+fn print_table(title: &str, rows: &[Row], direct: &Row) {
+    let labforge = rows
+        .iter()
+        .find(|r| r.label == "labforge")
+        .map(|r| r.full.rps);
+    println!("\n### {title}\n");
+    println!(
+        "| contender | req/s | p50 | p99 | labforge ÷ it | p99 at half load (added vs upstream) | RSS | ws echo RTT p50 / p99 | errors |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for row in std::iter::once(direct).chain(rows) {
+        let ratio = match labforge {
+            Some(l) if row.full.rps > 0.0 && row.label != "labforge" => {
+                format!("{:.2}×", l / row.full.rps)
+            }
+            _ => "".into(),
+        };
+        let half = match (row.half, direct.half) {
+            (Some(h), Some(d)) if row.label != direct.label => {
+                format!("{:.3} ms (+{:.3} ms)", h.p99_ms, h.p99_ms - d.p99_ms)
+            }
+            (Some(h), _) => format!("{:.3} ms", h.p99_ms),
+            _ => "".into(),
+        };
+        let ws = row
+            .ws
+            .map(|(p50, p99)| format!("{p50:.0} / {p99:.0} µs"))
+            .unwrap_or_default();
+        let rss = if row.rss_kb > 0 {
+            format!("{:.1} MiB", row.rss_kb as f64 / 1024.0)
+        } else {
+            String::new()
+        };
+        println!(
+            "| {} | {:.0} | {:.3} ms | {:.3} ms | {ratio} | {half} | {rss} | {ws} | {} |",
+            row.label, row.full.rps, row.full.p50_ms, row.full.p99_ms, row.full.errors
+        );
+    }
+    let _ = std::io::stdout().flush();
+}
+
+async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
+    let mut list = vec![start_labforge(dir, routes)];
+    match start_nginx(dir, routes) {
+        Some(nginx) => list.push(nginx),
+        None => eprintln!("nginx not installed (scripts/setup): skipped"),
+    }
+    match start_chp(routes).await {
+        Some(chp) => list.push(chp),
+        None => eprintln!("configurable-http-proxy not installed (scripts/setup): skipped"),
+    }
+    list
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    labforge_tests::init_crypto();
+    let seconds: u32 = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(8);
+    labforge_tests::locate("wrk").expect("wrk is needed: run scripts/setup");
+    let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
+    let upstream = start_upstream();
+    let echo = start_echo();
+    let refused = free_port();
+    println!(
+        "proxy bench: {} cores, wrk -t{THREADS} -c{CONNECTIONS} -d{seconds}s, upstream {upstream}",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    for count in [1, 10_000] {
+        let routes = Routes {
+            count,
+            upstream: upstream.port(),
+            echo: echo.port(),
+            refused,
+        };
+        let started = Instant::now();
+        let running = contenders(&dir, &routes).await;
+        eprintln!(
+            "{count} routes: contenders up in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        let direct_url = format!("http://{upstream}{}", routes.measured());
+        let direct_full = wrk(&direct_url, seconds, None, &dir);
+        let mut rows = Vec::new();
+        for contender in &running {
+            let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
+            let full = wrk(&url, seconds, None, &dir);
+            eprintln!("{} {count}: {full:?}", contender.name);
+            rows.push(Row {
+                label: contender.name.to_owned(),
+                full,
+                half: None,
+                rss_kb: 0,
+                ws: None,
+            });
+        }
+        // Half of labforge's full-load rate, the same fixed rate for everyone.
+        let half_rate = rows[0].full.rps / 2.0;
+        let direct = Row {
+            label: "upstream alone".into(),
+            full: direct_full,
+            half: Some(wrk(&direct_url, seconds, Some(half_rate), &dir)),
+            rss_kb: 0,
+            ws: None,
+        };
+        for (row, contender) in rows.iter_mut().zip(&running) {
+            let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
+            row.half = Some(wrk(&url, seconds, Some(half_rate), &dir));
+            row.ws = ws_round_trips(contender.port, 2000).await;
+            row.rss_kb = rss_kb(&contender.pids, false);
+        }
+        print_table(
+            &format!("{count} route(s), fixed rate for the half-load column: {half_rate:.0} req/s"),
+            &rows,
+            &direct,
+        );
+
+        if count == 10_000 {
+            // Descriptors of labforge before and after 10,000 requests to a refused upstream.
+            let labforge = &running[0];
+            let pid = labforge.pids[0];
+            let http = reqwest::Client::new();
+            let url = format!("http://127.0.0.1:{}/refused/x", labforge.port);
+            let before = open_fds(pid);
+            let started = Instant::now();
+            let mut unavailable = 0;
+            for _ in 0..10_000 {
+                if let Ok(r) = http.get(&url).header("kubeflow-userid", USER).send().await
+                    && r.status() == 503
+                {
+                    unavailable += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            println!(
+                "\nlabforge after 10,000 requests to a refused upstream ({unavailable} answered 503, {:.1} s): open descriptors {before} → {}; peak RSS {:.1} MiB",
+                started.elapsed().as_secs_f64(),
+                open_fds(pid),
+                rss_kb(&[pid], true) as f64 / 1024.0
+            );
+        }
+        drop(running);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,260 @@
+//! Who is asking ([`IdentitySource`]) and whether they may reach a route ([`authorize`]).
+//!
+//! Kubeflow's model: a notebook belongs to its namespace (a user's profile), so its owner and
+//! the people the owner shared the profile with are that namespace's members; admins reach every
+//! notebook. A route is guarded by the namespace of its VirtualService and the namespaces of its
+//! destinations (`<svc>.<ns>.svc…`), so a VirtualService in one's own namespace cannot open a path
+//! to somebody else's notebook. Shared namespaces (`kubeflow`: the dashboard and its APIs, which
+//! do their own authorization) need an authenticated user and nothing more.
+//!
+//! Both halves are traits so the deployment decides: in a cluster the user comes from a header
+//! the auth proxy in front sets (`kubeflow-userid`), in single-machine mode from labforge's own
+//! session cookie; membership from a static map today, a SubjectAccessReview-backed cache later.
+
+use http::{HeaderMap, HeaderName};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An authenticated user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub user: String,
+}
+
+/// Finds the user a request carries; `None` is anonymous.
+pub trait IdentitySource: Send + Sync {
+    fn identify(&self, headers: &HeaderMap) -> Option<Identity>;
+}
+
+/// The user from a header set by a trusted auth proxy (Kubeflow: `kubeflow-userid`, with an
+/// optional prefix such as `accounts.google.com:` to strip). Only safe when clients cannot reach
+/// the proxy except through that auth proxy, which overwrites the header.
+#[derive(Clone, Debug)]
+pub struct TrustedHeader {
+    pub header: HeaderName,
+    pub prefix: String,
+}
+
+impl Default for TrustedHeader {
+    fn default() -> Self {
+        Self {
+            header: HeaderName::from_static("kubeflow-userid"),
+            prefix: String::new(),
+        }
+    }
+}
+
+impl IdentitySource for TrustedHeader {
+    fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
+        // Several values would mean someone appended their own: trust none of them.
+        let mut values = headers.get_all(&self.header).iter();
+        let value = values.next()?;
+        if values.next().is_some() {
+            return None;
+        }
+        let user = value.to_str().ok()?.trim();
+        let user = user.strip_prefix(self.prefix.as_str())?;
+        (!user.is_empty()).then(|| Identity {
+            user: user.to_owned(),
+        })
+    }
+}
+
+/// Who may use which namespace.
+pub trait NamespaceAccess: Send + Sync {
+    fn is_admin(&self, user: &str) -> bool;
+    fn is_member(&self, user: &str, namespace: &str) -> bool;
+    /// Routes into this namespace are open to every authenticated user.
+    fn is_shared(&self, namespace: &str) -> bool;
+}
+
+/// Membership from configuration: `--admin <user>`, `--member <namespace>=<user>` and
+/// `--shared-namespace <namespace>`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StaticAccess {
+    pub admins: BTreeSet<String>,
+    /// Namespace → its members.
+    pub members: BTreeMap<String, BTreeSet<String>>,
+    pub shared: BTreeSet<String>,
+}
+
+impl StaticAccess {
+    /// Parses `namespace=user` pairs.
+    pub fn with_members<'a>(
+        admins: impl IntoIterator<Item = &'a str>,
+        members: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, BadMember> {
+        let mut access = StaticAccess {
+            admins: admins.into_iter().map(str::to_owned).collect(),
+            ..Default::default()
+        };
+        for pair in members {
+            match pair.split_once('=') {
+                Some((ns, user)) if !ns.is_empty() && !user.is_empty() => {
+                    access
+                        .members
+                        .entry(ns.to_owned())
+                        .or_default()
+                        .insert(user.to_owned());
+                }
+                _ => return Err(BadMember(pair.to_owned())),
+            }
+        }
+        Ok(access)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0:?} is not <namespace>=<user>")]
+pub struct BadMember(pub String);
+
+impl NamespaceAccess for StaticAccess {
+    fn is_admin(&self, user: &str) -> bool {
+        self.admins.contains(user)
+    }
+
+    fn is_member(&self, user: &str, namespace: &str) -> bool {
+        self.members
+            .get(namespace)
+            .is_some_and(|users| users.contains(user))
+    }
+
+    fn is_shared(&self, namespace: &str) -> bool {
+        self.shared.contains(namespace)
+    }
+}
+
+/// The outcome for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// No user: 401.
+    Unauthenticated,
+    /// A user without access: 403.
+    Forbidden,
+}
+
+/// Whether `identity` may use a route guarded by `namespaces`: an admin always, anyone else only
+/// as a member of every namespace that is not shared.
+pub fn authorize(
+    identity: Option<&Identity>,
+    namespaces: &[String],
+    access: &dyn NamespaceAccess,
+) -> Decision {
+    let Some(identity) = identity else {
+        return Decision::Unauthenticated;
+    };
+    let allowed = access.is_admin(&identity.user)
+        || namespaces
+            .iter()
+            .filter(|ns| !access.is_shared(ns))
+            .all(|ns| access.is_member(&identity.user, ns));
+    if allowed {
+        Decision::Allow
+    } else {
+        Decision::Forbidden
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn user(name: &str) -> Identity {
+        Identity { user: name.into() }
+    }
+
+    #[test]
+    fn owner_members_and_admins_reach_a_notebook_nobody_else_does() {
+        let mut access = StaticAccess::with_members(
+            ["root@example.com"],
+            [
+                "alice=alice@example.com",
+                "alice=carol@example.com",
+                "bob=bob@example.com",
+            ],
+        )
+        .unwrap();
+        access.shared.insert("kubeflow".into());
+        let decide = |who: Option<&str>, ns: &[&str]| {
+            let ns: Vec<String> = ns.iter().map(|n| n.to_string()).collect();
+            authorize(who.map(user).as_ref(), &ns, &access)
+        };
+        assert_eq!(
+            decide(Some("alice@example.com"), &["alice"]),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide(Some("carol@example.com"), &["alice"]),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide(Some("root@example.com"), &["alice"]),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide(Some("bob@example.com"), &["alice"]),
+            Decision::Forbidden
+        );
+        assert_eq!(
+            decide(Some("ALICE@example.com"), &["alice"]),
+            Decision::Forbidden
+        );
+        assert_eq!(decide(None, &["alice"]), Decision::Unauthenticated);
+        // bob's VirtualService leading to alice's service needs both namespaces.
+        assert_eq!(
+            decide(Some("bob@example.com"), &["alice", "bob"]),
+            Decision::Forbidden
+        );
+        assert_eq!(
+            decide(Some("root@example.com"), &["alice", "bob"]),
+            Decision::Allow
+        );
+        // The shared namespace: any authenticated user, still nobody anonymous.
+        assert_eq!(
+            decide(Some("bob@example.com"), &["kubeflow"]),
+            Decision::Allow
+        );
+        assert_eq!(decide(None, &["kubeflow"]), Decision::Unauthenticated);
+    }
+
+    #[test]
+    fn member_pairs_must_name_both_sides() {
+        for bad in ["alice", "=alice@x", "alice=", ""] {
+            assert_eq!(
+                StaticAccess::with_members([], [bad]),
+                Err(BadMember(bad.into()))
+            );
+        }
+    }
+
+    #[test]
+    fn trusted_header_strips_its_prefix_and_refuses_ambiguity() {
+        let source = TrustedHeader {
+            header: HeaderName::from_static("kubeflow-userid"),
+            prefix: "accounts.google.com:".into(),
+        };
+        let mut headers = HeaderMap::new();
+        assert_eq!(source.identify(&headers), None);
+        headers.insert(
+            "kubeflow-userid",
+            HeaderValue::from_static("accounts.google.com:alice@example.com"),
+        );
+        assert_eq!(source.identify(&headers), Some(user("alice@example.com")));
+        headers.append(
+            "kubeflow-userid",
+            HeaderValue::from_static("accounts.google.com:root"),
+        );
+        assert_eq!(source.identify(&headers), None, "two values: trust neither");
+        headers.insert(
+            "kubeflow-userid",
+            HeaderValue::from_static("alice@example.com"),
+        );
+        assert_eq!(source.identify(&headers), None, "without the prefix");
+        headers.insert(
+            "kubeflow-userid",
+            HeaderValue::from_static("accounts.google.com:"),
+        );
+        assert_eq!(source.identify(&headers), None, "empty user");
+    }
+}

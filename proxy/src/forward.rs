@@ -1,0 +1,450 @@
+//! One request's way through the proxy: normalize, identify, route, authorize, forward.
+//!
+//! Nothing reaches a notebook before the route is known and the user allowed on it. Forwarding
+//! streams bodies both ways (hyper `Incoming` in and out, never buffered) over this thread's
+//! [`crate::upstream::UpstreamPool`], preserves the
+//! Host, adds `X-Forwarded-*`, strips hop-by-hop headers, and sets no timeout (notebooks hold
+//! long requests). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
+//! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP. A websocket whose
+//! upstream cannot be reached gets a close frame (1013) rather than a failed handshake.
+
+use crate::activity::ActivityCell;
+use crate::authz::{Decision, IdentitySource, NamespaceAccess, authorize};
+use crate::metrics::{ErrorLabels, Metrics};
+use crate::normalize::normalize_path;
+use crate::respond::{ProxyError, error_response, wants_json};
+use crate::routes::RequestView;
+use crate::source::RouteStore;
+use crate::upstream::{PooledBody, UpstreamPool};
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::uri::Authority;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Bodies the proxy sends: the upstream's, streamed, or one of its own pages.
+pub type ProxyBody = Either<PooledBody, Full<Bytes>>;
+
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1, plus the
+/// non-standard ones proxies have always dropped).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Everything a request needs, shared by all connections.
+pub struct Forwarder {
+    /// This serving thread's upstream connections.
+    upstreams: Arc<UpstreamPool>,
+    routes: Arc<RouteStore>,
+    identity: Arc<dyn IdentitySource>,
+    access: Arc<dyn NamespaceAccess>,
+    metrics: Arc<Metrics>,
+    /// Destination `host:port` → address to connect to instead (embedded mode, tests).
+    upstream_addresses: HashMap<String, String>,
+}
+
+impl Forwarder {
+    pub fn new(
+        routes: Arc<RouteStore>,
+        identity: Arc<dyn IdentitySource>,
+        access: Arc<dyn NamespaceAccess>,
+        metrics: Arc<Metrics>,
+        upstream_addresses: HashMap<String, String>,
+    ) -> Self {
+        Self {
+            upstreams: Arc::default(),
+            routes,
+            identity,
+            access,
+            metrics,
+            upstream_addresses,
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Answers one request; errors become the proxy's own pages here and nowhere else.
+    pub async fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<ProxyBody> {
+        let json = wants_json(request.headers(), request.uri().path());
+        let response = match self.forward(request, peer, tls).await {
+            Ok(response) => response,
+            Err(error) => {
+                match &error {
+                    ProxyError::UpstreamUnavailable(e) | ProxyError::UpstreamFailed(e) => {
+                        tracing::warn!(error = %error, cause = %e, "upstream")
+                    }
+                    _ => tracing::debug!(error = %error, "refused"),
+                }
+                error_response(&error, json).map(Either::Right)
+            }
+        };
+        self.metrics
+            .requests
+            .get_or_create(&crate::metrics::CodeLabels {
+                code: response.status().as_u16(),
+            })
+            .inc();
+        response
+    }
+
+    async fn forward(
+        &self,
+        mut request: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
+        let host = authority.host().to_ascii_lowercase();
+        let path = normalize_path(request.uri().path())?;
+        // Authentication first: an anonymous client learns nothing about which routes exist.
+        let identity = self
+            .identity
+            .identify(request.headers())
+            .ok_or(ProxyError::Unauthenticated)?;
+        let table = self.routes.table();
+        let found = table
+            .lookup(&RequestView {
+                host: &host,
+                path: &path,
+                method: request.method(),
+                headers: request.headers(),
+            })
+            .ok_or(ProxyError::NoRoute)?;
+        let rule = found.rule.clone();
+        match authorize(Some(&identity), &rule.namespaces, self.access.as_ref()) {
+            Decision::Allow => {}
+            Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
+            Decision::Forbidden => return Err(ProxyError::Forbidden),
+        }
+        let destination = rule.pick_destination().ok_or(ProxyError::NoRoute)?;
+        let address = self
+            .upstream_addresses
+            .get(&destination.authority)
+            .unwrap_or(&destination.authority);
+        let upstream_path = rule.rewritten_path(&found, &path);
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{upstream_path}?{query}"),
+            None => upstream_path.into_owned(),
+        };
+        drop(table);
+        // Origin form: the connection is to the destination already.
+        let uri = Uri::builder()
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|_| ProxyError::NoRoute)?;
+
+        let upgrade = is_upgrade(request.headers()) && request.version() == Version::HTTP_11;
+        let upgrade_protocol = upgrade
+            .then(|| request.headers().get(header::UPGRADE).cloned())
+            .flatten();
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let websocket_key = request.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
+
+        let (mut parts, body) = request.into_parts();
+        let headers = &mut parts.headers;
+        strip_hop_by_hop(headers);
+        if let Some(protocol) = upgrade_protocol {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, protocol);
+        }
+        // The upstream sees the host the request was routed by: HTTP/2's :authority (there is no
+        // Host header) and an absolute-form target both override Host (RFC 9112 §3.2.2); the
+        // notebook checks Origin against it.
+        if (parts.uri.authority().is_some() || !headers.contains_key(header::HOST))
+            && let Ok(value) = HeaderValue::from_str(authority.as_str())
+        {
+            headers.insert(header::HOST, value);
+        }
+        append_forwarded_for(headers, peer);
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(
+                X_FORWARDED_PROTO.clone(),
+                HeaderValue::from_static(if tls { "https" } else { "http" }),
+            );
+        }
+        if !headers.contains_key(&X_FORWARDED_HOST)
+            && let Ok(value) = HeaderValue::from_str(authority.as_str())
+        {
+            headers.insert(X_FORWARDED_HOST.clone(), value);
+        }
+        rule.request_headers.apply(headers);
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let upstream_request = Request::from_parts(parts, body);
+
+        let started = Instant::now();
+        let result = self
+            .upstreams
+            .send(address, upstream_request)
+            .await
+            .map_err(|e| {
+                let kind = if e.is_connect() {
+                    "connect"
+                } else {
+                    "upstream"
+                };
+                self.metrics
+                    .upstream_errors
+                    .get_or_create(&ErrorLabels { kind })
+                    .inc();
+                if e.is_connect() {
+                    ProxyError::UpstreamUnavailable(e)
+                } else {
+                    ProxyError::UpstreamFailed(e)
+                }
+            });
+        let (mut response, client_upgrade) = match (result, client_upgrade, websocket_key) {
+            (Ok(response), client_upgrade, _) => (response, client_upgrade),
+            // A websocket client (a kernel or terminal tab) gets a proper close it can act on,
+            // not a failed handshake.
+            (Err(error), Some(client_upgrade), Some(key)) => {
+                tracing::warn!(error = %error, "websocket upstream");
+                return Ok(close_websocket(client_upgrade, &key, &error));
+            }
+            (Err(error), _, _) => return Err(error),
+        };
+        self.metrics
+            .upstream_latency
+            .observe(started.elapsed().as_secs_f64());
+        let activity = rule.owner.activity.clone();
+
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS
+            && let Some(client_upgrade) = client_upgrade
+        {
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            activity.touch();
+            let metrics = self.metrics.clone();
+            tokio::spawn(async move {
+                let (client_io, upstream_io) =
+                    match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                        Ok(pair) => pair,
+                        Err(err) => {
+                            tracing::debug!(error = %err, "upgrade not completed");
+                            return;
+                        }
+                    };
+                metrics.websockets.inc();
+                metrics.websockets_active.inc();
+                let mut client_io = Touching {
+                    io: TokioIo::new(client_io),
+                    cell: activity.clone(),
+                };
+                let mut upstream_io = Touching {
+                    io: TokioIo::new(upstream_io),
+                    cell: activity,
+                };
+                // Ends when either side closes or fails; both sockets are dropped with it.
+                if let Err(err) =
+                    tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io).await
+                {
+                    tracing::debug!(error = %err, "websocket tunnel ended");
+                }
+                metrics.websockets_active.dec();
+            });
+            let (parts, _) = response.into_parts();
+            return Ok(Response::from_parts(parts, Either::Right(Full::default())));
+        }
+
+        if response.status().as_u16() < 400 {
+            activity.touch();
+        }
+        strip_hop_by_hop(response.headers_mut());
+        rule.response_headers.apply(response.headers_mut());
+        Ok(response.map(Either::Left))
+    }
+}
+
+/// Websocket close code 1013, "try again later": the notebook is stopped or starting.
+const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
+
+/// Accepts the websocket handshake and closes it at once with 1013 and the error as reason.
+fn close_websocket(
+    client_upgrade: hyper::upgrade::OnUpgrade,
+    key: &HeaderValue,
+    error: &ProxyError,
+) -> Response<ProxyBody> {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha1 = sha1::Sha1::new();
+    sha1.update(key.as_bytes());
+    sha1.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha1.finalize());
+    // A close frame's payload is at most 125 bytes: the code and a short reason.
+    let mut reason = error.to_string();
+    reason.truncate(100);
+    let mut frame = vec![0x88, (2 + reason.len()) as u8];
+    frame.extend_from_slice(&CLOSE_TRY_AGAIN_LATER.to_be_bytes());
+    frame.extend_from_slice(reason.as_bytes());
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt as _;
+        if let Ok(upgraded) = client_upgrade.await {
+            let mut io = TokioIo::new(upgraded);
+            let _ = io.write_all(&frame).await;
+            let _ = io.shutdown().await;
+        }
+    });
+    let mut response = Response::new(Either::Right(Full::default()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    response
+}
+
+/// The authority a request was sent to: the absolute URI's (HTTP/2, absolute-form) or Host.
+fn request_authority<B>(request: &Request<B>) -> Option<Authority> {
+    if let Some(authority) = request.uri().authority() {
+        return Some(authority.clone());
+    }
+    let host = request.headers().get(header::HOST)?.to_str().ok()?;
+    host.parse().ok()
+}
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Drops hop-by-hop headers, including every header the Connection header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(connection) = headers.get(header::CONNECTION) {
+        let named: Vec<HeaderName> = connection
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
+    let ip = peer.ip().to_string();
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) => format!("{existing}, {ip}"),
+        None => ip,
+    };
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR.clone(), value);
+    }
+}
+
+/// An upgraded connection whose reads count as the route's activity.
+struct Touching<T> {
+    io: T,
+    cell: Arc<ActivityCell>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Touching<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.cell.touch();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Touching<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_are_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert("kubeflow-userid", HeaderValue::from_static("alice"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["kubeflow-userid"]);
+    }
+
+    #[test]
+    fn upgrade_needs_both_headers_and_forwarded_for_appends() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(!is_upgrade(&headers));
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert!(is_upgrade(&headers));
+        append_forwarded_for(&mut headers, "10.0.0.9:5555".parse().unwrap());
+        assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9");
+        append_forwarded_for(&mut headers, "[::1]:1".parse().unwrap());
+        assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9, ::1");
+    }
+}

@@ -1,0 +1,235 @@
+//! labforge's notebook proxy: what Istio's ingress gateway does for Kubeflow notebooks, plus the
+//! per-notebook authorization and activity Kubeflow gets from other parts.
+//!
+//! Data flow: a route source (Kubernetes watch of VirtualServices, YAML files, or records pushed
+//! by the embedded web app) → [`source::RouteStore`] rebuilds an immutable [`routes::RouteTable`]
+//! and swaps it in → each request is normalized ([`normalize`]), identified and authorized
+//! ([`authz`]), matched with Istio's semantics and forwarded ([`forward`]) over a per-thread
+//! HTTP/1.1 connection pool ([`upstream`]), websockets tunnelled; successful responses and websocket traffic update the route's
+//! [`activity`], which the admin endpoint ([`admin`]) serves to the culler.
+//!
+//! The key decision: the table is rebuilt whole and swapped atomically instead of being edited in
+//! place, so lookups take no lock and never see half an update; a 10,000-route rebuild costs
+//! milliseconds, and prefix lookups are indexed so they do not grow with the route count.
+
+pub mod activity;
+pub mod admin;
+pub mod authz;
+pub mod forward;
+pub mod metrics;
+pub mod normalize;
+pub mod respond;
+pub mod routes;
+pub mod server;
+pub mod source;
+pub mod upstream;
+
+use crate::activity::Activity;
+use crate::authz::{IdentitySource, NamespaceAccess};
+use crate::forward::Forwarder;
+use crate::metrics::Metrics;
+use crate::routes::GatewayFilter;
+use crate::server::TlsFiles;
+use crate::source::RouteStore;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where routes come from.
+#[derive(Clone)]
+pub enum RoutesFrom {
+    /// Watch VirtualServices through this client.
+    Kubernetes(kube::Client),
+    /// VirtualService YAML files, read once at start.
+    Files(Vec<PathBuf>),
+    /// Pushed through [`RunningProxy::routes`] (the embedded mode's web app, tests).
+    Pushed,
+}
+
+/// Everything the proxy needs, already validated.
+#[derive(Clone)]
+pub struct ProxyOptions {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub gateway: GatewayFilter,
+    pub identity: Arc<dyn IdentitySource>,
+    pub access: Arc<dyn NamespaceAccess>,
+    pub tls: Option<TlsFiles>,
+    /// Destination `host:port` → address actually connected to.
+    pub upstream_addresses: HashMap<String, String>,
+    /// Serving threads; 0 means one per CPU.
+    pub threads: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyStartError {
+    #[error("binding {what} on {addr}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS")]
+    Tls(#[from] server::TlsError),
+    #[error("loading routes")]
+    Routes(#[from] source::SourceError),
+}
+
+/// A started proxy; its threads and tasks stop when it is dropped.
+pub struct RunningProxy {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub routes: Arc<RouteStore>,
+    pub activity: Arc<Activity>,
+    /// Admin server first, then the route watch when there is one.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl RunningProxy {
+    /// Waits until the admin server ends (it runs until the process stops).
+    pub async fn wait(mut self) {
+        if let Some(first) = self.tasks.first_mut() {
+            let _ = first.await;
+        }
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Binds `addr` with SO_REUSEPORT, so one listener per serving thread shares the port and the
+/// kernel spreads connections over them.
+fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.set_nodelay(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+/// Binds both listeners, loads or starts watching routes, and serves: requests on `threads`
+/// threads, each with its own single-threaded runtime, listener and upstream pool (a request and
+/// its upstream call never cross threads, as in nginx's workers); admin and route watch on the
+/// caller's runtime.
+pub async fn start(
+    options: ProxyOptions,
+    routes_from: RoutesFrom,
+) -> Result<RunningProxy, ProxyStartError> {
+    let tls = options.tls.as_ref().map(server::tls_acceptor).transpose()?;
+    let bind_error = |what, addr| move |source| ProxyStartError::Bind { what, addr, source };
+    let first = bind_shared(options.listen).map_err(bind_error("the proxy", options.listen))?;
+    let addr = first
+        .local_addr()
+        .map_err(bind_error("the proxy", options.listen))?;
+    let mut listeners = vec![first];
+    let threads = match options.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    for _ in 1..threads {
+        listeners.push(bind_shared(addr).map_err(bind_error("the proxy", addr))?);
+    }
+    let admin_listener = tokio::net::TcpListener::bind(options.admin)
+        .await
+        .map_err(bind_error("the admin server", options.admin))?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(bind_error("the admin server", options.admin))?;
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let activity = Arc::new(Activity::default());
+    let routes = Arc::new(RouteStore::new(
+        options.gateway.clone(),
+        activity.clone(),
+        metrics.clone(),
+    ));
+    let admin_router = admin::router(admin::AdminState {
+        registry: Arc::new(registry),
+        routes: routes.clone(),
+        activity: activity.clone(),
+    });
+    let mut tasks = vec![tokio::spawn(async move {
+        if let Err(err) = axum::serve(admin_listener, admin_router).await {
+            tracing::warn!(error = %err, "admin server stopped");
+        }
+    })];
+    match routes_from {
+        RoutesFrom::Files(paths) => routes.replace_all(source::load_files(&paths)?),
+        RoutesFrom::Kubernetes(client) => {
+            tasks.push(tokio::spawn(source::watch_kubernetes(
+                client,
+                routes.clone(),
+            )));
+        }
+        RoutesFrom::Pushed => {}
+    }
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for (i, listener) in listeners.into_iter().enumerate() {
+        // Moved to the thread's runtime: deregistered here, registered there.
+        let listener = listener.into_std().map_err(bind_error("the proxy", addr))?;
+        let forwarder = Forwarder::new(
+            routes.clone(),
+            options.identity.clone(),
+            options.access.clone(),
+            metrics.clone(),
+            options.upstream_addresses.clone(),
+        );
+        let tls = tls.clone();
+        let mut stopped = stopped.clone();
+        let serving = move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    tracing::error!(error = %err, "starting a serving thread's runtime");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(err) => {
+                        tracing::error!(error = %err, "registering the listener");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    () = server::serve(listener, Arc::new(forwarder), tls) => {}
+                    _ = stopped.wait_for(|stop| *stop) => {}
+                }
+            });
+            // Dropping the runtime ends this thread's connections and tunnels.
+        };
+        std::thread::Builder::new()
+            .name(format!("labforge-proxy-{i}"))
+            .spawn(serving)
+            .map_err(bind_error("a serving thread", addr))?;
+    }
+    tracing::info!(%addr, %admin_addr, threads, "proxy serving");
+    Ok(RunningProxy {
+        addr,
+        admin_addr,
+        routes,
+        activity,
+        tasks,
+        stop,
+    })
+}

@@ -1,0 +1,136 @@
+//! The one place where the proxy's own failures become responses: an HTML page for browsers,
+//! JSON for API clients (an `Accept` that prefers JSON, or a Jupyter `/api/` path without an
+//! HTML `Accept`), both with the same status and message.
+
+use crate::normalize::PathError;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::Full;
+
+/// What went wrong before or while reaching the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0}")]
+    BadPath(#[from] PathError),
+    #[error("the request has no host")]
+    NoHost,
+    #[error("authentication required")]
+    Unauthenticated,
+    #[error("you do not have access to this notebook")]
+    Forbidden,
+    #[error("no route for this address")]
+    NoRoute,
+    #[error("the notebook server is not reachable (it may be stopped or starting)")]
+    UpstreamUnavailable(#[source] crate::upstream::UpstreamError),
+    #[error("the notebook server failed to answer")]
+    UpstreamFailed(#[source] crate::upstream::UpstreamError),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BadPath(_) | ProxyError::NoHost => StatusCode::BAD_REQUEST,
+            ProxyError::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+/// Whether the client wants JSON rather than a page.
+pub fn wants_json(headers: &HeaderMap, path: &str) -> bool {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("text/html") {
+        return false;
+    }
+    accept.contains("json") || path.contains("/api/")
+}
+
+/// The response for `error`, as JSON or HTML.
+pub fn error_response(error: &ProxyError, json: bool) -> Response<Full<Bytes>> {
+    let status = error.status();
+    let message = error.to_string();
+    let (content_type, body) = if json {
+        (
+            "application/json",
+            serde_json::json!({ "status": status.as_u16(), "message": message }).to_string(),
+        )
+    } else {
+        let reason = status.canonical_reason().unwrap_or("Error");
+        (
+            "text/html; charset=utf-8",
+            format!(
+                "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{code} {reason}</title></head>\
+                 <body><h1>{code} {reason}</h1><p>{message}</p><hr><p>labforge proxy</p></body></html>\n",
+                code = status.as_u16(),
+                message = html_escape(&message),
+            ),
+        )
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if status == StatusCode::UNAUTHORIZED {
+        // Not a Basic challenge: the login happens in front of the proxy (the auth proxy or the
+        // web app); the header only says which kind of credentials are missing.
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"labforge\""),
+        );
+    }
+    response
+}
+
+fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_clients_get_json_and_browsers_get_a_page() {
+        let mut headers = HeaderMap::new();
+        assert!(wants_json(&headers, "/notebook/a/b/api/kernels"));
+        assert!(!wants_json(&headers, "/notebook/a/b/lab"));
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(wants_json(&headers, "/notebook/a/b/lab"));
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/html,application/xhtml+xml,*/*;q=0.8"),
+        );
+        assert!(!wants_json(&headers, "/notebook/a/b/api/kernels"));
+    }
+
+    #[test]
+    fn pages_carry_status_and_message() {
+        let page = error_response(&ProxyError::NoRoute, false);
+        assert_eq!(page.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            page.headers()[header::CONTENT_TYPE],
+            "text/html; charset=utf-8"
+        );
+        let json = error_response(&ProxyError::Forbidden, true);
+        assert_eq!(json.status(), StatusCode::FORBIDDEN);
+        assert_eq!(json.headers()[header::CONTENT_TYPE], "application/json");
+        let unauthenticated = error_response(&ProxyError::Unauthenticated, true);
+        assert!(
+            unauthenticated
+                .headers()
+                .contains_key(header::WWW_AUTHENTICATE)
+        );
+    }
+}

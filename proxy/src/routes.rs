@@ -1,0 +1,1172 @@
+//! VirtualServices → an immutable [`RouteTable`] with Istio's gateway semantics.
+//!
+//! Pure: no I/O, so every matching rule is unit-tested without a server. The table is built once
+//! per change and swapped in whole by `source`; lookups read it without locks.
+//!
+//! Semantics kept from Istio's gateway: only VirtualServices bound to the configured gateway;
+//! hosts matched exactly, then by the longest `*.suffix`, then `*`; the `http[]` rules of every
+//! VirtualService for a host merged in creation order (then namespace/name), catch-all rules moved
+//! last; inside that list the first matching rule wins. `uri.prefix` is a plain string prefix,
+//! `exact` is whole-path equality, `regex` (RE2 syntax) must match the whole path; the query is
+//! never part of the match. `rewrite.uri` replaces the matched prefix (the whole path for the
+//! other match kinds) and the query is kept.
+//!
+//! Kubeflow clusters hold one rule per notebook, all plain prefixes, so a table of 10,000
+//! notebooks must not be scanned rule by rule: pure-prefix and pure-exact matches are indexed by
+//! prefix length, and only the other rules are tried in order, each only while it could still
+//! come before the best indexed candidate.
+
+use crate::activity::{Activity, ActivityCell};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use labforge_crds::VirtualService;
+use labforge_crds::istio::{HeaderOperations, HttpMatchRequest, HttpRoute, StringMatch};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Port a destination without `port.number` is reached on (a Service's usual HTTP port).
+pub const DEFAULT_DESTINATION_PORT: u32 = 80;
+
+/// Which VirtualServices a table takes: those naming `gateway` (`<namespace>/<name>`, or a bare
+/// `<name>` in the VirtualService's own namespace). `None` takes every VirtualService bound to
+/// any gateway; `mesh`-only VirtualServices are never taken (they are sidecar routes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GatewayFilter(pub Option<String>);
+
+impl GatewayFilter {
+    fn accepts(&self, vs_namespace: &str, gateways: &[String]) -> bool {
+        let bound = gateways.iter().filter(|g| g.as_str() != "mesh");
+        match &self.0 {
+            None => bound.count() > 0,
+            Some(wanted) => bound.into_iter().any(|g| {
+                if g.contains('/') {
+                    g == wanted
+                } else {
+                    wanted.split_once('/') == Some((vs_namespace, g.as_str()))
+                }
+            }),
+        }
+    }
+}
+
+/// What a route belongs to: its VirtualService, and the notebook behind it when it is one.
+#[derive(Debug)]
+pub struct RouteOwner {
+    /// Namespace of the VirtualService (a notebook's namespace = its owner's profile).
+    pub namespace: String,
+    /// Name of the VirtualService.
+    pub virtual_service: String,
+    /// The Notebook this VirtualService routes to (ownerReference, or Kubeflow's name
+    /// `notebook-<ns>-<name>`); `None` for other routes (dashboards, APIs).
+    pub notebook: Option<String>,
+    /// Last activity of this route, shared with the activity endpoint.
+    pub activity: Arc<ActivityCell>,
+}
+
+impl RouteOwner {
+    /// `<namespace>/<notebook or VirtualService name>`, the key of the activity endpoint.
+    pub fn key(&self) -> String {
+        activity_key(
+            &self.namespace,
+            self.notebook.as_deref().unwrap_or(&self.virtual_service),
+        )
+    }
+}
+
+/// `<namespace>/<name>`.
+pub fn activity_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// An Istio StringMatch, compiled.
+#[derive(Clone, Debug)]
+pub enum Matcher {
+    Exact(String),
+    Prefix(String),
+    /// Anchored at both ends: Istio (Envoy's safe_regex) requires a full match.
+    Regex(regex::Regex),
+}
+
+impl Matcher {
+    fn compile(m: &StringMatch) -> Result<Self, regex::Error> {
+        Ok(match m {
+            StringMatch::Exact(s) => Matcher::Exact(s.clone()),
+            StringMatch::Prefix(s) => Matcher::Prefix(s.clone()),
+            StringMatch::Regex(r) => Matcher::Regex(regex::Regex::new(&format!("^(?:{r})$"))?),
+        })
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Matcher::Exact(s) => value == s,
+            Matcher::Prefix(s) => value.starts_with(s.as_str()),
+            Matcher::Regex(r) => r.is_match(value),
+        }
+    }
+
+    fn lowercased(self) -> Self {
+        match self {
+            Matcher::Exact(s) => Matcher::Exact(s.to_lowercase()),
+            Matcher::Prefix(s) => Matcher::Prefix(s.to_lowercase()),
+            regex @ Matcher::Regex(_) => regex,
+        }
+    }
+}
+
+/// One `match` entry: every condition must hold.
+#[derive(Clone, Debug, Default)]
+pub struct MatchCondition {
+    pub uri: Option<Matcher>,
+    pub ignore_uri_case: bool,
+    pub method: Option<Matcher>,
+    pub headers: Vec<(HeaderName, Matcher)>,
+}
+
+impl MatchCondition {
+    fn compile(m: &HttpMatchRequest) -> Result<Self, String> {
+        let ignore_uri_case = m.ignore_uri_case.unwrap_or(false);
+        let uri = m
+            .uri
+            .as_ref()
+            .map(Matcher::compile)
+            .transpose()
+            .map_err(|e| format!("uri regex: {e}"))?
+            .map(|u| if ignore_uri_case { u.lowercased() } else { u });
+        let method = m
+            .method
+            .as_ref()
+            .map(Matcher::compile)
+            .transpose()
+            .map_err(|e| format!("method regex: {e}"))?;
+        let headers = m
+            .headers
+            .iter()
+            .map(|(name, matcher)| {
+                let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                    .map_err(|e| format!("header {name:?}: {e}"))?;
+                let matcher =
+                    Matcher::compile(matcher).map_err(|e| format!("header {name} regex: {e}"))?;
+                Ok((name, matcher))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Self {
+            uri,
+            ignore_uri_case,
+            method,
+            headers,
+        })
+    }
+
+    /// The prefix of a condition that is nothing but a case-sensitive `uri.prefix`.
+    fn pure_prefix(&self) -> Option<&str> {
+        match (
+            &self.uri,
+            self.ignore_uri_case,
+            &self.method,
+            self.headers.is_empty(),
+        ) {
+            (Some(Matcher::Prefix(p)), false, None, true) => Some(p),
+            _ => None,
+        }
+    }
+
+    fn pure_exact(&self) -> Option<&str> {
+        match (
+            &self.uri,
+            self.ignore_uri_case,
+            &self.method,
+            self.headers.is_empty(),
+        ) {
+            (Some(Matcher::Exact(p)), false, None, true) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Matches everything (`{}` or `uri.prefix: /`): such rules go last when merging.
+    fn is_catch_all(&self) -> bool {
+        self.method.is_none()
+            && self.headers.is_empty()
+            && match &self.uri {
+                None => true,
+                Some(Matcher::Prefix(p)) => p == "/",
+                Some(Matcher::Regex(r)) => r.as_str() == "^(?:.*)$",
+                Some(Matcher::Exact(_)) => false,
+            }
+    }
+
+    fn matches(&self, request: &RequestView<'_>) -> bool {
+        let uri_ok = match &self.uri {
+            None => true,
+            Some(m) if self.ignore_uri_case => m.matches(&request.path.to_lowercase()),
+            Some(m) => m.matches(request.path),
+        };
+        uri_ok
+            && self
+                .method
+                .as_ref()
+                .is_none_or(|m| m.matches(request.method.as_str()))
+            && self.headers.iter().all(|(name, m)| {
+                request
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .any(|v| v.to_str().is_ok_and(|v| m.matches(v)))
+            })
+    }
+}
+
+/// Header edits of a rule (`headers.request` or `headers.response`), validated once.
+#[derive(Clone, Debug, Default)]
+pub struct HeaderOps {
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    pub remove: Vec<HeaderName>,
+}
+
+impl HeaderOps {
+    fn compile(ops: Option<&HeaderOperations>) -> Result<Self, String> {
+        let Some(ops) = ops else {
+            return Ok(Self::default());
+        };
+        let pair = |(k, v): (&String, &String)| {
+            Ok((
+                HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                    .map_err(|e| format!("header name {k:?}: {e}"))?,
+                HeaderValue::from_str(v).map_err(|e| format!("header {k} value: {e}"))?,
+            ))
+        };
+        Ok(Self {
+            set: ops.set.iter().map(pair).collect::<Result<_, String>>()?,
+            add: ops.add.iter().map(pair).collect::<Result<_, String>>()?,
+            remove: ops
+                .remove
+                .iter()
+                .map(|k| {
+                    HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                        .map_err(|e| format!("header name {k:?}: {e}"))
+                })
+                .collect::<Result<_, String>>()?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// Envoy's order: removals, then replacements, then appends.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        for name in &self.remove {
+            headers.remove(name);
+        }
+        for (name, value) in &self.set {
+            headers.insert(name.clone(), value.clone());
+        }
+        for (name, value) in &self.add {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// A destination as `host:port` (a Service's DNS name in a cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Destination {
+    pub authority: String,
+    pub weight: u32,
+}
+
+/// One `http[]` rule of a VirtualService.
+#[derive(Debug)]
+pub struct Rule {
+    pub owner: Arc<RouteOwner>,
+    /// Empty: matches every request.
+    pub matches: Vec<MatchCondition>,
+    pub rewrite_uri: Option<String>,
+    pub request_headers: HeaderOps,
+    pub response_headers: HeaderOps,
+    pub destinations: Vec<Destination>,
+    /// Namespaces guarding this rule: its VirtualService's and its destinations' (sorted).
+    pub namespaces: Vec<String>,
+    total_weight: u32,
+    /// Round-robin position for weighted destinations (exact proportions, no randomness).
+    next: AtomicU64,
+    /// Creation time of its VirtualService and its position there, for merging.
+    created: (Option<jiff::Timestamp>, usize),
+}
+
+impl Rule {
+    /// The destination for the next request: weights are honoured exactly over every
+    /// `total_weight` requests.
+    pub fn pick_destination(&self) -> Option<&Destination> {
+        match self.destinations.as_slice() {
+            [] => None,
+            [only] => Some(only),
+            all => {
+                if self.total_weight == 0 {
+                    return None;
+                }
+                let n = self.next.fetch_add(1, Ordering::Relaxed) % u64::from(self.total_weight);
+                let mut acc = 0u64;
+                all.iter().find(|d| {
+                    acc += u64::from(d.weight);
+                    n < acc
+                })
+            }
+        }
+    }
+
+    fn is_catch_all(&self) -> bool {
+        self.matches.is_empty() || self.matches.iter().any(MatchCondition::is_catch_all)
+    }
+
+    /// The path the upstream sees: `rewrite.uri` in place of the matched prefix (or of the whole
+    /// path for exact, regex and match-less rules).
+    pub fn rewritten_path<'p>(
+        &self,
+        found: &Found<'_>,
+        path: &'p str,
+    ) -> std::borrow::Cow<'p, str> {
+        let Some(rewrite) = &self.rewrite_uri else {
+            return std::borrow::Cow::Borrowed(path);
+        };
+        match found.prefix_len {
+            Some(len) => {
+                let rest = path.get(len..).unwrap_or_default();
+                std::borrow::Cow::Owned(format!("{rewrite}{rest}"))
+            }
+            None => std::borrow::Cow::Owned(rewrite.clone()),
+        }
+    }
+}
+
+/// The parts of a request routing looks at.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestView<'a> {
+    /// Host without port, lowercase.
+    pub host: &'a str,
+    /// Normalized path, without query.
+    pub path: &'a str,
+    pub method: &'a Method,
+    pub headers: &'a HeaderMap,
+}
+
+/// A matched rule, and how much of the path its prefix covered.
+#[derive(Debug)]
+pub struct Found<'t> {
+    pub rule: &'t Arc<Rule>,
+    /// Length of the matched `uri.prefix` (`None` for exact, regex and match-less rules).
+    pub prefix_len: Option<usize>,
+}
+
+/// The merged rules of one host, with the index that makes prefix lookups independent of the
+/// number of rules.
+#[derive(Debug, Default)]
+struct HostRules {
+    rules: Vec<Arc<Rule>>,
+    /// Pure prefix → first rule index with it.
+    prefixes: HashMap<String, usize>,
+    /// Distinct prefix lengths, ascending.
+    prefix_lengths: Vec<usize>,
+    /// Pure exact path → first rule index.
+    exact: HashMap<String, usize>,
+    /// Indices of rules with any non-indexable condition, ascending.
+    scanned: Vec<usize>,
+}
+
+impl HostRules {
+    fn index(rules: Vec<Arc<Rule>>) -> Self {
+        let mut host = HostRules {
+            rules,
+            ..Default::default()
+        };
+        let mut lengths = BTreeSet::new();
+        for (i, rule) in host.rules.iter().enumerate() {
+            if rule.matches.is_empty() {
+                host.scanned.push(i);
+                continue;
+            }
+            let mut needs_scan = false;
+            for condition in &rule.matches {
+                if let Some(prefix) = condition.pure_prefix() {
+                    host.prefixes.entry(prefix.to_owned()).or_insert(i);
+                    lengths.insert(prefix.len());
+                } else if let Some(exact) = condition.pure_exact() {
+                    host.exact.entry(exact.to_owned()).or_insert(i);
+                } else {
+                    needs_scan = true;
+                }
+            }
+            if needs_scan {
+                host.scanned.push(i);
+            }
+        }
+        host.prefix_lengths = lengths.into_iter().collect();
+        host
+    }
+
+    fn lookup(&self, request: &RequestView<'_>) -> Option<Found<'_>> {
+        let path = request.path;
+        let mut best: Option<(usize, Option<usize>)> = None;
+        fn consider(best: &mut Option<(usize, Option<usize>)>, index: usize, len: Option<usize>) {
+            if best.is_none_or(|(b, _)| index < b) {
+                *best = Some((index, len));
+            }
+        }
+        for &len in &self.prefix_lengths {
+            if len > path.len() {
+                break;
+            }
+            if let Some(candidate) = path.get(..len)
+                && let Some(&index) = self.prefixes.get(candidate)
+            {
+                consider(&mut best, index, Some(len));
+            }
+        }
+        if let Some(&index) = self.exact.get(path) {
+            consider(&mut best, index, None);
+        }
+        for &index in &self.scanned {
+            if best.is_some_and(|(b, _)| b < index) {
+                break;
+            }
+            let rule = &self.rules[index];
+            if rule.matches.is_empty() {
+                consider(&mut best, index, None);
+                break;
+            }
+            if let Some(condition) = rule.matches.iter().find(|c| c.matches(request)) {
+                let prefix_len = match &condition.uri {
+                    Some(Matcher::Prefix(p)) => Some(p.len()),
+                    _ => None,
+                };
+                consider(&mut best, index, prefix_len);
+                break;
+            }
+        }
+        best.map(|(index, prefix_len)| Found {
+            rule: &self.rules[index],
+            prefix_len,
+        })
+    }
+}
+
+/// Why a VirtualService (or one of its rules) was left out of the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// Every route the proxy serves, immutable once built.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    exact_hosts: HashMap<String, HostRules>,
+    /// `*.example.com` as `.example.com`, longest first.
+    suffix_hosts: Vec<(String, HostRules)>,
+    any_host: Option<HostRules>,
+    rule_count: usize,
+    virtual_services: usize,
+}
+
+/// One VirtualService compiled once (matchers, regexes, header operations): a table rebuild only
+/// merges and indexes these, so a change to one of 10,000 routes does not recompile the others,
+/// and the raw objects need not be kept.
+#[derive(Debug)]
+pub struct CompiledVirtualService {
+    /// Lowercase.
+    pub hosts: Vec<String>,
+    pub rules: Vec<Arc<Rule>>,
+}
+
+impl CompiledVirtualService {
+    /// `None` when the VirtualService is not bound to the gateway or has no usable rule; rules
+    /// that cannot be used (bad regex, no destination) are skipped and reported.
+    pub fn compile(
+        vs: &VirtualService,
+        gateway: &GatewayFilter,
+        activity: &Activity,
+    ) -> (Option<Self>, Vec<Skipped>) {
+        let mut skipped = Vec::new();
+        let namespace = vs.metadata.namespace.clone().unwrap_or_default();
+        let name = vs.metadata.name.clone().unwrap_or_default();
+        if !gateway.accepts(&namespace, &vs.spec.gateways) {
+            return (None, skipped);
+        }
+        let notebook = notebook_of(vs, &namespace, &name);
+        let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
+        let owner = Arc::new(RouteOwner {
+            activity: activity.cell(&key),
+            namespace,
+            virtual_service: name,
+            notebook,
+        });
+        let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let mut rules = Vec::new();
+        for (position, route) in vs.spec.http.iter().enumerate() {
+            match compile_rule(route, &owner, (created, position)) {
+                Ok(rule) => rules.push(Arc::new(rule)),
+                Err(reason) => skipped.push(Skipped {
+                    namespace: owner.namespace.clone(),
+                    name: owner.virtual_service.clone(),
+                    reason: format!("http[{position}]: {reason}"),
+                }),
+            }
+        }
+        if rules.is_empty() {
+            return (None, skipped);
+        }
+        let hosts = vs
+            .spec
+            .hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        (Some(Self { hosts, rules }), skipped)
+    }
+
+    /// The activity key of its routes.
+    pub fn key(&self) -> Option<String> {
+        self.rules.first().map(|r| r.owner.key())
+    }
+}
+
+impl RouteTable {
+    /// Compiles and builds in one go (tests, and sources without updates).
+    pub fn build<'v>(
+        virtual_services: impl IntoIterator<Item = &'v VirtualService>,
+        gateway: &GatewayFilter,
+        activity: &Activity,
+    ) -> (RouteTable, Vec<Skipped>) {
+        let mut skipped = Vec::new();
+        let compiled: Vec<CompiledVirtualService> = virtual_services
+            .into_iter()
+            .filter_map(|vs| {
+                let (compiled, mut s) = CompiledVirtualService::compile(vs, gateway, activity);
+                skipped.append(&mut s);
+                compiled
+            })
+            .collect();
+        (Self::from_compiled(&compiled), skipped)
+    }
+
+    /// Merges compiled VirtualServices per host and indexes them.
+    pub fn from_compiled<'c>(
+        compiled: impl IntoIterator<Item = &'c CompiledVirtualService>,
+    ) -> RouteTable {
+        let mut by_host: HashMap<&str, Vec<Arc<Rule>>> = HashMap::new();
+        let mut table = RouteTable::default();
+        for vs in compiled {
+            table.virtual_services += 1;
+            for host in &vs.hosts {
+                by_host
+                    .entry(host.as_str())
+                    .or_default()
+                    .extend(vs.rules.iter().cloned());
+            }
+        }
+        for (host, mut rules) in by_host {
+            // Creation order, then identity, then position; catch-alls after everything else.
+            rules.sort_by(|a, b| {
+                a.is_catch_all()
+                    .cmp(&b.is_catch_all())
+                    .then_with(|| a.created.0.cmp(&b.created.0))
+                    .then_with(|| a.owner.namespace.cmp(&b.owner.namespace))
+                    .then_with(|| a.owner.virtual_service.cmp(&b.owner.virtual_service))
+                    .then_with(|| a.created.1.cmp(&b.created.1))
+            });
+            table.rule_count += rules.len();
+            let indexed = HostRules::index(rules);
+            if host == "*" {
+                table.any_host = Some(indexed);
+            } else if let Some(suffix) = host.strip_prefix('*') {
+                table.suffix_hosts.push((suffix.to_owned(), indexed));
+            } else {
+                table.exact_hosts.insert(host.to_owned(), indexed);
+            }
+        }
+        table
+            .suffix_hosts
+            .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        table
+    }
+
+    /// The first rule matching the request, in Istio's order.
+    pub fn lookup(&self, request: &RequestView<'_>) -> Option<Found<'_>> {
+        let host = if let Some(rules) = self.exact_hosts.get(request.host) {
+            Some(rules)
+        } else {
+            self.suffix_hosts
+                .iter()
+                .find(|(suffix, _)| request.host.ends_with(suffix.as_str()))
+                .map(|(_, rules)| rules)
+                .or(self.any_host.as_ref())
+        };
+        host?.lookup(request)
+    }
+
+    /// Rules over all hosts (a VirtualService with two hosts counts twice).
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
+    }
+
+    /// VirtualServices that contributed at least one rule.
+    pub fn virtual_service_count(&self) -> usize {
+        self.virtual_services
+    }
+}
+
+/// The Notebook behind a VirtualService: its owner reference, else Kubeflow's naming.
+fn notebook_of(vs: &VirtualService, namespace: &str, name: &str) -> Option<String> {
+    let owned = vs
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Notebook" && o.api_version.starts_with("kubeflow.org/"))
+        .map(|o| o.name.clone());
+    owned.or_else(|| {
+        name.strip_prefix(&format!("notebook-{namespace}-"))
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+    })
+}
+
+/// The namespace of a Kubernetes Service host (`svc.ns`, `svc.ns.svc`, `svc.ns.svc.<domain>`);
+/// `None` for a short name (the VirtualService's own namespace), an IP or an outside name. A
+/// two-label outside name (`example.com`) reads as `svc.ns`: that fails closed (a namespace
+/// nobody is a member of), never open.
+fn destination_namespace(host: &str) -> Option<&str> {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    let labels: Vec<&str> = host.split('.').collect();
+    match labels.as_slice() {
+        [_, ns] => Some(ns),
+        [_, ns, "svc", ..] => Some(ns),
+        _ => None,
+    }
+}
+
+fn compile_rule(
+    route: &HttpRoute,
+    owner: &Arc<RouteOwner>,
+    created: (Option<jiff::Timestamp>, usize),
+) -> Result<Rule, String> {
+    let matches = route
+        .matches
+        .iter()
+        .map(MatchCondition::compile)
+        .collect::<Result<Vec<_>, _>>()?;
+    let weighted = route.route.iter().any(|d| d.weight.is_some());
+    let destinations: Vec<Destination> = route
+        .route
+        .iter()
+        .map(|d| Destination {
+            authority: format!(
+                "{}:{}",
+                d.destination.host,
+                d.destination
+                    .port
+                    .as_ref()
+                    .map_or(DEFAULT_DESTINATION_PORT, |p| p.number)
+            ),
+            // Without weights, traffic is split evenly (Istio requires weights on several).
+            weight: if weighted {
+                d.weight.unwrap_or(0).max(0).unsigned_abs()
+            } else {
+                1
+            },
+        })
+        .collect();
+    if destinations.is_empty() {
+        return Err("no route destination (redirects and direct responses are not served)".into());
+    }
+    let total_weight = destinations.iter().map(|d| d.weight).sum();
+    let mut namespaces: Vec<String> = route
+        .route
+        .iter()
+        .filter_map(|d| destination_namespace(&d.destination.host))
+        .chain([owner.namespace.as_str()])
+        .map(str::to_owned)
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    if total_weight == 0 {
+        return Err("every destination has weight 0".into());
+    }
+    let headers = route.headers.as_ref();
+    Ok(Rule {
+        owner: owner.clone(),
+        matches,
+        rewrite_uri: route.rewrite.as_ref().and_then(|r| r.uri.clone()),
+        request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
+        response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
+        destinations,
+        namespaces,
+        total_weight,
+        next: AtomicU64::new(0),
+        created,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GATEWAY: &str = "kubeflow/kubeflow-gateway";
+
+    fn vs(namespace: &str, name: &str, created: &str, spec: serde_json::Value) -> VirtualService {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.istio.io/v1beta1",
+            "kind": "VirtualService",
+            "metadata": { "name": name, "namespace": namespace, "creationTimestamp": created },
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    /// What the notebook controller writes for `namespace/name`.
+    fn notebook_vs(namespace: &str, name: &str, created: &str) -> VirtualService {
+        vs(
+            namespace,
+            &format!("notebook-{namespace}-{name}"),
+            created,
+            json!({
+                "hosts": ["*"],
+                "gateways": [GATEWAY],
+                "http": [{
+                    "match": [{ "uri": { "prefix": format!("/notebook/{namespace}/{name}/") } }],
+                    "rewrite": { "uri": format!("/notebook/{namespace}/{name}/") },
+                    "route": [{ "destination": {
+                        "host": format!("{name}.{namespace}.svc.cluster.local"),
+                        "port": { "number": 80 }
+                    } }]
+                }]
+            }),
+        )
+    }
+
+    fn table(list: &[VirtualService]) -> RouteTable {
+        let (table, skipped) = RouteTable::build(
+            list,
+            &GatewayFilter(Some(GATEWAY.into())),
+            &Activity::default(),
+        );
+        assert!(skipped.is_empty(), "{skipped:?}");
+        table
+    }
+
+    struct Req {
+        host: String,
+        path: String,
+        method: Method,
+        headers: HeaderMap,
+    }
+
+    fn req(path: &str) -> Req {
+        Req {
+            host: "lab.example.com".into(),
+            path: path.into(),
+            method: Method::GET,
+            headers: HeaderMap::new(),
+        }
+    }
+
+    impl Req {
+        fn host(mut self, host: &str) -> Self {
+            self.host = host.into();
+            self
+        }
+        fn method(mut self, method: Method) -> Self {
+            self.method = method;
+            self
+        }
+        fn header(mut self, name: &'static str, value: &'static str) -> Self {
+            self.headers.insert(name, HeaderValue::from_static(value));
+            self
+        }
+        fn view(&self) -> RequestView<'_> {
+            RequestView {
+                host: &self.host,
+                path: &self.path,
+                method: &self.method,
+                headers: &self.headers,
+            }
+        }
+    }
+
+    /// (VirtualService name, destination, upstream path) of the route a request takes.
+    fn route(table: &RouteTable, request: &Req) -> Option<(String, String, String)> {
+        let found = table.lookup(&request.view())?;
+        let rule = found.rule;
+        Some((
+            rule.owner.virtual_service.clone(),
+            rule.pick_destination()?.authority.clone(),
+            rule.rewritten_path(&found, &request.path).into_owned(),
+        ))
+    }
+
+    #[test]
+    fn kubeflow_notebook_route_matches_its_prefix_only() {
+        let t = table(&[
+            notebook_vs("alice", "lab", "2026-01-01T00:00:00Z"),
+            notebook_vs("bob", "lab", "2026-01-01T00:00:01Z"),
+        ]);
+        assert_eq!(
+            route(&t, &req("/notebook/alice/lab/api/kernels")),
+            Some((
+                "notebook-alice-lab".into(),
+                "lab.alice.svc.cluster.local:80".into(),
+                "/notebook/alice/lab/api/kernels".into()
+            ))
+        );
+        assert_eq!(
+            route(&t, &req("/notebook/bob/lab/")).unwrap().0,
+            "notebook-bob-lab"
+        );
+        // The prefix carries the trailing slash: neither the bare name nor a longer name match.
+        assert!(route(&t, &req("/notebook/alice/lab")).is_none());
+        assert!(route(&t, &req("/notebook/alice/lab2/")).is_none());
+        // Istio is case-sensitive unless ignoreUriCase is set.
+        assert!(route(&t, &req("/notebook/Alice/lab/")).is_none());
+        let owner = &t
+            .lookup(&req("/notebook/bob/lab/x").view())
+            .unwrap()
+            .rule
+            .owner;
+        assert_eq!(owner.notebook.as_deref(), Some("lab"));
+        assert_eq!(owner.key(), "bob/lab");
+        let rule = t.lookup(&req("/notebook/bob/lab/x").view()).unwrap().rule;
+        assert_eq!(rule.namespaces, ["bob"]);
+    }
+
+    #[test]
+    fn a_rule_is_guarded_by_its_own_and_its_destinations_namespaces() {
+        let t = table(&[vs(
+            "bob",
+            "sneaky",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/a/"}}],
+                 "route": [{"destination": {"host": "lab.alice.svc.cluster.local"}}]},
+                {"match": [{"uri": {"prefix": "/b/"}}],
+                 "route": [{"destination": {"host": "web"}, "weight": 50},
+                           {"destination": {"host": "api.carol"}, "weight": 50}]},
+                {"match": [{"uri": {"prefix": "/c/"}}],
+                 "route": [{"destination": {"host": "127.0.0.1", "port": {"number": 8888}}},
+                           {"destination": {"host": "www.example.com"}}]},
+            ]}),
+        )]);
+        let namespaces = |path: &str| t.lookup(&req(path).view()).unwrap().rule.namespaces.clone();
+        assert_eq!(namespaces("/a/"), ["alice", "bob"]);
+        assert_eq!(namespaces("/b/"), ["bob", "carol"]);
+        assert_eq!(namespaces("/c/"), ["bob"]);
+    }
+
+    #[test]
+    fn plain_string_prefix_is_istio_semantics() {
+        let t = table(&[vs(
+            "x",
+            "a",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/app"}}], "route": [{"destination": {"host": "a"}}]}
+            ]}),
+        )]);
+        assert_eq!(route(&t, &req("/apple")).unwrap().1, "a:80");
+        assert!(route(&t, &req("/ap")).is_none());
+    }
+
+    #[test]
+    fn rewrite_replaces_the_matched_prefix_or_the_whole_path() {
+        let t = table(&[vs(
+            "x",
+            "rw",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"exact": "/exact"}}], "rewrite": {"uri": "/other"},
+                 "route": [{"destination": {"host": "e"}}]},
+                {"match": [{"uri": {"regex": "/re/[0-9]+"}}], "rewrite": {"uri": "/numbered"},
+                 "route": [{"destination": {"host": "r"}}]},
+                {"match": [{"uri": {"prefix": "/notebook/alice/code/"}}], "rewrite": {"uri": "/"},
+                 "route": [{"destination": {"host": "c", "port": {"number": 8080}}}]},
+            ]}),
+        )]);
+        assert_eq!(route(&t, &req("/exact")).unwrap().2, "/other");
+        assert!(route(&t, &req("/exact/more")).is_none());
+        assert_eq!(route(&t, &req("/re/42")).unwrap().2, "/numbered");
+        // The regex must match the whole path.
+        assert!(route(&t, &req("/re/42/x")).is_none());
+        assert!(route(&t, &req("/x/re/42")).is_none());
+        assert_eq!(
+            route(&t, &req("/notebook/alice/code/static/app.js")).unwrap(),
+            ("rw".into(), "c:8080".into(), "/static/app.js".into())
+        );
+        assert_eq!(route(&t, &req("/notebook/alice/code/")).unwrap().2, "/");
+    }
+
+    #[test]
+    fn first_matching_rule_wins_in_order_with_headers_and_methods() {
+        let t = table(&[vs(
+            "x",
+            "ordered",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/api/"}, "headers": {"x-canary": {"exact": "yes"}}}],
+                 "route": [{"destination": {"host": "canary"}}]},
+                {"match": [{"uri": {"prefix": "/api/"}, "method": {"regex": "POST|PUT"}}],
+                 "route": [{"destination": {"host": "writer"}}]},
+                {"match": [{"uri": {"prefix": "/api/"}}], "route": [{"destination": {"host": "reader"}}]},
+                {"match": [{"uri": {"prefix": "/api/special"}}], "route": [{"destination": {"host": "never"}}]},
+            ]}),
+        )]);
+        let dest = |r: Req| route(&t, &r).unwrap().1;
+        assert_eq!(dest(req("/api/x").header("x-canary", "yes")), "canary:80");
+        assert_eq!(dest(req("/api/x").header("x-canary", "no")), "reader:80");
+        assert_eq!(dest(req("/api/x").method(Method::PUT)), "writer:80");
+        assert_eq!(dest(req("/api/x")), "reader:80");
+        // An earlier, shorter prefix wins over a later, longer one: order, not specificity.
+        assert_eq!(dest(req("/api/special")), "reader:80");
+    }
+
+    #[test]
+    fn ignore_uri_case_matches_any_case() {
+        let t = table(&[vs(
+            "x",
+            "ci",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/Docs/"}, "ignoreUriCase": true}],
+                 "route": [{"destination": {"host": "docs"}}]},
+            ]}),
+        )]);
+        assert!(route(&t, &req("/DOCS/a")).is_some());
+        assert!(route(&t, &req("/docs/a")).is_some());
+        assert!(route(&t, &req("/doc/a")).is_none());
+    }
+
+    #[test]
+    fn merged_by_creation_time_with_catch_alls_last() {
+        let catch_all = vs(
+            "kubeflow",
+            "dashboard",
+            "2025-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/"}}], "route": [{"destination": {"host": "dashboard"}}]}
+            ]}),
+        );
+        let older = vs(
+            "x",
+            "older",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/shared/"}}], "route": [{"destination": {"host": "older"}}]}
+            ]}),
+        );
+        let newer = vs(
+            "x",
+            "newer",
+            "2026-02-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/shared/"}}], "route": [{"destination": {"host": "newer"}}]},
+                {"match": [{"uri": {"prefix": "/only-newer/"}}], "route": [{"destination": {"host": "newer"}}]}
+            ]}),
+        );
+        // Input order does not matter; creation time does.
+        let t = table(&[newer, catch_all, older]);
+        assert_eq!(route(&t, &req("/shared/a")).unwrap().1, "older:80");
+        assert_eq!(route(&t, &req("/only-newer/a")).unwrap().1, "newer:80");
+        // The dashboard was created first but is a catch-all: it only gets what nothing else takes.
+        assert_eq!(route(&t, &req("/anything")).unwrap().1, "dashboard:80");
+        assert_eq!(t.virtual_service_count(), 3);
+    }
+
+    #[test]
+    fn hosts_exact_then_longest_wildcard_then_star() {
+        let make = |name: &str, host: &str| {
+            vs(
+                "x",
+                name,
+                "2026-01-01T00:00:00Z",
+                json!({"hosts": [host], "gateways": [GATEWAY], "http": [
+                    {"route": [{"destination": {"host": name}}]}
+                ]}),
+            )
+        };
+        let t = table(&[
+            make("star", "*"),
+            make("wild", "*.example.com"),
+            make("deeper", "*.lab.example.com"),
+            make("exact", "lab.example.com"),
+        ]);
+        let dest = |host: &str| route(&t, &req("/").host(host)).unwrap().1;
+        assert_eq!(dest("lab.example.com"), "exact:80");
+        assert_eq!(dest("a.lab.example.com"), "deeper:80");
+        assert_eq!(dest("other.example.com"), "wild:80");
+        assert_eq!(dest("elsewhere.org"), "star:80");
+    }
+
+    #[test]
+    fn gateway_filter_takes_only_bound_virtual_services() {
+        let make = |ns: &str, name: &str, gateways: serde_json::Value| {
+            vs(
+                ns,
+                name,
+                "2026-01-01T00:00:00Z",
+                json!({"hosts": ["*"], "gateways": gateways, "http": [
+                    {"match": [{"uri": {"prefix": format!("/{name}/")}}],
+                     "route": [{"destination": {"host": name}}]}
+                ]}),
+            )
+        };
+        let list = [
+            make("alice", "full", json!([GATEWAY])),
+            make("kubeflow", "short", json!(["kubeflow-gateway"])),
+            make("alice", "short-elsewhere", json!(["kubeflow-gateway"])),
+            make("alice", "other", json!(["istio-system/ingress"])),
+            make("alice", "mesh", json!(["mesh"])),
+            make("alice", "none", json!([])),
+        ];
+        let t = table(&list);
+        let served: Vec<_> = ["full", "short", "short-elsewhere", "other", "mesh", "none"]
+            .into_iter()
+            .filter(|n| route(&t, &req(&format!("/{n}/"))).is_some())
+            .collect();
+        assert_eq!(served, ["full", "short"]);
+        let (any, _) = RouteTable::build(&list, &GatewayFilter(None), &Activity::default());
+        assert_eq!(
+            any.virtual_service_count(),
+            4,
+            "all but mesh-only and unbound"
+        );
+    }
+
+    #[test]
+    fn weighted_destinations_get_exact_shares() {
+        let t = table(&[vs(
+            "x",
+            "split",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"route": [
+                    {"destination": {"host": "v1"}, "weight": 70},
+                    {"destination": {"host": "v2"}, "weight": 30},
+                    {"destination": {"host": "v3"}, "weight": 0}
+                ]}
+            ]}),
+        )]);
+        let mut counts = HashMap::new();
+        for _ in 0..1000 {
+            *counts.entry(route(&t, &req("/")).unwrap().1).or_insert(0) += 1;
+        }
+        assert_eq!(counts.get("v1:80"), Some(&700));
+        assert_eq!(counts.get("v2:80"), Some(&300));
+        assert_eq!(counts.get("v3:80"), None);
+    }
+
+    #[test]
+    fn header_operations_remove_set_add() {
+        let t = table(&[vs(
+            "x",
+            "hdr",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"headers": {"request": {
+                    "set": {"X-RStudio-Root-Path": "/notebook/x/r/"},
+                    "add": {"x-extra": "two"},
+                    "remove": ["x-secret"]
+                }}, "route": [{"destination": {"host": "r"}}]}
+            ]}),
+        )]);
+        let request = req("/");
+        let found = t.lookup(&request.view()).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-secret", HeaderValue::from_static("s"));
+        headers.insert("x-rstudio-root-path", HeaderValue::from_static("/wrong/"));
+        headers.insert("x-extra", HeaderValue::from_static("one"));
+        found.rule.request_headers.apply(&mut headers);
+        assert!(headers.get("x-secret").is_none());
+        assert_eq!(headers["x-rstudio-root-path"], "/notebook/x/r/");
+        let extra: Vec<_> = headers.get_all("x-extra").iter().collect();
+        assert_eq!(extra, ["one", "two"]);
+    }
+
+    #[test]
+    fn bad_rules_are_skipped_and_reported_without_losing_the_others() {
+        let list = [
+            vs(
+                "x",
+                "broken",
+                "2026-01-01T00:00:00Z",
+                json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                    {"match": [{"uri": {"regex": "(unclosed"}}], "route": [{"destination": {"host": "b"}}]},
+                    {"match": [{"uri": {"prefix": "/ok/"}}], "route": [{"destination": {"host": "ok"}}]},
+                    {"match": [{"uri": {"prefix": "/nowhere/"}}]}
+                ]}),
+            ),
+            notebook_vs("alice", "lab", "2026-01-01T00:00:00Z"),
+        ];
+        let (t, skipped) = RouteTable::build(
+            &list,
+            &GatewayFilter(Some(GATEWAY.into())),
+            &Activity::default(),
+        );
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert!(skipped[0].reason.starts_with("http[0]: uri regex"));
+        assert!(
+            skipped[1]
+                .reason
+                .starts_with("http[2]: no route destination")
+        );
+        assert_eq!(route(&t, &req("/ok/")).unwrap().1, "ok:80");
+        assert!(route(&t, &req("/notebook/alice/lab/")).is_some());
+    }
+
+    #[test]
+    fn indexed_lookup_agrees_with_ordered_scan_over_many_routes() {
+        // 2,000 notebooks plus rules the index cannot take, interleaved in creation order.
+        let mut list: Vec<_> = (0..2000)
+            .map(|i| {
+                notebook_vs(
+                    &format!("ns{}", i % 37),
+                    &format!("nb{i}"),
+                    "2026-01-01T00:00:00Z",
+                )
+            })
+            .collect();
+        list.push(vs(
+            "ops",
+            "debug",
+            "2025-06-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/notebook/ns1/"}, "headers": {"x-debug": {"exact": "1"}}}],
+                 "route": [{"destination": {"host": "debugger"}}]}
+            ]}),
+        ));
+        let t = table(&list);
+        assert_eq!(t.rule_count(), 2001);
+        assert_eq!(
+            route(&t, &req("/notebook/ns1/nb1/x")).unwrap().1,
+            "nb1.ns1.svc.cluster.local:80"
+        );
+        // The older header rule comes first for requests carrying the header.
+        assert_eq!(
+            route(&t, &req("/notebook/ns1/nb1/x").header("x-debug", "1"))
+                .unwrap()
+                .1,
+            "debugger:80"
+        );
+        for i in (0..2000).step_by(97) {
+            let path = format!("/notebook/ns{}/nb{i}/api", i % 37);
+            assert_eq!(
+                route(&t, &req(&path)).unwrap().0,
+                format!("notebook-ns{}-nb{i}", i % 37)
+            );
+        }
+        assert!(
+            route(&t, &req("/notebook/ns1/nb2/")).is_none(),
+            "nb2 lives in ns2"
+        );
+    }
+}

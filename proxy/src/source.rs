@@ -1,0 +1,360 @@
+//! Where VirtualServices come from, and the [`RouteStore`] that turns them into the live table.
+//!
+//! Every source (a Kubernetes watch, YAML files, the embedded mode's web app) feeds the same
+//! store: it keeps the VirtualServices by namespace/name, rebuilds the whole [`RouteTable`] on a
+//! change and swaps it in atomically (`arc-swap`), so requests never wait for an update and never
+//! see half of one. A burst of watch events is applied as one rebuild.
+//!
+//! The watch reads one served version of `networking.istio.io` VirtualServices (v1, else v1beta1,
+//! else v1alpha3): the API server stores each object once and serves it under every version, so
+//! objects written as any of the three arrive through it.
+
+use crate::activity::Activity;
+use crate::metrics::Metrics;
+use crate::routes::{CompiledVirtualService, GatewayFilter, RouteTable};
+use arc_swap::ArcSwap;
+use futures::{FutureExt, StreamExt};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use labforge_crds::VirtualService;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+pub const ISTIO_GROUP: &str = "networking.istio.io";
+/// Served versions in order of preference.
+pub const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha3"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("reading routes from {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing routes in {}", path.display())]
+    Yaml {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+    #[error("{namespace}/{name}: not a VirtualService spec")]
+    Spec {
+        namespace: String,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("discovering the served versions of {ISTIO_GROUP}")]
+    Discovery(#[source] kube::Error),
+    #[error("the API server serves none of {ISTIO_GROUP} {VERSIONS:?}")]
+    NoVersion,
+}
+
+/// A change to the known VirtualServices.
+#[derive(Debug)]
+pub enum Change {
+    Upsert(Box<VirtualService>),
+    Remove {
+        namespace: String,
+        name: String,
+    },
+    /// Everything known is replaced (a fresh list, a reloaded file).
+    Replace(Vec<VirtualService>),
+}
+
+type Key = (String, String);
+
+/// The known VirtualServices and the table built from them.
+pub struct RouteStore {
+    table: ArcSwap<RouteTable>,
+    /// Compiled once when they arrive; the raw objects are not kept.
+    records: Mutex<BTreeMap<Key, CompiledVirtualService>>,
+    gateway: GatewayFilter,
+    activity: Arc<Activity>,
+    metrics: Arc<Metrics>,
+    /// Set once a source delivered its first complete list.
+    ready: AtomicBool,
+}
+
+impl RouteStore {
+    pub fn new(gateway: GatewayFilter, activity: Arc<Activity>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            table: ArcSwap::from_pointee(RouteTable::default()),
+            records: Mutex::new(BTreeMap::new()),
+            gateway,
+            activity,
+            metrics,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// The current table (a cheap, lock-free snapshot).
+    pub fn table(&self) -> arc_swap::Guard<Arc<RouteTable>> {
+        self.table.load()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn upsert(&self, vs: VirtualService) {
+        self.apply([Change::Upsert(Box::new(vs))]);
+    }
+
+    pub fn remove(&self, namespace: &str, name: &str) {
+        self.apply([Change::Remove {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }]);
+    }
+
+    pub fn replace_all(&self, list: Vec<VirtualService>) {
+        self.apply([Change::Replace(list)]);
+    }
+
+    /// Applies changes and swaps in one rebuilt table.
+    pub fn apply(&self, changes: impl IntoIterator<Item = Change>) {
+        let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        for change in changes {
+            match change {
+                Change::Upsert(vs) => {
+                    let key = key_of(&vs);
+                    match self.compile(&vs) {
+                        Some(compiled) => records.insert(key, compiled),
+                        None => records.remove(&key),
+                    };
+                }
+                Change::Remove { namespace, name } => {
+                    records.remove(&(namespace, name));
+                }
+                Change::Replace(list) => {
+                    records.clear();
+                    for vs in list {
+                        if let Some(compiled) = self.compile(&vs) {
+                            records.insert(key_of(&vs), compiled);
+                        }
+                    }
+                    self.ready.store(true, Ordering::Release);
+                }
+            }
+        }
+        let table = RouteTable::from_compiled(records.values());
+        let keys: BTreeSet<String> = records.values().filter_map(|r| r.key()).collect();
+        drop(records);
+        self.activity.retain(&keys);
+        self.metrics.routes.set(table.rule_count() as i64);
+        self.metrics
+            .virtual_services
+            .set(table.virtual_service_count() as i64);
+        self.metrics.table_updates.inc();
+        tracing::debug!(rules = table.rule_count(), "route table swapped");
+        self.table.store(Arc::new(table));
+    }
+
+    fn compile(&self, vs: &VirtualService) -> Option<CompiledVirtualService> {
+        let (compiled, skipped) =
+            CompiledVirtualService::compile(vs, &self.gateway, &self.activity);
+        for s in &skipped {
+            tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
+        }
+        compiled
+    }
+}
+
+fn key_of(vs: &VirtualService) -> Key {
+    (
+        vs.metadata.namespace.clone().unwrap_or_default(),
+        vs.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A VirtualService of any served version, from its JSON form.
+pub fn from_dynamic(object: DynamicObject) -> Result<VirtualService, SourceError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let spec = object
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or(serde_json::Value::Object(Default::default()));
+    let spec = serde_json::from_value(spec).map_err(|source| SourceError::Spec {
+        namespace,
+        name: name.clone(),
+        source,
+    })?;
+    let mut vs = VirtualService::new(&name, spec);
+    vs.metadata = object.metadata;
+    Ok(vs)
+}
+
+/// Every VirtualService in multi-document YAML files (other kinds are ignored).
+pub fn load_files(paths: &[PathBuf]) -> Result<Vec<VirtualService>, SourceError> {
+    use serde::Deserialize;
+    let mut list = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path).map_err(|source| SourceError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let value =
+                serde_json::Value::deserialize(document).map_err(|source| SourceError::Yaml {
+                    path: path.clone(),
+                    source,
+                })?;
+            if value.is_null() || value["kind"] != "VirtualService" {
+                continue;
+            }
+            let object: DynamicObject =
+                serde_json::from_value(value).map_err(|source| SourceError::Spec {
+                    namespace: String::new(),
+                    name: path_name(path),
+                    source,
+                })?;
+            list.push(from_dynamic(object)?);
+        }
+    }
+    Ok(list)
+}
+
+fn path_name(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// The version the watch uses: the most preferred one the server serves.
+pub async fn served_version(client: &kube::Client) -> Result<&'static str, SourceError> {
+    let group = kube::discovery::group(client, ISTIO_GROUP)
+        .await
+        .map_err(SourceError::Discovery)?;
+    let served: Vec<String> = group.versions().map(str::to_owned).collect();
+    VERSIONS
+        .into_iter()
+        .find(|v| served.iter().any(|s| s == v))
+        .ok_or(SourceError::NoVersion)
+}
+
+/// Watches VirtualServices in every namespace and keeps `store` current, forever. Discovery is
+/// retried until the group is served; watch errors back off and re-list (kube-runtime).
+pub async fn watch_kubernetes(client: kube::Client, store: Arc<RouteStore>) {
+    let version = loop {
+        match served_version(&client).await {
+            Ok(version) => break version,
+            Err(err) => {
+                tracing::warn!(error = %err, "VirtualService discovery; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    tracing::info!(version, "watching VirtualServices");
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(ISTIO_GROUP, version, "VirtualService"),
+        "virtualservices",
+    );
+    let api: kube::Api<DynamicObject> = kube::Api::all_with(client, &resource);
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    let mut listing: Option<Vec<VirtualService>> = None;
+    while let Some(first) = stream.next().await {
+        // Take whatever else is already waiting, so a burst costs one rebuild.
+        let mut batch = vec![first];
+        while batch.len() < 4096 {
+            match stream.next().now_or_never() {
+                Some(Some(event)) => batch.push(event),
+                _ => break,
+            }
+        }
+        let mut changes = Vec::new();
+        for event in batch {
+            match event {
+                Ok(watcher::Event::Init) => listing = Some(Vec::new()),
+                Ok(watcher::Event::InitApply(object)) => {
+                    if let (Some(list), Some(vs)) = (listing.as_mut(), convert(object)) {
+                        list.push(vs);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    changes.push(Change::Replace(listing.take().unwrap_or_default()));
+                }
+                Ok(watcher::Event::Apply(object)) => {
+                    if let Some(vs) = convert(object) {
+                        changes.push(Change::Upsert(Box::new(vs)));
+                    }
+                }
+                Ok(watcher::Event::Delete(object)) => changes.push(Change::Remove {
+                    namespace: object.metadata.namespace.unwrap_or_default(),
+                    name: object.metadata.name.unwrap_or_default(),
+                }),
+                Err(err) => tracing::warn!(error = %err, "VirtualService watch"),
+            }
+        }
+        if !changes.is_empty() {
+            store.apply(changes);
+        }
+    }
+}
+
+fn convert(object: DynamicObject) -> Option<VirtualService> {
+    from_dynamic(object)
+        .inspect_err(|err| tracing::warn!(error = %err, "VirtualService ignored"))
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routes::RequestView;
+    use http::{HeaderMap, Method};
+
+    fn store() -> RouteStore {
+        let mut registry = prometheus_client::registry::Registry::default();
+        RouteStore::new(
+            GatewayFilter(Some("kubeflow/kubeflow-gateway".into())),
+            Arc::default(),
+            Arc::new(Metrics::register(&mut registry)),
+        )
+    }
+
+    fn routed(store: &RouteStore, path: &str) -> Option<String> {
+        let headers = HeaderMap::new();
+        let table = store.table();
+        let found = table.lookup(&RequestView {
+            host: "x",
+            path,
+            method: &Method::GET,
+            headers: &headers,
+        })?;
+        Some(found.rule.destinations[0].authority.clone())
+    }
+
+    #[test]
+    fn files_of_every_version_load_and_other_kinds_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.yaml");
+        let mut yaml = String::new();
+        for (i, version) in VERSIONS.iter().enumerate() {
+            yaml.push_str(&format!(
+                "---\napiVersion: networking.istio.io/{version}\nkind: VirtualService\n\
+                 metadata: {{name: vs{i}, namespace: ns}}\n\
+                 spec:\n  hosts: ['*']\n  gateways: [kubeflow/kubeflow-gateway]\n  http:\n\
+                 \x20 - match: [{{uri: {{prefix: /r{i}/}}}}]\n    route: [{{destination: {{host: up{i}}}}}]\n"
+            ));
+        }
+        yaml.push_str("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n");
+        std::fs::write(&path, yaml).unwrap();
+        let list = load_files(&[path]).unwrap();
+        assert_eq!(list.len(), 3);
+        let store = store();
+        assert!(!store.is_ready());
+        store.replace_all(list);
+        assert!(store.is_ready());
+        assert_eq!(routed(&store, "/r2/x").as_deref(), Some("up2:80"));
+        store.remove("ns", "vs2");
+        assert_eq!(routed(&store, "/r2/x"), None);
+        assert_eq!(routed(&store, "/r0/x").as_deref(), Some("up0:80"));
+    }
+}

@@ -1,0 +1,208 @@
+//! HTTP/1.1 connections to upstreams, pooled per serving thread.
+//!
+//! Built on hyper's connection API rather than hyper-util's pooled client because that client
+//! locks a shared pool and spawns a task per request to learn when the connection is idle again;
+//! here a serving thread owns its pool (the lock is never contended) and a connection goes back
+//! to it when the response body ends, which [`PooledBody`] observes. A request that could not be
+//! sent on a reused connection (the upstream closed it meanwhile) is retried on another one; a
+//! request that was sent is never retried.
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// How long connecting may take (a stopped notebook's address may not answer at all); requests
+/// themselves have no timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle connections kept per upstream address.
+const MAX_IDLE_PER_UPSTREAM: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connecting to {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP/1.1 handshake with {address}")]
+    Handshake {
+        address: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("request to {address}")]
+    Request {
+        address: String,
+        #[source]
+        source: hyper::Error,
+    },
+}
+
+impl UpstreamError {
+    /// The upstream could not be reached at all (refused, unreachable, timed out).
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect { .. })
+    }
+}
+
+/// Idle connections by upstream address.
+#[derive(Default)]
+pub struct UpstreamPool {
+    idle: Mutex<HashMap<String, Vec<SendRequest<Incoming>>>>,
+}
+
+impl UpstreamPool {
+    /// Sends `request` to `address` (`host:port`) on an idle connection or a new one.
+    pub async fn send(
+        self: &Arc<Self>,
+        address: &str,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        while let Some(mut sender) = self.take(address) {
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(self.wrap(address, sender, response)),
+                Err(mut error) => match error.take_message() {
+                    // Not sent (the connection closed meanwhile): another connection may take it.
+                    Some(unsent) => request = unsent,
+                    None => {
+                        return Err(UpstreamError::Request {
+                            address: address.to_owned(),
+                            source: error.into_error(),
+                        });
+                    }
+                },
+            }
+        }
+        let mut sender = self.connect(address).await?;
+        let response =
+            sender
+                .send_request(request)
+                .await
+                .map_err(|source| UpstreamError::Request {
+                    address: address.to_owned(),
+                    source,
+                })?;
+        Ok(self.wrap(address, sender, response))
+    }
+
+    /// An idle connection ready for a request; closed ones are dropped, busy ones stay.
+    fn take(&self, address: &str) -> Option<SendRequest<Incoming>> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let senders = idle.get_mut(address)?;
+        senders.retain(|s| !s.is_closed());
+        let ready = senders.iter().rposition(SendRequest::is_ready)?;
+        Some(senders.swap_remove(ready))
+    }
+
+    fn put_back(&self, address: String, sender: SendRequest<Incoming>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let senders = idle.entry(address).or_default();
+        if senders.len() < MAX_IDLE_PER_UPSTREAM {
+            senders.push(sender);
+        }
+    }
+
+    async fn connect(&self, address: &str) -> Result<SendRequest<Incoming>, UpstreamError> {
+        let connect_error = |source| UpstreamError::Connect {
+            address: address.to_owned(),
+            source,
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address))
+            .await
+            .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(connect_error)?;
+        let _ = stream.set_nodelay(true);
+        // Finds upstreams that vanished without a FIN (a killed pod) under idle websockets.
+        let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let (sender, connection) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|source| UpstreamError::Handshake {
+                address: address.to_owned(),
+                source,
+            })?;
+        // The connection lives in its own task until either side closes it; an upgraded one
+        // (websocket) is handed over through `hyper::upgrade::on`.
+        tokio::spawn(async move {
+            if let Err(error) = connection.with_upgrades().await {
+                tracing::debug!(%error, "upstream connection");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn wrap(
+        self: &Arc<Self>,
+        address: &str,
+        sender: SendRequest<Incoming>,
+        response: Response<Incoming>,
+    ) -> Response<PooledBody> {
+        // An upgraded connection belongs to its tunnel, never to the pool.
+        let back = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
+            .then(|| (self.clone(), address.to_owned(), sender));
+        response.map(|inner| PooledBody { inner, back })
+    }
+}
+
+/// An upstream response body that returns its connection to the pool once it has ended.
+pub struct PooledBody {
+    inner: Incoming,
+    back: Option<(Arc<UpstreamPool>, String, SendRequest<Incoming>)>,
+}
+
+impl PooledBody {
+    fn release(&mut self) {
+        if let Some((pool, address, sender)) = self.back.take() {
+            pool.put_back(address, sender);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.release(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
+            // A failed body leaves the connection in an unknown state: it is not reused.
+            Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // Bodies that are empty from the start (204, 304, HEAD) are never polled.
+        if self.inner.is_end_stream() {
+            self.release();
+        }
+    }
+}

@@ -1,0 +1,1029 @@
+//! The proxy end to end: a real JupyterLab behind it (kernel over HTTP, code over the kernel's
+//! websocket, a terminal websocket), routes from VirtualServices in the fake Kubernetes API
+//! server (served within 100 ms of a change), the authorization matrix against path tricks sent
+//! as raw bytes, error pages, HTTP/2 and TLS from clients, and no descriptors or tasks left behind
+//! by failing or vanishing upstreams.
+
+use crate::controller::{eventually, notebook};
+use crate::{init_crypto, need};
+use futures::{SinkExt, StreamExt};
+use kube::Api;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use labforge_crds::VirtualService;
+use labforge_notebook_controller::BuilderConfig;
+use labforge_notebook_controller::builders::virtual_service;
+use labforge_proxy::authz::{StaticAccess, TrustedHeader};
+use labforge_proxy::routes::GatewayFilter;
+use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
+use labforge_tests::Registry;
+use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use labforge_tests::notebook::JupyterLab;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+pub const ALICE: &str = "alice@example.com";
+const CAROL: &str = "carol@example.com";
+const BOB: &str = "bob@example.com";
+const ROOT: &str = "root@example.com";
+
+/// alice owns namespace alice and shares it with carol; bob owns bob; root is an admin.
+fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
+    ProxyOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin: "127.0.0.1:0".parse().unwrap(),
+        gateway: GatewayFilter(Some("kubeflow/kubeflow-gateway".into())),
+        identity: Arc::new(TrustedHeader::default()),
+        access: Arc::new(
+            StaticAccess::with_members(
+                [ROOT],
+                [
+                    &*format!("alice={ALICE}"),
+                    &format!("alice={CAROL}"),
+                    &format!("bob={BOB}"),
+                ],
+            )
+            .unwrap(),
+        ),
+        tls: None,
+        upstream_addresses: upstreams,
+        threads: 2,
+    }
+}
+
+pub async fn start_proxy(routes: RoutesFrom, upstreams: HashMap<String, String>) -> RunningProxy {
+    init_crypto();
+    labforge_proxy::start(options(upstreams), routes)
+        .await
+        .unwrap()
+}
+
+/// The VirtualService the controller writes for `namespace/name`.
+pub fn notebook_vs(namespace: &str, name: &str) -> VirtualService {
+    virtual_service(&notebook(namespace, name), &BuilderConfig::default()).unwrap()
+}
+
+/// `name.namespace.svc.cluster.local:80`, the controller's destination.
+pub fn service_authority(namespace: &str, name: &str) -> String {
+    format!("{name}.{namespace}.svc.cluster.local:80")
+}
+
+/// A small upstream answering every request with what it received, counting requests.
+struct Upstream {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Upstream {
+    async fn start(name: &'static str) -> Self {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let header = |n: &str| {
+                    request
+                        .headers()
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                };
+                axum::Json(json!({
+                    "upstream": name,
+                    "path": request.uri().path_and_query().map(|p| p.as_str()),
+                    "host": header("host"),
+                    "x-forwarded-for": header("x-forwarded-for"),
+                    "x-forwarded-proto": header("x-forwarded-proto"),
+                    "x-forwarded-host": header("x-forwarded-host"),
+                    "user": header("kubeflow-userid"),
+                    "connection": header("connection"),
+                }))
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Upstream { addr, hits, task }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Sends `GET path` exactly as written (no client-side normalization) and returns status and body.
+async fn raw_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request =
+        format!("GET {path} HTTP/1.1\r\nHost: lab.example.com\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut buffer = Vec::new();
+    stream.read_to_end(&mut buffer).await.unwrap();
+    let text = String::from_utf8_lossy(&buffer).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn user_headers(user: &str) -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("kubeflow-userid", user.parse().unwrap());
+    headers
+}
+
+async fn admin_json(proxy: &RunningProxy, path: &str) -> (u16, Value) {
+    let response = reqwest::get(format!("http://{}{path}", proxy.admin_addr))
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn metric(proxy: &RunningProxy, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", proxy.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
+}
+
+#[tokio::test]
+async fn jupyterlab_kernel_and_terminal_work_through_the_proxy() {
+    init_crypto();
+    let registry = need(Registry::start().await);
+    let lab = need(JupyterLab::start(&registry, "alice", "lab").await);
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let vs_api: Api<VirtualService> = Api::namespaced(server.client(), "alice");
+    vs_api
+        .create(&PostParams::default(), &notebook_vs("alice", "lab"))
+        .await
+        .unwrap();
+    let jupyter_addr = lab.origin().trim_start_matches("http://").to_owned();
+    let proxy = start_proxy(
+        RoutesFrom::Kubernetes(server.client()),
+        HashMap::from([(service_authority("alice", "lab"), jupyter_addr)]),
+    )
+    .await;
+    eventually("proxy ready", Duration::from_secs(10), || async {
+        (admin_json(&proxy, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let base = format!("http://{}/notebook/alice/lab", proxy.addr);
+    let (_, before) = admin_json(&proxy, "/activity/alice/lab").await;
+    assert_eq!(before["last_activity"], Value::Null, "no traffic yet");
+
+    // The kernel, created over HTTP through the proxy as carol (a member of alice's namespace).
+    let jupyter = need(
+        labforge_tests::jupyter::JupyterClient::connect_with_headers(&base, user_headers(CAROL))
+            .await,
+    );
+    let kernel = need(
+        jupyter
+            .post("/api/kernels", &json!({"name": "python3"}))
+            .await,
+    );
+    let kernel_id = kernel["id"].as_str().unwrap();
+
+    // Code runs over the kernel's websocket, through the proxy.
+    let ws_base = base.replacen("http://", "ws://", 1);
+    let connect = |path: String| {
+        let mut request = format!("{ws_base}{path}").into_client_request().unwrap();
+        let headers = request.headers_mut();
+        headers.insert("kubeflow-userid", CAROL.parse().unwrap());
+        headers.insert(
+            "cookie",
+            format!("_xsrf={}", jupyter.xsrf()).parse().unwrap(),
+        );
+        headers.insert("x-xsrftoken", jupyter.xsrf().parse().unwrap());
+        tokio_tungstenite::connect_async(request)
+    };
+    let (mut kernel_ws, response) = connect(format!("/api/kernels/{kernel_id}/channels"))
+        .await
+        .expect("kernel websocket through the proxy");
+    assert_eq!(response.status(), 101);
+    let msg_id = "labforge-proxy-e2e-1";
+    let execute = json!({
+        "header": {"msg_id": msg_id, "username": "carol", "session": "labforge-e2e",
+                   "msg_type": "execute_request", "version": "5.3", "date": jiff::Timestamp::now().to_string()},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": "print(6 * 7)", "silent": false, "store_history": false,
+                    "user_expressions": {}, "allow_stdin": false, "stop_on_error": true}
+    });
+    kernel_ws
+        .send(Message::text(execute.to_string()))
+        .await
+        .unwrap();
+    let output = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(message) = kernel_ws.next().await {
+            let Ok(Message::Text(text)) = message else {
+                continue;
+            };
+            let value: Value = serde_json::from_str(&text).unwrap();
+            if value["parent_header"]["msg_id"] == msg_id && value["msg_type"] == "stream" {
+                return value["content"]["text"].as_str().unwrap().to_owned();
+            }
+        }
+        panic!("kernel websocket closed before the output");
+    })
+    .await
+    .expect("kernel output within 30 s");
+    assert_eq!(output, "42\n");
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_websockets_active").await,
+        1.0
+    );
+
+    // A terminal over its websocket.
+    let terminal = need(jupyter.post("/api/terminals", &json!({})).await);
+    let terminal_name = terminal["name"].as_str().unwrap();
+    let (mut terminal_ws, _) = connect(format!("/terminals/websocket/{terminal_name}"))
+        .await
+        .expect("terminal websocket through the proxy");
+    terminal_ws
+        .send(Message::text(
+            json!(["stdin", "echo via-proxy-$((6*7))\r"]).to_string(),
+        ))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let mut seen = String::new();
+        while let Some(message) = terminal_ws.next().await {
+            let Ok(Message::Text(text)) = message else {
+                continue;
+            };
+            let value: Value = serde_json::from_str(&text).unwrap();
+            if value[0] == "stdout" {
+                seen.push_str(value[1].as_str().unwrap_or_default());
+                if seen.contains("via-proxy-42") {
+                    return;
+                }
+            }
+        }
+        panic!("terminal closed before the output; saw {seen:?}");
+    })
+    .await
+    .expect("terminal output within 20 s");
+
+    // The traffic is the notebook's activity, for the culler.
+    let (status, after) = admin_json(&proxy, "/activity/alice/lab").await;
+    assert_eq!(status, 200);
+    let seen: jiff::Timestamp = after["last_activity"].as_str().unwrap().parse().unwrap();
+    assert!(jiff::Timestamp::now().duration_since(seen) < jiff::SignedDuration::from_secs(30));
+    let (_, all) = admin_json(&proxy, "/activity").await;
+    assert_eq!(all["alice/lab"], after["last_activity"]);
+
+    // bob is not in alice's namespace: refused, and no websocket is opened for him.
+    let mut request = format!("{ws_base}/api/kernels/{kernel_id}/channels")
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("kubeflow-userid", BOB.parse().unwrap());
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 403)
+        }
+        other => panic!("bob's websocket: {other:?}"),
+    }
+    drop(kernel_ws);
+    drop(terminal_ws);
+    eventually("tunnels closed", Duration::from_secs(5), || async {
+        (metric(&proxy, "labforge_proxy_websockets_active").await == 0.0).then_some(())
+    })
+    .await;
+}
+
+/// Polls `url` (as alice) until `check` accepts the answer; returns how long that took.
+async fn served_within(url: &str, check: impl Fn(u16, &Value) -> bool) -> Duration {
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    loop {
+        if let Ok(response) = http.get(url).header("kubeflow-userid", ALICE).send().await {
+            let status = response.status().as_u16();
+            let body = response.json().await.unwrap_or(Value::Null);
+            if check(status, &body) {
+                return started.elapsed();
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never served: {url}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn virtual_service_changes_are_served_within_100_ms_for_every_version() {
+    let one = Upstream::start("one").await;
+    let two = Upstream::start("two").await;
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let proxy = start_proxy(
+        RoutesFrom::Kubernetes(server.client()),
+        HashMap::from([
+            (
+                "one.alice.svc.cluster.local:80".to_owned(),
+                one.addr.to_string(),
+            ),
+            (
+                "two.alice.svc.cluster.local:80".to_owned(),
+                two.addr.to_string(),
+            ),
+        ]),
+    )
+    .await;
+    eventually("proxy ready", Duration::from_secs(10), || async {
+        (admin_json(&proxy, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let url = |name: &str| format!("http://{}/notebook/alice/{name}/x?q=1", proxy.addr);
+
+    for (i, version) in ["v1", "v1beta1", "v1alpha3"].into_iter().enumerate() {
+        let name = format!("nb{i}");
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            server.client(),
+            "alice",
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("networking.istio.io", version, "VirtualService"),
+                "virtualservices",
+            ),
+        );
+        let mut vs = serde_json::to_value(notebook_vs("alice", &name)).unwrap();
+        vs["apiVersion"] = json!(format!("networking.istio.io/{version}"));
+        vs["spec"]["http"][0]["route"][0]["destination"]["host"] =
+            json!("one.alice.svc.cluster.local");
+        let object: DynamicObject = serde_json::from_value(vs).unwrap();
+        let vs_name = object.metadata.name.clone().unwrap();
+
+        api.create(&PostParams::default(), &object).await.unwrap();
+        let added = served_within(&url(&name), |s, b| s == 200 && b["upstream"] == "one").await;
+
+        let patch = json!({"spec": {"http": [{
+            "match": [{"uri": {"prefix": format!("/notebook/alice/{name}/")}}],
+            "rewrite": {"uri": "/"},
+            "route": [{"destination": {"host": "two.alice.svc.cluster.local", "port": {"number": 80}}}]
+        }]}});
+        api.patch(&vs_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let changed = served_within(&url(&name), |s, b| {
+            s == 200 && b["upstream"] == "two" && b["path"] == "/x?q=1"
+        })
+        .await;
+
+        api.delete(&vs_name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let deleted = served_within(&url(&name), |s, _| s == 404).await;
+        for (what, took) in [("added", added), ("changed", changed), ("deleted", deleted)] {
+            assert!(
+                took < Duration::from_millis(100),
+                "{version} VirtualService {what}: served after {took:?}"
+            );
+        }
+    }
+    // A VirtualService of another gateway is never served.
+    let mut other = notebook_vs("alice", "elsewhere");
+    other.spec.gateways = vec!["istio-system/other-gateway".into()];
+    other.spec.http[0].route[0].destination.host = "one.alice.svc.cluster.local".into();
+    Api::<VirtualService>::namespaced(server.client(), "alice")
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+    let marker = notebook_vs("alice", "marker");
+    Api::<VirtualService>::namespaced(server.client(), "alice")
+        .create(&PostParams::default(), &{
+            let mut m = marker;
+            m.spec.http[0].route[0].destination.host = "one.alice.svc.cluster.local".into();
+            m
+        })
+        .await
+        .unwrap();
+    served_within(&url("marker"), |s, _| s == 200).await;
+    let (status, _) = raw_get(
+        proxy.addr,
+        "/notebook/alice/elsewhere/",
+        &[("kubeflow-userid", ALICE)],
+    )
+    .await;
+    assert_eq!(status, 404, "a route of another gateway");
+}
+
+/// Where a path lands after normalization: `Ok(Some(ns))` a notebook of `ns`, `Ok(None)` no
+/// route, `Err(status)` refused before routing. This is the specification the matrix checks.
+/// `Ok(Some(ns))`, `Ok(None)` or `Err(status)`, as above.
+type Lands = Result<Option<&'static str>, u16>;
+
+const PATHS: &[(&str, Lands, &str)] = &[
+    (
+        "/notebook/alice/lab/api/status",
+        Ok(Some("alice")),
+        "/notebook/alice/lab/api/status",
+    ),
+    (
+        "/notebook/bob/lab/api/status",
+        Ok(Some("bob")),
+        "/notebook/bob/lab/api/status",
+    ),
+    // Dot segments resolve before matching: this is bob's notebook, and bob's rules apply.
+    (
+        "/notebook/alice/lab/../../bob/lab/api",
+        Ok(Some("bob")),
+        "/notebook/bob/lab/api",
+    ),
+    (
+        "/notebook/bob/lab/../../alice/lab/api",
+        Ok(Some("alice")),
+        "/notebook/alice/lab/api",
+    ),
+    (
+        "//notebook//bob///lab/api",
+        Ok(Some("bob")),
+        "/notebook/bob/lab/api",
+    ),
+    (
+        "/notebook/%62ob/lab/api",
+        Ok(Some("bob")),
+        "/notebook/bob/lab/api",
+    ),
+    (
+        "/notebook/alice/lab/./api?x=%2F",
+        Ok(Some("alice")),
+        "/notebook/alice/lab/api?x=%2F",
+    ),
+    // Encoded separators and dots that would change the route: refused outright.
+    (
+        "/notebook/alice/lab/%2e%2e/%2e%2e/bob/lab/api",
+        Err(400),
+        "",
+    ),
+    (
+        "/notebook/alice/lab%2F..%2F..%2Fbob%2Flab/api",
+        Err(400),
+        "",
+    ),
+    ("/notebook/alice/lab/..%2f..%2fbob/lab/", Err(400), ""),
+    ("/notebook/alice/lab/..%5C..%5Cbob/lab/", Err(400), ""),
+    ("/notebook/alice/lab/../../../../etc/passwd", Err(400), ""),
+    // Case and trailing-slash tricks match no route (Istio is case-sensitive, prefixes end in /).
+    ("/notebook/Bob/lab/api", Ok(None), ""),
+    ("/NOTEBOOK/bob/lab/api", Ok(None), ""),
+    ("/notebook/bob/lab", Ok(None), ""),
+    ("/notebook/bob/lab2/", Ok(None), ""),
+];
+
+#[tokio::test]
+async fn authorization_matrix_over_users_and_path_tricks() {
+    let alice_nb = Upstream::start("alice-lab").await;
+    let bob_nb = Upstream::start("bob-lab").await;
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([
+            (service_authority("alice", "lab"), alice_nb.addr.to_string()),
+            (service_authority("bob", "lab"), bob_nb.addr.to_string()),
+        ]),
+    )
+    .await;
+    proxy
+        .routes
+        .replace_all(vec![notebook_vs("alice", "lab"), notebook_vs("bob", "lab")]);
+    let users: [(&str, Option<&str>, &[&str]); 5] = [
+        ("owner", Some(ALICE), &["alice"]),
+        ("same-namespace user", Some(CAROL), &["alice"]),
+        ("other user", Some(BOB), &["bob"]),
+        ("admin", Some(ROOT), &["alice", "bob"]),
+        ("anonymous", None, &[]),
+    ];
+    let mut cases = 0;
+    for (role, user, namespaces) in users {
+        for &(path, lands, upstream_path) in PATHS {
+            let expected = match (lands, user) {
+                (Err(status), _) => status,
+                (_, None) => 401,
+                (Ok(None), Some(_)) => 404,
+                (Ok(Some(ns)), Some(_)) if namespaces.contains(&ns) => 200,
+                (Ok(Some(_)), Some(_)) => 403,
+            };
+            let hits_before = alice_nb.hits() + bob_nb.hits();
+            let headers: Vec<(&str, &str)> =
+                user.map(|u| ("kubeflow-userid", u)).into_iter().collect();
+            let (status, body) = raw_get(proxy.addr, path, &headers).await;
+            assert_eq!(status, expected, "{role} GET {path}: {body}");
+            let hits_after = alice_nb.hits() + bob_nb.hits();
+            if expected == 200 {
+                let body: Value = serde_json::from_str(&body).unwrap();
+                let ns = lands.unwrap().unwrap();
+                assert_eq!(body["upstream"], format!("{ns}-lab"), "{role} GET {path}");
+                assert_eq!(body["path"], upstream_path, "{role} GET {path}");
+                assert_eq!(body["user"], user.unwrap());
+                assert_eq!(hits_after, hits_before + 1);
+            } else {
+                assert_eq!(
+                    hits_after, hits_before,
+                    "{role} GET {path} reached a notebook"
+                );
+            }
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 5 * PATHS.len());
+
+    // bob's own VirtualService leading to alice's notebook: guarded by both namespaces.
+    let mut sneaky = notebook_vs("bob", "lab");
+    sneaky.metadata.name = Some("sneaky".into());
+    sneaky.metadata.owner_references = None;
+    sneaky.spec.http[0].matches[0].uri =
+        Some(labforge_crds::istio::StringMatch::Prefix("/sneaky/".into()));
+    sneaky.spec.http[0].rewrite = None;
+    sneaky.spec.http[0].route[0].destination.host = "lab.alice.svc.cluster.local".into();
+    proxy.routes.upsert(sneaky);
+    for (user, expected) in [(BOB, 403), (ALICE, 403), (CAROL, 403), (ROOT, 200)] {
+        let hits_before = alice_nb.hits();
+        let (status, _) = raw_get(proxy.addr, "/sneaky/api", &[("kubeflow-userid", user)]).await;
+        assert_eq!(
+            status, expected,
+            "{user} through bob's route to alice's notebook"
+        );
+        assert_eq!(alice_nb.hits() - hits_before, usize::from(expected == 200));
+    }
+
+    // A user header sent twice (one appended by the client) is no identity at all.
+    let (status, _) = raw_get(
+        proxy.addr,
+        "/notebook/alice/lab/",
+        &[("kubeflow-userid", BOB), ("kubeflow-userid", ALICE)],
+    )
+    .await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn forwarding_preserves_host_adds_forwarded_headers_and_serves_http2() {
+    let up = Upstream::start("one").await;
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([(service_authority("alice", "lab"), up.addr.to_string())]),
+    )
+    .await;
+    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let (status, body) = raw_get(
+        proxy.addr,
+        "/notebook/alice/lab/api?a=b",
+        &[
+            ("kubeflow-userid", ALICE),
+            ("x-forwarded-for", "203.0.113.7"),
+            ("Connection", "close, x-drop"),
+            ("x-drop", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(seen["host"], "lab.example.com", "Host preserved");
+    assert_eq!(seen["x-forwarded-host"], "lab.example.com");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen["path"], "/notebook/alice/lab/api?a=b");
+    assert_ne!(
+        seen["connection"], "close, x-drop",
+        "hop-by-hop headers are not forwarded"
+    );
+
+    // An absolute-form target wins over the Host header, for routing and for the upstream.
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET http://lab.example.com/notebook/alice/lab/abs HTTP/1.1\r\nHost: other.example.org\r\n\
+                 kubeflow-userid: {ALICE}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen: Value = serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(seen["host"], "lab.example.com");
+    assert_eq!(seen["path"], "/notebook/alice/lab/abs");
+
+    // HTTP/2 with prior knowledge: the upstream still gets HTTP/1.1 with a Host header.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let request = hyper::Request::get(format!("http://{}/notebook/alice/lab/h2", proxy.addr))
+        .header("kubeflow-userid", ALICE)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), hyper::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    use http_body_util::BodyExt;
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let seen: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["host"], proxy.addr.to_string());
+    assert_eq!(seen["path"], "/notebook/alice/lab/h2");
+}
+
+#[tokio::test]
+async fn error_pages_are_html_for_browsers_and_json_for_api_clients() {
+    let closed = labforge_tests::tools::free_port().unwrap();
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([(
+            service_authority("alice", "lab"),
+            format!("127.0.0.1:{closed}"),
+        )]),
+    )
+    .await;
+    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let http = reqwest::Client::new();
+    let get = |path: &str, accept: &str| {
+        http.get(format!("http://{}{path}", proxy.addr))
+            .header("kubeflow-userid", ALICE)
+            .header("accept", accept)
+            .send()
+    };
+    for (path, status) in [("/nowhere/", 404), ("/notebook/alice/lab/lab", 503)] {
+        let page = get(path, "text/html,*/*;q=0.8").await.unwrap();
+        assert_eq!(page.status().as_u16(), status, "{path}");
+        assert!(
+            page.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        assert!(
+            page.text()
+                .await
+                .unwrap()
+                .contains(&format!("<h1>{status} "))
+        );
+        let json = get(path, "application/json").await.unwrap();
+        assert_eq!(json.status().as_u16(), status);
+        let body: Value = json.json().await.unwrap();
+        assert_eq!(body["status"], status);
+        assert!(body["message"].as_str().unwrap().len() > 5);
+    }
+    // Jupyter's API without an Accept header is an API client.
+    let api = http
+        .get(format!(
+            "http://{}/notebook/alice/lab/api/kernels",
+            proxy.addr
+        ))
+        .header("kubeflow-userid", ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), 503);
+    assert_eq!(api.headers()["content-type"], "application/json");
+    // A websocket to a stopped notebook is accepted and closed at once with 1013 (try again
+    // later) and the reason, so the client's retry logic can act on it.
+    let mut request = format!(
+        "ws://{}/notebook/alice/lab/api/kernels/k/channels",
+        proxy.addr
+    )
+    .into_client_request()
+    .unwrap();
+    request
+        .headers_mut()
+        .insert("kubeflow-userid", ALICE.parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    match ws.next().await {
+        Some(Ok(Message::Close(Some(frame)))) => {
+            assert_eq!(u16::from(frame.code), 1013);
+            assert!(frame.reason.contains("not reachable"), "{}", frame.reason);
+        }
+        other => panic!("websocket to a closed upstream: {other:?}"),
+    }
+    assert_eq!(
+        metric(
+            &proxy,
+            "labforge_proxy_upstream_errors_total{kind=\"connect\"}"
+        )
+        .await,
+        4.0,
+        "two pages, the API request and the websocket"
+    );
+}
+
+/// Descriptors this process holds.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A websocket echo server whose connections all drop when it is dropped.
+struct EchoServer {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoServer {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                connections.spawn(async move {
+                    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    while let Some(Ok(message)) = ws.next().await {
+                        if message.is_text() && ws.send(message).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        EchoServer { addr, task }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_and_vanishing_upstreams_leave_no_sockets_or_tasks() {
+    let closed = labforge_tests::tools::free_port().unwrap();
+    let echo = EchoServer::start().await;
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([
+            (
+                service_authority("alice", "gone"),
+                format!("127.0.0.1:{closed}"),
+            ),
+            (service_authority("alice", "echo"), echo.addr.to_string()),
+        ]),
+    )
+    .await;
+    proxy.routes.replace_all(vec![
+        notebook_vs("alice", "gone"),
+        notebook_vs("alice", "echo"),
+    ]);
+    // No keep-alive: the test's own idle connections would blur the count.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let fail = |n: usize| {
+        let http = http.clone();
+        let url = format!("http://{}/notebook/alice/gone/x", proxy.addr);
+        async move {
+            for _ in 0..n {
+                let response = http
+                    .get(&url)
+                    .header("kubeflow-userid", ALICE)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 503);
+            }
+        }
+    };
+    // Warm up lazily created state, let the connections close, then measure. The proxy serves on
+    // its own threads: its tasks are its connections (the connections_open gauge) and tunnels.
+    fail(50).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fds = open_fds();
+    assert_eq!(metric(&proxy, "labforge_proxy_connections_open").await, 0.0);
+    futures::future::join_all((0..4).map(|_| fail(500))).await;
+    eventually(
+        "descriptors and connection tasks back to where they were after 2,000 upstream failures",
+        Duration::from_secs(5),
+        || async {
+            let open = metric(&proxy, "labforge_proxy_connections_open").await;
+            (open_fds() <= fds + 1 && open == 0.0).then_some(())
+        },
+    )
+    .await;
+
+    // Websockets whose upstream vanishes: every client sees its connection end, and the
+    // tunnels' sockets and tasks go with them.
+    let baseline_fds = open_fds();
+    let mut clients = Vec::new();
+    for i in 0..20 {
+        let mut request = format!("ws://{}/notebook/alice/echo/ws/{i}", proxy.addr)
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("kubeflow-userid", ALICE.parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        ws.send(Message::text(format!("ping {i}"))).await.unwrap();
+        assert_eq!(
+            ws.next().await.unwrap().unwrap(),
+            Message::text(format!("ping {i}"))
+        );
+        clients.push(ws);
+    }
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_websockets_active").await,
+        20.0
+    );
+    echo.task.abort();
+    for mut ws in clients {
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match ws.next().await {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                    Some(Ok(_)) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "a client kept a tunnel to a vanished upstream"
+        );
+    }
+    eventually("tunnels gone", Duration::from_secs(5), || async {
+        (metric(&proxy, "labforge_proxy_websockets_active").await == 0.0).then_some(())
+    })
+    .await;
+    eventually("descriptors back", Duration::from_secs(5), || async {
+        (open_fds() <= baseline_fds + 2).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tls_listener_serves_with_rustls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-addext",
+            "extendedKeyUsage=serverAuth",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (scripts/setup installs it with curl)");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let up = Upstream::start("one").await;
+    let mut opts = options(HashMap::from([(
+        service_authority("alice", "lab"),
+        up.addr.to_string(),
+    )]));
+    opts.tls = Some(labforge_proxy::server::TlsFiles {
+        cert: cert.clone(),
+        key,
+    });
+    init_crypto();
+    let proxy = labforge_proxy::start(opts, RoutesFrom::Pushed)
+        .await
+        .unwrap();
+    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let http = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap(),
+        )
+        .resolve("localhost", proxy.addr)
+        .build()
+        .unwrap();
+    let response = http
+        .get(format!(
+            "https://localhost:{}/notebook/alice/lab/tls",
+            proxy.addr.port()
+        ))
+        .header("kubeflow-userid", ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen: Value = response.json().await.unwrap();
+    assert_eq!(seen["x-forwarded-proto"], "https");
+}
+
+#[tokio::test]
+async fn pooled_connections_the_upstream_closed_never_fail_a_request() {
+    // An upstream that closes every connection after its first response, without saying so in
+    // the response (as servers with a short idle timeout do): the pooled connection is dead when
+    // the next request comes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closing = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 4096];
+                let mut read = 0;
+                while !buffer[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer[read..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read += n,
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
+                    .await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let steady = Upstream::start("steady").await;
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([
+            (service_authority("alice", "closing"), closing.to_string()),
+            (
+                service_authority("alice", "steady"),
+                steady.addr.to_string(),
+            ),
+        ]),
+    )
+    .await;
+    proxy.routes.replace_all(vec![
+        notebook_vs("alice", "closing"),
+        notebook_vs("alice", "steady"),
+    ]);
+    let http = reqwest::Client::new();
+    for name in ["closing", "steady"] {
+        for i in 0..50 {
+            let response = http
+                .get(format!("http://{}/notebook/alice/{name}/{i}", proxy.addr))
+                .header("kubeflow-userid", ALICE)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{name} request {i}");
+            // Give the closing upstream's FIN time to arrive sometimes, and sometimes not.
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        50,
+        "one connection per request"
+    );
+    assert_eq!(steady.hits(), 50);
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_requests_total{code=\"200\"}").await,
+        100.0,
+        "no request failed"
+    );
+    server.abort();
+}
