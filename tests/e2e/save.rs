@@ -530,3 +530,54 @@ async fn s3_down_still_saves_uncached_and_says_so() {
     let (_work, rootfs) = unpack(&format!("{host}/e2e/s3:down"));
     assert_same_tree(&root, &rootfs);
 }
+
+#[tokio::test]
+async fn a_docker_schema_2_base_gets_a_gzip_layer_with_docker_media_types() {
+    let registry = need(Registry::start().await);
+    let host = registry.host();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("root");
+    base_tree(&root);
+    let root_arg = root.to_str().unwrap();
+    let oci = format!("{host}/e2e/docker:oci");
+    succeeded(&save(
+        &["--root", root_arg, "--target", &oci, GZIP[0], GZIP[1]],
+        &host,
+    ));
+    // The same image as Docker schema 2, as docker push would have written it.
+    let docker = format!("{host}/e2e/docker:v2s2");
+    need(skopeo(&[
+        "copy",
+        "-q",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        "--format",
+        "v2s2",
+        &format!("docker://{oci}"),
+        &format!("docker://{docker}"),
+    ]));
+    write(&root, "opt/added.txt", "on a docker base");
+    let saved = format!("{host}/e2e/docker:saved");
+    // zstd is asked for, but a Docker manifest cannot carry it.
+    succeeded(&save(
+        &["--root", root_arg, "--base", &docker, "--target", &saved],
+        &host,
+    ));
+    let manifest = inspect(&saved, &["--raw"]);
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.docker.distribution.manifest.v2+json"
+    );
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.docker.container.image.v1+json"
+    );
+    for layer in manifest["layers"].as_array().unwrap() {
+        assert_eq!(
+            layer["mediaType"],
+            "application/vnd.docker.image.rootfs.diff.tar.gzip"
+        );
+    }
+    let (_work, rootfs) = unpack(&saved);
+    assert_same_tree(&root, &rootfs);
+}
