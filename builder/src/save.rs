@@ -133,8 +133,10 @@ pub async fn save(
         .as_ref()
         .map_or_else(|| "scratch".to_owned(), |p| p.manifest_digest.to_string());
 
-    let (baseline, index) = match &parent {
-        None => (BaselineIndex::default(), IndexOrigin::Empty),
+    // Encoded indexes are kept when at hand, so an unchanged or cached save stores its image's
+    // index without encoding 100k entries again.
+    let (baseline, index, baseline_encoded) = match &parent {
+        None => (BaselineIndex::default(), IndexOrigin::Empty, None),
         Some(parent) => baseline_index(&registry, parent, &cache, &progress).await?,
     };
     let baseline = Arc::new(baseline);
@@ -186,10 +188,10 @@ pub async fn save(
         CacheOutcome::Disabled
     };
 
-    let (layer, child_index) = if unchanged {
+    let (layer, child_index, child_encoded) = if unchanged {
         running.abandon();
-        (None, baseline)
-    } else if let Some((layer, child)) = cached_change_set(
+        (None, baseline, baseline_encoded)
+    } else if let Some((layer, child, child_encoded)) = cached_change_set(
         &registry,
         target,
         &cache,
@@ -201,7 +203,7 @@ pub async fn save(
     {
         running.abandon();
         outcome = CacheOutcome::Hit;
-        (Some(layer), Arc::new(child))
+        (Some(layer), Arc::new(child), Some(child_encoded))
     } else {
         let (layer, child) = write_layer(
             running,
@@ -221,10 +223,9 @@ pub async fn save(
                 &serde_json::to_vec(&LayerRecord::from(&layer)).unwrap_or_default(),
             )
             .await;
-        cache
-            .put_bytes(&child_index_key, &encode_index(&child))
-            .await;
-        (Some(layer), Arc::new(child))
+        let encoded = encode_index(&child);
+        cache.put_bytes(&child_index_key, &encoded).await;
+        (Some(layer), Arc::new(child), Some(encoded))
     };
 
     let mut layer = layer;
@@ -269,11 +270,9 @@ pub async fn save(
             &annotations,
         )
         .await?;
+    let child_encoded = child_encoded.unwrap_or_else(|| encode_index(&child_index));
     cache
-        .put_bytes(
-            &index_key(&image.manifest_digest),
-            &encode_index(&child_index),
-        )
+        .put_bytes(&index_key(&image.manifest_digest), &child_encoded)
         .await;
     if let Some(reason) = cache.unavailable() {
         outcome = CacheOutcome::Unavailable(reason);
@@ -430,15 +429,12 @@ async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
     parent: &ParentImage,
     cache: &CacheState<'_, P>,
     progress: &P,
-) -> Result<(BaselineIndex, IndexOrigin), SaveError> {
+) -> Result<(BaselineIndex, IndexOrigin, Option<Vec<u8>>), SaveError> {
     let key = index_key(&parent.manifest_digest);
-    if let Some(index) = cache
-        .get_bytes(&key)
-        .await
-        .as_deref()
-        .and_then(decode_index)
+    if let Some(bytes) = cache.get_bytes(&key).await
+        && let Some(index) = decode_index(&bytes)
     {
-        return Ok((index, IndexOrigin::Cache));
+        return Ok((index, IndexOrigin::Cache, Some(bytes)));
     }
     let layers = parent.layers();
     let mut index = BaselineIndex::default();
@@ -473,8 +469,9 @@ async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
         .await
         .map_err(|_| SaveError::TaskPanicked)??;
     }
-    cache.put_bytes(&key, &encode_index(&index)).await;
-    Ok((index, IndexOrigin::Layers))
+    let encoded = encode_index(&index);
+    cache.put_bytes(&key, &encoded).await;
+    Ok((index, IndexOrigin::Layers, Some(encoded)))
 }
 
 /// A change set saved before (same key): its layer, fetched into `staged` unless the target
@@ -486,10 +483,11 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
     record_key: &str,
     child_index_key: &str,
     staged: &tempfile::NamedTempFile,
-) -> Option<(LayerDescriptor, BaselineIndex)> {
+) -> Option<(LayerDescriptor, BaselineIndex, Vec<u8>)> {
     let record: LayerRecord = serde_json::from_slice(&cache.get_bytes(record_key).await?).ok()?;
     let layer = record.descriptor()?;
-    let child = decode_index(&cache.get_bytes(child_index_key).await?)?;
+    let child_encoded = cache.get_bytes(child_index_key).await?;
+    let child = decode_index(&child_encoded)?;
     if !registry.has_blob(target, &layer.digest).await
         && !cache
             .get_to_file(&blob_key(&layer.digest), staged.path())
@@ -497,7 +495,7 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
     {
         return None;
     }
-    Some((layer, child))
+    Some((layer, child, child_encoded))
 }
 
 /// Reads the change-set tar once: into the child index and through compression into `staged`.
