@@ -17,17 +17,8 @@ fn cache_for(server: &S3Server, bucket: &str) -> S3Cache {
     })
 }
 
-/// Bytes that do not repeat with any short period, so a misplaced part would be noticed.
 fn patterned(len: usize) -> Vec<u8> {
-    let mut state: u32 = 0x9E37_79B9;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            state.to_le_bytes()[0]
-        })
-        .collect()
+    labforge_tests::noise(len, 0x9E37_79B9)
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 
 use crate::{labforge, need};
 use labforge_tests::faulty::FaultyRelay;
+use labforge_tests::noise;
 use labforge_tests::notebook::JupyterLab;
 use labforge_tests::tools::{locate, run};
 use labforge_tests::{Registry, S3Server};
@@ -19,19 +20,6 @@ fn write(root: &Path, rel: &str, body: impl AsRef<[u8]>) {
     let path = root.join(rel);
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(path, body).unwrap();
-}
-
-/// Bytes zstd cannot shrink, so layer sizes follow content sizes.
-fn noise(len: usize, seed: u32) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            state.to_le_bytes()[1]
-        })
-        .collect()
 }
 
 fn save(args: &[&str], registry: &str) -> Output {

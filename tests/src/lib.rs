@@ -44,3 +44,17 @@ pub fn artifacts_dir() -> Result<std::path::PathBuf, SupportError> {
     })?;
     Ok(dir)
 }
+
+/// Deterministic bytes with no short period that compressors cannot shrink (xorshift): a misplaced
+/// part of a blob is noticed, and a layer's size follows its content's.
+pub fn noise(len: usize, seed: u32) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
