@@ -269,7 +269,7 @@ pub struct CommitArgs {
     pub s3_region: String,
     /// Filled from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY by `run`, not by clap.
     #[arg(skip)]
-    pub s3_credentials: Option<(String, String)>,
+    pub s3_credentials: Option<Secret<(String, String)>>,
     /// Image reference to push, e.g. `registry.example.com/team/env:v1`.
     #[arg(long)]
     pub target: String,
@@ -288,7 +288,7 @@ pub struct CommitArgs {
     pub registry_user: Option<String>,
     /// Filled from LABFORGE_REGISTRY_PASSWORD by `run`, not by clap.
     #[arg(skip)]
-    pub registry_password: Option<String>,
+    pub registry_password: Option<Secret<String>>,
     /// Image user (`uid[:gid]` or name).
     #[arg(long)]
     pub user: Option<String>,
@@ -341,7 +341,7 @@ fn blob_cache(args: &CommitArgs) -> anyhow::Result<Option<BlobCache>> {
     if bucket.is_empty() {
         anyhow::bail!("--cache-s3 {url:?} names no bucket");
     }
-    let Some((access_key_id, secret_access_key)) = args.s3_credentials.clone() else {
+    let Some(Secret((access_key_id, secret_access_key))) = args.s3_credentials.clone() else {
         anyhow::bail!(
             "--cache-s3 needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
         );
@@ -377,7 +377,7 @@ impl TryFrom<&CommitArgs> for SaveOptions {
             }
         };
         let credentials = match (&args.registry_user, &args.registry_password) {
-            (Some(user), Some(password)) => Some((user.clone(), password.clone())),
+            (Some(user), Some(Secret(password))) => Some((user.clone(), password.clone())),
             (None, None) => None,
             (Some(_), None) => {
                 anyhow::bail!("--registry-user needs LABFORGE_REGISTRY_PASSWORD in the environment")
@@ -412,9 +412,10 @@ impl TryFrom<&CommitArgs> for SaveOptions {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Build(BuildCommand::Commit(mut args)) => {
-            args.registry_password = env_var("LABFORGE_REGISTRY_PASSWORD");
-            args.s3_credentials =
-                env_var("AWS_ACCESS_KEY_ID").zip(env_var("AWS_SECRET_ACCESS_KEY"));
+            args.registry_password = env_var("LABFORGE_REGISTRY_PASSWORD").map(Secret);
+            args.s3_credentials = env_var("AWS_ACCESS_KEY_ID")
+                .zip(env_var("AWS_SECRET_ACCESS_KEY"))
+                .map(Secret);
             build_commit(&args).await
         }
         Command::Render(args) => render(&args),
@@ -426,6 +427,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// A value read from the environment that must never reach a log line or a `Debug` print.
+#[derive(Clone)]
+pub struct Secret<T>(pub T);
+
+impl<T> std::fmt::Debug for Secret<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
     }
 }
 
@@ -694,6 +705,30 @@ mod tests {
         assert!(err.to_string().contains("--level 12"), "{err}");
         let ok = SaveOptions::try_from(&parse(&["--compression", "gzip", "--level", "1"])).unwrap();
         assert_eq!(ok.compression, Compression::Gzip { level: 1 });
+    }
+
+    #[test]
+    fn secrets_from_the_environment_never_show_in_debug_output() {
+        let mut args = parse(&["--cache-s3", "s3://bucket/prefix"]);
+        args.registry_user = Some("alice".into());
+        args.registry_password = Some(Secret("registry-pa55".into()));
+        args.s3_credentials = Some(Secret(("AKID".into(), "s3-s3cret".into())));
+        let shown = format!("{args:?}");
+        assert!(
+            shown.contains("alice") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("registry-pa55") && !shown.contains("s3-s3cret"),
+            "{shown}"
+        );
+        // And the options built from them still carry the values.
+        let options = SaveOptions::try_from(&args).unwrap();
+        assert_eq!(
+            options.registry.credentials,
+            Some(("alice".to_owned(), "registry-pa55".to_owned()))
+        );
+        assert!(matches!(options.cache, Some(BlobCache::S3(_))));
     }
 
     #[test]
