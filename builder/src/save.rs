@@ -286,7 +286,7 @@ pub async fn save(
     })
 }
 
-/// Cache keys; the layout is part of the cache's contract with older labforge versions.
+/// Cache keys: every builder sharing a cache (replicas, the CLI, the web app) must agree on them.
 fn blob_key(digest: &Digest) -> String {
     format!("blobs/sha256/{}", digest.hex())
 }
