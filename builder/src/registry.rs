@@ -244,15 +244,13 @@ impl RegistryClient {
             if self.push_blob_file(&reference, layer).await? {
                 uploaded_layers += 1;
             }
-            let mut descriptor = json!({
+            // The caller picks the layer's media type with its compression (Docker's for a
+            // Docker parent, see `save`): the descriptor is written as given.
+            layers.push(json!({
                 "mediaType": layer.descriptor.media_type,
                 "digest": layer.descriptor.digest.as_str(),
                 "size": layer.descriptor.size,
-            });
-            if parent.is_some_and(|p| p.docker) {
-                descriptor["mediaType"] = json!(DOCKER_LAYER_MEDIA_TYPE);
-            }
-            layers.push(descriptor);
+            }));
         }
 
         let docker = parent.is_some_and(|p| p.docker);

@@ -1,11 +1,9 @@
 //! `labforge build commit` pushing to a real registry, read back with skopeo and umoci.
 
+use crate::save::{inspect, save, unpack};
 use crate::{labforge, need};
 use labforge_tests::Registry;
-use labforge_tests::tools::{locate, run};
-use serde_json::Value;
 use std::fs;
-use std::process::Command;
 
 fn sample_root() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -16,37 +14,15 @@ fn sample_root() -> tempfile::TempDir {
     dir
 }
 
-/// `skopeo inspect` with an optional view flag (`--config`, `--raw`).
-fn skopeo_inspect(reference: &str, view: Option<&str>) -> Value {
-    let skopeo = need(locate("skopeo"));
-    let mut cmd = Command::new(skopeo);
-    cmd.args(["inspect", "--tls-verify=false"]);
-    cmd.args(view);
-    let out = need(run(cmd.arg(format!("docker://{reference}"))));
-    serde_json::from_str(&out).unwrap()
-}
-
 fn commit(
     root: &std::path::Path,
     target: &str,
     registry: &str,
     extra: &[&str],
 ) -> std::process::Output {
-    labforge()
-        .args([
-            "build",
-            "commit",
-            "--quiet",
-            "--insecure-registry",
-            registry,
-            "--target",
-            target,
-        ])
-        .arg("--root")
-        .arg(root)
-        .args(extra)
-        .output()
-        .unwrap()
+    let mut args = vec!["--target", target, "--root", root.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    save(&args, registry)
 }
 
 /// The digest printed on the final line: `pushed REF@sha256:... (...)`.
@@ -87,7 +63,7 @@ async fn committed_tree_is_pushed_and_skopeo_reads_it_back() {
         "no digest on the last line: {stdout}"
     );
 
-    let inspected = skopeo_inspect(&target, None);
+    let inspected = inspect(&target, &[]);
     assert_eq!(
         inspected["Digest"],
         digest.as_str(),
@@ -99,7 +75,7 @@ async fn committed_tree_is_pushed_and_skopeo_reads_it_back() {
         stdout.contains(layers[0].as_str().unwrap()),
         "layer digest printed: {stdout}"
     );
-    let manifest = skopeo_inspect(&target, Some("--raw"));
+    let manifest = inspect(&target, &["--raw"]);
     assert_eq!(
         manifest["mediaType"],
         "application/vnd.oci.image.manifest.v1+json"
@@ -109,7 +85,7 @@ async fn committed_tree_is_pushed_and_skopeo_reads_it_back() {
         "application/vnd.oci.image.layer.v1.tar+zstd"
     );
 
-    let config = skopeo_inspect(&target, Some("--config"));
+    let config = inspect(&target, &["--config"]);
     assert_eq!(config["config"]["User"], "1000:100");
     assert_eq!(config["rootfs"]["diff_ids"].as_array().unwrap().len(), 1);
     assert!(
@@ -137,21 +113,7 @@ async fn gzip_commit_unpacks_with_umoci_to_the_same_tree() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let work = tempfile::tempdir().unwrap();
-    let layout = work.path().join("layout");
-    let bundle = work.path().join("bundle");
-    need(run(Command::new(need(locate("skopeo"))).args([
-        "copy".to_string(),
-        "-q".into(),
-        "--src-tls-verify=false".into(),
-        format!("docker://{target}"),
-        format!("oci:{}:v1", layout.display()),
-    ])));
-    need(run(Command::new(need(locate("umoci")))
-        .args(["unpack", "--image"])
-        .arg(format!("{}:v1", layout.display()))
-        .arg(&bundle)));
-    let rootfs = bundle.join("rootfs");
+    let (_work, rootfs) = unpack(&target);
     assert_eq!(
         fs::read_to_string(rootfs.join("opt/env/lib/module.py")).unwrap(),
         "ANSWER = 42\n"

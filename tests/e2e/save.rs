@@ -22,7 +22,8 @@ fn write(root: &Path, rel: &str, body: impl AsRef<[u8]>) {
     fs::write(path, body).unwrap();
 }
 
-fn save(args: &[&str], registry: &str) -> Output {
+/// `labforge build commit --quiet --insecure-registry REGISTRY ARGS...`.
+pub(crate) fn save(args: &[&str], registry: &str) -> Output {
     labforge()
         .args([
             "build",
@@ -51,7 +52,8 @@ fn skopeo(args: &[&str]) -> Result<String, labforge_tests::SupportError> {
     run(Command::new(need(locate("skopeo"))).args(args))
 }
 
-fn inspect(reference: &str, view: &[&str]) -> Value {
+/// `skopeo inspect` with view flags (`--raw`, `--config`).
+pub(crate) fn inspect(reference: &str, view: &[&str]) -> Value {
     let mut args = vec!["inspect", "--tls-verify=false"];
     args.extend_from_slice(view);
     let target = format!("docker://{reference}");
@@ -64,7 +66,7 @@ fn inspect(reference: &str, view: &[&str]) -> Value {
 const GZIP: [&str; 2] = ["--compression", "gzip"];
 
 /// Copies `reference` into an OCI layout and unpacks it with umoci; returns (workdir, rootfs).
-fn unpack(reference: &str) -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn unpack(reference: &str) -> (tempfile::TempDir, PathBuf) {
     let work = tempfile::tempdir().unwrap();
     let layout = work.path().join("layout");
     need(skopeo(&[
