@@ -6,9 +6,14 @@
 //! reported). Names, link targets, sub-second mtimes, large ids and xattrs that ustar cannot hold
 //! go into PAX records. Whiteouts come first so that a runtime applying the layer in order removes
 //! what the image had before it adds what replaces it.
+//!
+//! Every entry's parent directories are in the layer too, with their metadata as they are now
+//! (as containerd's and Docker's diffs do): a runtime applying a layer creates a missing parent as
+//! root 0755, and on overlayfs that new directory would hide the image's own owner and mode, so a
+//! user's `pip install` into a directory they own would leave it owned by root.
 
 use crate::scan::{ChangeSet, device_numbers};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, Metadata};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -56,19 +61,30 @@ pub fn write_change_set<W: Write>(
     let mut writer = EntryWriter {
         tar: tar::Builder::new(out),
         hardlinks: HashMap::new(),
+        directories: HashSet::new(),
         summary: WriteSummary::default(),
     };
     for path in &changes.deleted {
+        writer.parents(root, path)?;
         writer.whiteout(&whiteout_path(path))?;
     }
     for path in changes.entries.iter().filter(|e| e.replaces) {
+        writer.parents(root, &path.path)?;
         writer.whiteout(&whiteout_path(&path.path))?;
     }
     for dir in &changes.opaque {
+        writer.parents(root, &dir.join(OPAQUE_WHITEOUT))?;
         writer.whiteout(&dir.join(OPAQUE_WHITEOUT))?;
     }
     for entry in &changes.entries {
+        if entry.meta.is_dir() && writer.directories.contains(&entry.path) {
+            continue;
+        }
+        writer.parents(root, &entry.path)?;
         writer.entry(root, &entry.path, &entry.meta)?;
+        if entry.meta.is_dir() {
+            writer.directories.insert(entry.path.clone());
+        }
         progress(writer.summary.entries, writer.summary.content_bytes);
     }
     let out = writer.tar.into_inner().map_err(WriteError::Write)?;
@@ -86,10 +102,35 @@ struct EntryWriter<W: Write> {
     tar: tar::Builder<W>,
     /// First name written for each multiply-linked inode; later names become hardlink entries.
     hardlinks: HashMap<(u64, u64), PathBuf>,
+    /// Directories already in the layer.
+    directories: HashSet<PathBuf>,
     summary: WriteSummary,
 }
 
 impl<W: Write> EntryWriter<W> {
+    /// Writes the directories above `rel` that the layer does not have yet, outermost first.
+    fn parents(&mut self, root: &Path, rel: &Path) -> Result<(), WriteError> {
+        let mut missing: Vec<&Path> = rel
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .take_while(|a| !self.directories.contains(*a))
+            .collect();
+        missing.reverse();
+        for dir in missing {
+            let full = root.join(dir);
+            let meta = fs::symlink_metadata(&full).map_err(|source| WriteError::Read {
+                path: full.clone(),
+                source,
+            })?;
+            if meta.is_dir() {
+                self.entry(root, dir, &meta)?;
+            }
+            self.directories.insert(dir.to_owned());
+        }
+        Ok(())
+    }
+
     fn whiteout(&mut self, path: &Path) -> Result<(), WriteError> {
         let mut header = tar::Header::new_ustar();
         header.set_entry_type(tar::EntryType::Regular);

@@ -26,6 +26,8 @@ pub const DEFAULT_IGNORE: &[&str] = &[
     "/etc/hosts",
     "/etc/hostname",
     "/etc/resolv.conf",
+    // Made by the runtime at start (a link to /proc/mounts) when the image has none.
+    "/etc/mtab",
     "/run/secrets",
     "/var/run/secrets",
     "/run/.containerenv",

@@ -314,3 +314,39 @@ fn unreadable_file_is_reported_by_path() {
     let err = write_change_set(root, &changes, Vec::new(), |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("usr/bin/tool"), "{err}");
 }
+
+#[test]
+fn every_entry_comes_with_its_parent_directories_as_they_are() {
+    let base = base_tree();
+    let root = base.path();
+    fs::set_permissions(root.join("opt/pkg"), fs::Permissions::from_mode(0o775)).unwrap();
+    let index = full_index(root);
+    // Only a file deep in an unchanged directory, and a deletion in another.
+    fs::write(root.join("opt/pkg/sub/c.py"), "changed").unwrap();
+    fs::remove_file(root.join("var/cache/x/1")).unwrap();
+    let changes = scan(root, &index, &ScanOptions::default(), |_| {}).unwrap();
+    let tar = layer_of(root, &changes);
+    let mut archive = tar::Archive::new(&tar[..]);
+    let entries: Vec<(String, u32, tar::EntryType)> = archive
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let path = e.path().unwrap().to_string_lossy().trim_end_matches('/').to_owned();
+            (path, e.header().mode().unwrap(), e.header().entry_type())
+        })
+        .collect();
+    let position = |p: &str| entries.iter().position(|e| e.0 == p);
+    for dir in ["opt", "opt/pkg", "opt/pkg/sub", "var", "var/cache", "var/cache/x"] {
+        let i = position(dir).unwrap_or_else(|| panic!("{dir} missing from {entries:?}"));
+        assert_eq!(entries[i].2, tar::EntryType::Directory);
+        // Each appears once, before what is inside it.
+        assert_eq!(entries.iter().filter(|e| e.0 == dir).count(), 1, "{dir}");
+    }
+    assert_eq!(entries[position("opt/pkg").unwrap()].1, 0o775);
+    assert!(position("opt/pkg").unwrap() < position("opt/pkg/sub/c.py").unwrap());
+    assert!(position("var/cache/x").unwrap() < position("var/cache/x/.wh.1").unwrap());
+    // Unchanged siblings stay out.
+    assert_eq!(position("opt/keep"), None);
+    assert_eq!(position("etc"), None);
+}
