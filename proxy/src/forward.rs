@@ -13,7 +13,7 @@ use crate::authz::{Decision, IdentitySource, NamespaceAccess, authorize};
 use crate::metrics::{ErrorLabels, Metrics};
 use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
-use crate::routes::RequestView;
+use crate::routes::{RequestView, Rule};
 use crate::source::RouteStore;
 use crate::upstream::{PooledBody, UpstreamPool};
 use bytes::Bytes;
@@ -61,7 +61,12 @@ pub struct Forwarder {
     metrics: Arc<Metrics>,
     /// Destination `host:port` → address to connect to instead (embedded mode, tests).
     upstream_addresses: HashMap<String, String>,
+    /// Where requests outside [`NOTEBOOK_PATHS`] go, unauthenticated (the embedded web app).
+    fallback: Option<String>,
 }
+
+/// Paths only routes serve, never the fallback: every notebook's prefix is below it.
+pub const NOTEBOOK_PATHS: &str = "/notebook/";
 
 impl Forwarder {
     pub fn new(
@@ -70,6 +75,7 @@ impl Forwarder {
         access: Arc<dyn NamespaceAccess>,
         metrics: Arc<Metrics>,
         upstream_addresses: HashMap<String, String>,
+        fallback: Option<String>,
     ) -> Self {
         Self {
             upstreams: Arc::default(),
@@ -78,6 +84,7 @@ impl Forwarder {
             access,
             metrics,
             upstream_addresses,
+            fallback,
         }
     }
 
@@ -116,13 +123,26 @@ impl Forwarder {
 
     async fn forward(
         &self,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
         peer: SocketAddr,
         tls: bool,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
         let host = authority.host().to_ascii_lowercase();
         let path = normalize_path(request.uri().path())?;
+        // The web app (embedded mode) authenticates its own requests; notebook paths never go there.
+        if let Some(fallback) = &self.fallback
+            && !path.starts_with(NOTEBOOK_PATHS)
+        {
+            let path_and_query = match request.uri().query() {
+                Some(query) => format!("{path}?{query}"),
+                None => path.into_owned(),
+            };
+            let address = fallback.clone();
+            return self
+                .send(request, authority, peer, tls, &address, path_and_query, None)
+                .await;
+        }
         // Authentication first: an anonymous client learns nothing about which routes exist.
         let identity = self
             .identity
@@ -147,13 +167,31 @@ impl Forwarder {
         let address = self
             .upstream_addresses
             .get(&destination.authority)
-            .unwrap_or(&destination.authority);
+            .unwrap_or(&destination.authority)
+            .clone();
         let upstream_path = rule.rewritten_path(&found, &path);
         let path_and_query = match request.uri().query() {
             Some(query) => format!("{upstream_path}?{query}"),
             None => upstream_path.into_owned(),
         };
         drop(table);
+        self.send(request, authority, peer, tls, &address, path_and_query, Some(rule))
+            .await
+    }
+
+    /// Sends `request` to `address` as `path_and_query`, with `rule`'s header changes and activity
+    /// when it was routed by one.
+    #[allow(clippy::too_many_arguments)]
+    async fn send(
+        &self,
+        mut request: Request<Incoming>,
+        authority: Authority,
+        peer: SocketAddr,
+        tls: bool,
+        address: &str,
+        path_and_query: String,
+        rule: Option<Arc<Rule>>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         // Origin form: the connection is to the destination already.
         let uri = Uri::builder()
             .path_and_query(path_and_query)
@@ -194,7 +232,9 @@ impl Forwarder {
         {
             headers.insert(X_FORWARDED_HOST.clone(), value);
         }
-        rule.request_headers.apply(headers);
+        if let Some(rule) = &rule {
+            rule.request_headers.apply(headers);
+        }
         parts.uri = uri;
         parts.version = Version::HTTP_11;
         let upstream_request = Request::from_parts(parts, body);
@@ -233,13 +273,15 @@ impl Forwarder {
         self.metrics
             .upstream_latency
             .observe(started.elapsed().as_secs_f64());
-        let activity = rule.owner.activity.clone();
+        let activity = rule.as_ref().map(|rule| rule.owner.activity.clone());
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_upgrade) = client_upgrade
         {
             let upstream_upgrade = hyper::upgrade::on(&mut response);
-            activity.touch();
+            if let Some(activity) = &activity {
+                activity.touch();
+            }
             let metrics = self.metrics.clone();
             tokio::spawn(async move {
                 let (client_io, upstream_io) =
@@ -272,11 +314,15 @@ impl Forwarder {
             return Ok(Response::from_parts(parts, Either::Right(Full::default())));
         }
 
-        if response.status().as_u16() < 400 {
+        if let Some(activity) = &activity
+            && response.status().as_u16() < 400
+        {
             activity.touch();
         }
         strip_hop_by_hop(response.headers_mut());
-        rule.response_headers.apply(response.headers_mut());
+        if let Some(rule) = &rule {
+            rule.response_headers.apply(response.headers_mut());
+        }
         Ok(response.map(Either::Left))
     }
 }
@@ -372,7 +418,7 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
 /// An upgraded connection whose reads count as the route's activity.
 struct Touching<T> {
     io: T,
-    cell: Arc<ActivityCell>,
+    cell: Option<Arc<ActivityCell>>,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Touching<T> {
@@ -384,7 +430,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Touching<T> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.cell.touch();
+            if let Some(cell) = &self.cell {
+                cell.touch();
+            }
         }
         polled
     }

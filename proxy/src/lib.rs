@@ -60,6 +60,9 @@ pub struct ProxyOptions {
     pub upstream_addresses: HashMap<String, String>,
     /// Serving threads; 0 means one per CPU.
     pub threads: usize,
+    /// `host:port` that requests outside `/notebook/` go to, authenticated by it rather than by
+    /// the proxy: the web app, when the proxy is embedded mode's one entry point.
+    pub fallback: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -189,6 +192,7 @@ pub async fn start(
             options.access.clone(),
             metrics.clone(),
             options.upstream_addresses.clone(),
+            options.fallback.clone(),
         );
         let tls = tls.clone();
         let mut stopped = stopped.clone();

@@ -56,6 +56,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         tls: None,
         upstream_addresses: upstreams,
         threads: 2,
+        fallback: None,
     }
 }
 
