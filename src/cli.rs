@@ -55,6 +55,78 @@ pub enum Command {
     /// Run the notebook proxy: routes from Istio VirtualServices (a Kubernetes watch, or
     /// --routes-file), every request authenticated and authorized per notebook.
     Proxy(ProxyArgs),
+    /// Run everything on this machine (web app, proxy, notebooks in podman, saves, a local
+    /// registry); prints the URL and, on first start, the admin's password.
+    ///
+    /// Reads Kubeflow's culling environment: ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD.
+    Up(UpArgs),
+    /// Manage the embedded mode's local users (the data dir `labforge up` uses).
+    #[command(subcommand)]
+    User(UserCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Where users, notebooks, the registry's blobs and the cache are kept.
+    #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+    pub data_dir: std::path::PathBuf,
+    /// The one address users connect to (web app and notebooks).
+    #[arg(long, env = "LABFORGE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Container engine: podman or docker.
+    #[arg(long, default_value = "podman")]
+    pub engine: std::path::PathBuf,
+    /// Use this registry (`host:port`) instead of starting a local one.
+    #[arg(long)]
+    pub registry: Option<String>,
+    /// Where the local registry listens.
+    #[arg(
+        long,
+        env = "LABFORGE_REGISTRY_LISTEN",
+        default_value = "127.0.0.1:5000"
+    )]
+    pub registry_listen: std::net::SocketAddr,
+    /// The registry program (Debian's docker-registry).
+    #[arg(long, default_value = "docker-registry")]
+    pub registry_program: std::path::PathBuf,
+    /// Registries spoken to over plain HTTP, besides the local one (repeatable).
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
+    /// The static save agent (`make agent`); default: `../agent/labforge-agent` next to this binary.
+    #[arg(long, env = "LABFORGE_AGENT")]
+    pub agent: Option<std::path::PathBuf>,
+    /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
+    #[arg(long)]
+    pub spawner_config: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user (their namespace has their name); prints the generated password once.
+    Add {
+        name: String,
+        #[arg(long)]
+        admin: bool,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: std::path::PathBuf,
+    },
+    /// List users.
+    List {
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: std::path::PathBuf,
+    },
+    /// Give a user a new generated password, printed once.
+    Reset {
+        name: String,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: std::path::PathBuf,
+    },
+    /// Remove a user (their notebooks stay until an admin deletes them).
+    Remove {
+        name: String,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -147,6 +219,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             },
             upstream_addresses,
             threads: args.threads,
+            fallback: None,
         })
     }
 }
@@ -421,6 +494,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Render(args) => render(&args),
         Command::Controller(args) => controller(&args).await,
         Command::Proxy(args) => proxy(&args).await,
+        Command::Up(args) => up(&args).await,
+        Command::User(command) => user(command),
         Command::Crds => {
             for crd in labforge_crds::crds() {
                 print!("{}", labforge_crds::crd_yaml(&crd)?);
@@ -617,6 +692,107 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
             saved.image.reference, saved.image.manifest_digest
         ),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn user(command: UserCommand) -> anyhow::Result<ExitCode> {
+    use labforge_web::users::Users;
+    match command {
+        UserCommand::Add {
+            name,
+            admin,
+            data_dir,
+        } => {
+            let password = Users::open(&data_dir)?.add(&name, admin)?;
+            println!("user {name} added; password (shown once): {password}");
+        }
+        UserCommand::List { data_dir } => {
+            for user in Users::open(&data_dir)?.list() {
+                let role = if user.admin { "admin" } else { "user" };
+                println!("{}\t{}\tnamespace {}", user.name, role, user.namespace);
+            }
+        }
+        UserCommand::Reset { name, data_dir } => {
+            let password = Users::open(&data_dir)?.reset_password(&name)?;
+            println!("new password for {name} (shown once): {password}");
+        }
+        UserCommand::Remove { name, data_dir } => {
+            Users::open(&data_dir)?.remove(&name)?;
+            println!("user {name} removed");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The agent next to this binary: `<target>/agent/labforge-agent` beside `<target>/<profile>/labforge`.
+fn default_agent() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let candidate = exe.parent()?.parent()?.join("agent").join("labforge-agent");
+    candidate.is_file().then_some(candidate)
+}
+
+async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    let culling = labforge_notebook_controller::culler::CullingConfig::from_env(env_var)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let spawner = match &args.spawner_config {
+        Some(path) => Some(
+            serde_json::from_slice(
+                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            )
+            .with_context(|| format!("{} is not a valid spawner configuration", path.display()))?,
+        ),
+        None => None,
+    };
+    let agent = args.agent.clone().or_else(default_agent);
+    if agent.is_none() {
+        tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");
+    }
+    let running = labforge_web::embedded::start(labforge_web::embedded::UpOptions {
+        data_dir: args.data_dir.clone(),
+        listen: args.listen,
+        engine: args.engine.clone(),
+        registry: args.registry.clone(),
+        registry_listen: args.registry_listen,
+        registry_program: args.registry_program.clone(),
+        insecure_registries: args.insecure_registries.clone(),
+        agent,
+        spawner,
+        cache: None,
+        culling,
+        cdi_dirs: labforge_web::gpus::CDI_DIRS
+            .iter()
+            .map(Into::into)
+            .collect(),
+    })
+    .await?;
+    println!();
+    println!("  labforge is running: {}", running.url);
+    match &running.created_admin {
+        Some((name, password)) => {
+            println!("  Sign in as {name} with password {password}  (shown only now)")
+        }
+        None => println!(
+            "  Sign in with your user; a forgotten password: labforge user reset <name> --data-dir {}",
+            args.data_dir.display()
+        ),
+    }
+    println!(
+        "  Registry: http://{}   Data: {}",
+        running.registry,
+        args.data_dir.display()
+    );
+    println!(
+        "  Ctrl-C stops labforge; running notebooks keep running and are adopted at the next start."
+    );
+    println!();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("stopping");
+    drop(running);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -140,7 +140,15 @@ impl Forwarder {
             };
             let address = fallback.clone();
             return self
-                .send(request, authority, peer, tls, &address, path_and_query, None)
+                .send(
+                    request,
+                    authority,
+                    peer,
+                    tls,
+                    &address,
+                    path_and_query,
+                    None,
+                )
                 .await;
         }
         // Authentication first: an anonymous client learns nothing about which routes exist.
@@ -175,8 +183,16 @@ impl Forwarder {
             None => upstream_path.into_owned(),
         };
         drop(table);
-        self.send(request, authority, peer, tls, &address, path_and_query, Some(rule))
-            .await
+        self.send(
+            request,
+            authority,
+            peer,
+            tls,
+            &address,
+            path_and_query,
+            Some(rule),
+        )
+        .await
     }
 
     /// Sends `request` to `address` as `path_and_query`, with `rule`'s header changes and activity
@@ -429,10 +445,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Touching<T> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            if let Some(cell) = &self.cell {
-                cell.touch();
-            }
+        if matches!(polled, Poll::Ready(Ok(())))
+            && buf.filled().len() > before
+            && let Some(cell) = &self.cell
+        {
+            cell.touch();
         }
         polled
     }

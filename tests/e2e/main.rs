@@ -9,6 +9,7 @@ mod cli_render;
 mod controller;
 mod culling;
 mod deploy;
+mod embedded;
 mod fake_kube;
 mod notebook_image;
 mod proxy;

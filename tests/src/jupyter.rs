@@ -8,6 +8,9 @@ pub struct JupyterClient {
     http: reqwest::Client,
     base: String,
     xsrf: String,
+    /// Cookies given by the caller (a proxy's session), sent along with `_xsrf`.
+    cookies: Option<String>,
+    headers: reqwest::header::HeaderMap,
 }
 
 impl JupyterClient {
@@ -22,8 +25,12 @@ impl JupyterClient {
         headers: reqwest::header::HeaderMap,
     ) -> Result<Self, SupportError> {
         crate::init_crypto();
+        let mut headers = headers;
+        let cookies = headers
+            .remove(reqwest::header::COOKIE)
+            .and_then(|v| v.to_str().ok().map(str::to_owned));
         let http = reqwest::Client::builder()
-            .default_headers(headers)
+            .default_headers(headers.clone())
             .build()
             .map_err(|e| SupportError::Command {
                 command: format!("building a client for {base}"),
@@ -33,11 +40,11 @@ impl JupyterClient {
             command: format!("GET {base}/lab"),
             detail,
         };
-        let response = http
-            .get(format!("{base}/lab"))
-            .send()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let mut request = http.get(format!("{base}/lab"));
+        if let Some(cookies) = &cookies {
+            request = request.header(reqwest::header::COOKIE, cookies);
+        }
+        let response = request.send().await.map_err(|e| failed(e.to_string()))?;
         let xsrf = response
             .headers()
             .get_all(reqwest::header::SET_COOKIE)
@@ -51,12 +58,100 @@ impl JupyterClient {
             http,
             base: base.to_owned(),
             xsrf,
+            cookies,
+            headers,
         })
     }
 
     /// The XSRF token (Jupyter wants it as `_xsrf` cookie and header, websockets included).
     pub fn xsrf(&self) -> &str {
         &self.xsrf
+    }
+
+    /// The Cookie header for this server: the caller's cookies and `_xsrf`.
+    pub fn cookie_header(&self) -> String {
+        match &self.cookies {
+            Some(cookies) => format!("{cookies}; _xsrf={}", self.xsrf),
+            None => format!("_xsrf={}", self.xsrf),
+        }
+    }
+
+    /// Runs `code` in a new kernel over its websocket (as JupyterLab does) and returns what it
+    /// printed; an error names the exception the code raised.
+    pub async fn run_code(&self, code: &str) -> Result<String, SupportError> {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+        let kernel = self
+            .post("/api/kernels", &serde_json::json!({"name": "python3"}))
+            .await?;
+        let id = kernel["id"].as_str().unwrap_or_default().to_owned();
+        let url = format!(
+            "{}/api/kernels/{id}/channels",
+            self.base.replacen("http", "ws", 1)
+        );
+        let failed = |detail: String| SupportError::Command {
+            command: format!("kernel websocket {url}"),
+            detail,
+        };
+        let mut request = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| failed(e.to_string()))?;
+        for (name, value) in &self.headers {
+            request.headers_mut().insert(name.clone(), value.clone());
+        }
+        let cookie = self
+            .cookie_header()
+            .parse()
+            .map_err(|_| failed("cookie".into()))?;
+        request.headers_mut().insert("cookie", cookie);
+        let xsrf = self.xsrf.parse().map_err(|_| failed("xsrf".into()))?;
+        request.headers_mut().insert("x-xsrftoken", xsrf);
+        let (mut socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let msg_id = format!("labforge-{}", jiff::Timestamp::now().as_nanosecond());
+        let execute = serde_json::json!({
+            "header": {"msg_id": msg_id, "username": "labforge", "session": "labforge-tests",
+                       "msg_type": "execute_request", "version": "5.3",
+                       "date": jiff::Timestamp::now().to_string()},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": false, "store_history": false,
+                        "user_expressions": {}, "allow_stdin": false, "stop_on_error": true}
+        });
+        socket
+            .send(Message::text(execute.to_string()))
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let mut printed = String::new();
+        while let Some(message) = socket.next().await {
+            let Ok(Message::Text(text)) = message else {
+                continue;
+            };
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| failed(e.to_string()))?;
+            if value["parent_header"]["msg_id"] != msg_id.as_str() {
+                continue;
+            }
+            match value["msg_type"].as_str() {
+                Some("stream") => {
+                    printed.push_str(value["content"]["text"].as_str().unwrap_or_default())
+                }
+                Some("error") => {
+                    return Err(failed(format!(
+                        "{}: {} (printed before: {printed})",
+                        value["content"]["ename"], value["content"]["evalue"]
+                    )));
+                }
+                Some("status") if value["content"]["execution_state"] == "idle" => {
+                    return Ok(printed);
+                }
+                _ => {}
+            }
+        }
+        Err(failed(format!(
+            "closed before the code finished; printed: {printed}"
+        )))
     }
 
     /// POSTs JSON to an API path (`/api/kernels`, ...) and returns the JSON answer.
@@ -74,7 +169,7 @@ impl JupyterClient {
             .http
             .post(&url)
             .header("X-XSRFToken", &self.xsrf)
-            .header(reqwest::header::COOKIE, format!("_xsrf={}", self.xsrf))
+            .header(reqwest::header::COOKIE, self.cookie_header())
             .json(body)
             .send()
             .await

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod browser;
+pub mod embedded;
 pub mod fake_kube;
 pub mod faulty;
 pub mod images;

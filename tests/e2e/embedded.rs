@@ -1,0 +1,518 @@
+//! `labforge up` end to end, through its one port as users and the UI use it: sign-in, the
+//! notebooks API, JupyterLab and its kernels through the proxy, saving an environment and
+//! starting on it, access control, bad input, and a restart that adopts running notebooks.
+
+use crate::controller::eventually;
+use crate::need;
+use labforge_tests::embedded::LabforgeUp;
+use labforge_tests::jupyter::JupyterClient;
+use serde_json::{Value, json};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A signed-in API client.
+struct Session {
+    http: reqwest::Client,
+    base: String,
+    cookie: String,
+}
+
+impl Session {
+    async fn sign_in(up: &LabforgeUp, user: &str, password: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let response = http
+            .post(format!("{}/api/login", up.url))
+            .json(&json!({"username": user, "password": password}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "login of {user}");
+        let set_cookie = response.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
+            "{set_cookie}"
+        );
+        Self {
+            http,
+            base: up.url.clone(),
+            cookie: set_cookie.split(';').next().unwrap().to_owned(),
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("cookie", &self.cookie);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn patch(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::PATCH, path, Some(body)).await
+    }
+
+    async fn wait_state(&self, ns: &str, name: &str, want: &str, timeout: Duration) -> Value {
+        let path = format!("/api/namespaces/{ns}/notebooks/{name}");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (status, body) = self.get(&path).await;
+            assert_eq!(status, 200, "{body}");
+            if body["notebook"]["state"] == want {
+                return body;
+            }
+            if Instant::now() > deadline {
+                let (_, events) = self.get(&format!("{path}/events")).await;
+                panic!("{ns}/{name} not {want} within {timeout:?}: {body}\nevents: {events}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("cookie", self.cookie.parse().unwrap());
+        need(
+            JupyterClient::connect_with_headers(
+                &format!("{}/notebook/{ns}/{name}", self.base),
+                headers,
+            )
+            .await,
+        )
+    }
+}
+
+/// Removes the suite's containers and volumes however the test ends.
+struct Cleanup(Vec<String>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let prefix = format!("labforge-{ns}-");
+            for kind in [["ps", "-a"], ["volume", "ls"]] {
+                let format = if kind[0] == "ps" {
+                    "{{.Names}}"
+                } else {
+                    "{{.Name}}"
+                };
+                let Ok(out) = Command::new("podman")
+                    .args(kind)
+                    .args(["--format", format])
+                    .output()
+                else {
+                    continue;
+                };
+                for name in String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|n| n.starts_with(&prefix))
+                {
+                    let args: &[&str] = if kind[0] == "ps" {
+                        &["rm", "-f", "-t", "0"]
+                    } else {
+                        &["volume", "rm", "-f"]
+                    };
+                    let _ = Command::new("podman").args(args).arg(name).output();
+                }
+            }
+        }
+    }
+}
+
+fn container_id(name: &str) -> String {
+    let out = Command::new("podman")
+        .args(["inspect", "--format", "{{.Id}}", name])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A pure-Python wheel built and installed by pip inside the kernel: a real `pip install` that
+/// needs no index, so the suite does not depend on PyPI being reachable from containers.
+const PIP_INSTALL: &str = r#"
+import os, subprocess, sys, tempfile, zipfile
+name, version = "labforge_probe", "1.0"
+wheel = os.path.join(tempfile.mkdtemp(), f"{name}-{version}-py3-none-any.whl")
+info = f"{name}-{version}.dist-info"
+files = {
+    f"{name}/__init__.py": "ANSWER = 42\n",
+    f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: labforge-e2e\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in list(files) + [f"{info}/RECORD"])
+with zipfile.ZipFile(wheel, "w") as archive:
+    for path, text in files.items():
+        archive.writestr(path, text)
+result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", wheel], capture_output=True, text=True)
+print("pip exit", result.returncode, result.stderr[-500:])
+with open("/home/jovyan/notes.txt", "w") as notes:
+    notes.write("kept in the workspace")
+"#;
+
+const CHECK: &str = r#"
+import labforge_probe, sys
+print("answer", labforge_probe.ANSWER, "from", labforge_probe.__file__)
+print("notes", open("/home/jovyan/notes.txt").read())
+"#;
+
+#[tokio::test]
+async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up() {
+    crate::init_crypto();
+    let agent = need(labforge_tests::agent::agent_binary());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = need(
+        LabforgeUp::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
+            &data,
+            &agent,
+        )
+        .await,
+    );
+    let suffix = format!("{:x}", std::process::id());
+    let (alice, bob) = (format!("alice-{suffix}"), format!("bob-{suffix}"));
+    let _cleanup = Cleanup(vec![alice.clone(), bob.clone()]);
+    need(labforge_tests::push_layout(
+        "jupyterlab",
+        &up.registry,
+        "labforge/jupyterlab:latest",
+    ));
+
+    // The first start created an admin and printed the password once; users come from the CLI.
+    let admin_password = up
+        .admin_password
+        .clone()
+        .expect("admin password printed on first start");
+    let password_of = |out: String| out.rsplit(' ').next().unwrap().trim().to_owned();
+    let alice_password = password_of(need(up.user_command(&["add", &alice])));
+    let bob_password = password_of(need(up.user_command(&["add", &bob])));
+    let listed = need(up.user_command(&["list"]));
+    assert!(
+        listed.contains(&alice) && listed.contains("admin\tadmin"),
+        "{listed}"
+    );
+    assert!(
+        !std::fs::read_to_string(data.join("users.json"))
+            .unwrap()
+            .contains(&alice_password)
+    );
+
+    // Without a session: the API says 401, notebook paths too, health answers.
+    let anonymous = reqwest::Client::new();
+    let status = |url: String| {
+        let anonymous = anonymous.clone();
+        async move { anonymous.get(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status(format!("{}/api/healthz", up.url)).await, 200);
+    assert_eq!(
+        status(format!("{}/api/namespaces/{alice}/notebooks", up.url)).await,
+        401
+    );
+    assert_eq!(
+        status(format!("{}/notebook/{alice}/lab/lab", up.url)).await,
+        401
+    );
+    let openapi: Value = anonymous
+        .get(format!("{}/api/openapi.json", up.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(openapi["paths"]["/api/namespaces/{ns}/notebooks"]["post"].is_object());
+    let bad_login = anonymous
+        .post(format!("{}/api/login", up.url))
+        .json(&json!({"username": alice, "password": "wrong"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_login.status(), 401);
+
+    let a = Session::sign_in(&up, &alice, &alice_password).await;
+    let b = Session::sign_in(&up, &bob, &bob_password).await;
+    let notebooks = format!("/api/namespaces/{alice}/notebooks");
+
+    // Bad input: each refused with the field named, and nothing created.
+    for (body, field) in [
+        (json!({"name": "Lab_1"}), "name"),
+        (json!({"name": "lab", "cpu": "lots"}), "cpu"),
+        (
+            json!({"name": "lab", "memory": "2Gi", "memoryLimit": "1Gi"}),
+            "memoryLimit",
+        ),
+        (
+            json!({"name": "lab", "gpus": {"vendor": "nvidia.com/gpu", "count": 1}}),
+            "gpus.vendor",
+        ),
+        (
+            json!({"name": "lab", "image": "no spaces allowed"}),
+            "image",
+        ),
+        (
+            json!({"name": "lab", "workspace": {"new": {"size": "lots"}}}),
+            "workspace.size",
+        ),
+        (
+            json!({"name": "lab", "environment": {"NB_PREFIX": "/x"}}),
+            "environment.NB_PREFIX",
+        ),
+    ] {
+        let (code, answer) = a.post(&notebooks, body.clone()).await;
+        assert_eq!(
+            (code, answer["field"].as_str()),
+            (422, Some(field)),
+            "{body}: {answer}"
+        );
+    }
+    let (code, answer) = a
+        .post(&notebooks, json!({"name": "lab", "cpus": "1"}))
+        .await;
+    assert_eq!(code, 422, "unknown field: {answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("cpus"),
+        "{answer}"
+    );
+    let huge = json!({"name": "lab", "environment": {"BIG": "x".repeat(100_000)}});
+    assert_eq!(a.post(&notebooks, huge).await.0, 413);
+    let not_json = a
+        .http
+        .post(format!("{}{notebooks}", up.url))
+        .header("cookie", &a.cookie)
+        .body(r#"{"name":"lab"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        not_json.status(),
+        415,
+        "a form post cannot create notebooks"
+    );
+    assert_eq!(a.get(&notebooks).await.1["notebooks"], json!([]));
+
+    // Create; it becomes ready and JupyterLab answers through the proxy.
+    let created_at = Instant::now();
+    let (code, created) = a
+        .post(
+            &notebooks,
+            json!({"name": "lab", "cpuLimit": "2", "memoryLimit": "2Gi"}),
+        )
+        .await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(created["owner"], alice.as_str());
+    assert_eq!(a.post(&notebooks, json!({"name": "lab"})).await.0, 409);
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
+        .await;
+    let lab = a
+        .http
+        .get(format!("{}/notebook/{alice}/lab/lab", up.url))
+        .header("cookie", &a.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lab.status(), 200);
+    assert!(lab.text().await.unwrap().contains("JupyterLab"));
+    eprintln!(
+        "create -> JupyterLab answering through the proxy: {:?}",
+        created_at.elapsed()
+    );
+
+    // A kernel over its websocket, through the proxy: pip install, and a file in the workspace.
+    let jupyter = a.jupyter(&alice, "lab").await;
+    let printed = need(jupyter.run_code(PIP_INSTALL).await);
+    assert!(printed.starts_with("pip exit 0"), "{printed}");
+    assert!(need(jupyter.run_code(CHECK).await).contains("answer 42"));
+
+    // bob: no access to alice's notebook or namespace; the admin sees both users' notebooks.
+    let bob_lab = b
+        .http
+        .get(format!("{}/notebook/{alice}/lab/lab", up.url))
+        .header("cookie", &b.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bob_lab.status(), 403);
+    assert_eq!(b.get(&notebooks).await.0, 403);
+    assert_eq!(
+        b.post(&format!("{notebooks}/lab/saves"), json!({})).await.0,
+        403
+    );
+    assert_eq!(b.get("/api/admin/notebooks").await.0, 403);
+    let (code, _) = b
+        .post(
+            &format!("/api/namespaces/{bob}/notebooks"),
+            json!({"name": "scratch", "cpuLimit": "0.5"}),
+        )
+        .await;
+    assert_eq!(code, 201);
+    assert_eq!(
+        b.patch(
+            &format!("/api/namespaces/{bob}/notebooks/scratch"),
+            json!({"stopped": true})
+        )
+        .await
+        .0,
+        200
+    );
+    let admin = Session::sign_in(&up, "admin", &admin_password).await;
+    let (code, listing) = admin.get("/api/admin/notebooks").await;
+    assert_eq!(code, 200);
+    let owners: Vec<&str> = listing["notebooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["owner"].as_str())
+        .collect();
+    assert!(
+        owners.contains(&alice.as_str()) && owners.contains(&bob.as_str()),
+        "{listing}"
+    );
+    let (_, only_bob) = admin.get(&format!("/api/admin/notebooks?user={bob}")).await;
+    assert_eq!(
+        only_bob["notebooks"].as_array().unwrap().len(),
+        1,
+        "{only_bob}"
+    );
+    assert_eq!(only_bob["notebooks"][0]["state"], "stopped");
+    assert!(
+        listing["totals"]["running"].as_u64().unwrap() >= 1,
+        "{listing}"
+    );
+
+    // Save the environment; follow the progress to the pushed digest.
+    let (code, save) = a
+        .post(
+            &format!("{notebooks}/lab/saves"),
+            json!({"tag": "with-probe"}),
+        )
+        .await;
+    assert_eq!(code, 202, "{save}");
+    assert_eq!(
+        a.post(&format!("{notebooks}/lab/saves"), json!({})).await.0,
+        409,
+        "one save at a time"
+    );
+    let events = a
+        .http
+        .get(format!(
+            "{}/api/namespaces/{alice}/saves/{}",
+            up.url,
+            save["id"].as_str().unwrap()
+        ))
+        .header("cookie", &a.cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let progress: Vec<Value> = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let last = progress.last().unwrap();
+    assert_eq!(last["phase"], "done", "{events}");
+    let digest = last["digest"].as_str().unwrap().to_owned();
+    assert!(digest.starts_with("sha256:"));
+    assert!(last["layerBytes"].as_u64().unwrap() > 0);
+    assert!(progress.len() >= 2, "progress before the end: {events}");
+    let (_, images) = a.get(&format!("/api/namespaces/{alice}/images")).await;
+    let saved = images["images"][0].clone();
+    assert_eq!(saved["digest"], digest.as_str());
+    let saved_image = saved["image"].as_str().unwrap().to_owned();
+    assert!(
+        saved_image.ends_with(&format!("/{alice}/lab:with-probe")),
+        "{saved}"
+    );
+
+    // Restart labforge up while the notebook runs: its container is adopted, not replaced, and
+    // its route works again.
+    let before = container_id(&format!("labforge-{alice}-lab"));
+    up = need(up.restart().await);
+    assert!(
+        up.admin_password.is_none(),
+        "the admin password is printed on the first start only"
+    );
+    let a = Session::sign_in(&up, &alice, &alice_password).await;
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        container_id(&format!("labforge-{alice}-lab")),
+        before,
+        "adopted, not restarted"
+    );
+    let after_restart = need(
+        a.jupyter(&alice, "lab")
+            .await
+            .run_code("print(6 * 7)")
+            .await,
+    );
+    assert_eq!(after_restart, "42\n");
+
+    // Stop, then start on the saved image: the package is in the image, the notes in the workspace.
+    assert_eq!(
+        a.patch(&format!("{notebooks}/lab"), json!({"stopped": true}))
+            .await
+            .0,
+        200
+    );
+    a.wait_state(&alice, "lab", "stopped", Duration::from_secs(30))
+        .await;
+    eventually("container removed", Duration::from_secs(30), || async {
+        container_id(&format!("labforge-{alice}-lab"))
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let (code, moved) = a
+        .patch(
+            &format!("{notebooks}/lab"),
+            json!({"stopped": false, "image": saved_image}),
+        )
+        .await;
+    assert_eq!(code, 200, "{moved}");
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
+        .await;
+    let checked = need(a.jupyter(&alice, "lab").await.run_code(CHECK).await);
+    assert!(
+        checked.contains("answer 42 from /opt/conda/"),
+        "installed into the image, not the workspace: {checked}"
+    );
+    assert!(checked.contains("notes kept in the workspace"), "{checked}");
+    let (_, events) = a.get(&format!("{notebooks}/lab/events")).await;
+    let reasons: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    for reason in ["Created", "Started", "Ready", "Saved", "Stopped"] {
+        assert!(
+            reasons.contains(&reason),
+            "{reason} missing from {reasons:?}"
+        );
+    }
+    assert!(up.stop(), "a clean exit on SIGTERM");
+}

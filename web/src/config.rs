@@ -1,0 +1,88 @@
+//! What the admin decides for the spawner: the image catalog, GPU vendors and defaults. Served at
+//! `/api/config` so the form offers exactly what the API accepts.
+
+use crate::model::ServerType;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpawnerConfig {
+    pub images: Vec<CatalogImage>,
+    /// Whether users may type an image that is not in the catalog.
+    #[serde(default = "yes")]
+    pub allow_custom_images: bool,
+    #[serde(default)]
+    pub gpu_vendors: Vec<GpuVendor>,
+    #[serde(default)]
+    pub defaults: Defaults,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CatalogImage {
+    pub image: String,
+    pub server_type: ServerType,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub default: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuVendor {
+    /// The limits key, e.g. `nvidia.com/gpu`.
+    pub limits_key: String,
+    pub name: String,
+    /// Embedded mode: the CDI kind whose devices are handed out, e.g. `nvidia.com/gpu`.
+    #[serde(default)]
+    pub cdi_kind: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Defaults {
+    pub cpu: String,
+    pub memory: String,
+    pub workspace_size: String,
+    pub shm_size: String,
+    /// Upper bounds a user may ask for.
+    pub max_cpu: String,
+    pub max_memory: String,
+    pub max_gpus: u32,
+    pub max_volume_size: String,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            cpu: "0.5".into(),
+            memory: "1Gi".into(),
+            workspace_size: "5Gi".into(),
+            shm_size: "256Mi".into(),
+            max_cpu: "16".into(),
+            max_memory: "64Gi".into(),
+            max_gpus: 8,
+            max_volume_size: "1Ti".into(),
+        }
+    }
+}
+
+impl SpawnerConfig {
+    /// The catalog's default image for `server_type`: the one flagged default, else the first.
+    pub fn default_image(&self, server_type: ServerType) -> Option<&str> {
+        let of_type = || self.images.iter().filter(|i| i.server_type == server_type);
+        of_type()
+            .find(|i| i.default)
+            .or_else(|| of_type().next())
+            .map(|i| i.image.as_str())
+    }
+
+    pub fn in_catalog(&self, image: &str) -> bool {
+        self.images.iter().any(|i| i.image == image)
+    }
+}

@@ -1,0 +1,416 @@
+//! `labforge up`: everything on one machine, in one process.
+//!
+//! ```text
+//! client ──▶ proxy (one port) ──/notebook/<ns>/<nb>/…──▶ notebook container (routes pushed by the runtime)
+//!                             └─everything else───────▶ web app (API, UI; own session auth)
+//! store (data dir) ──changes──▶ runtime ──podman run/rm──▶ containers, routes, status
+//! save button ──▶ builder ──agent via podman exec──▶ layer ──▶ local registry (+ local cache)
+//! ```
+//!
+//! A local OCI registry (Debian's `docker-registry`) is started on a loopback port unless one is
+//! configured; it holds the notebook images and every saved environment.
+
+use crate::api::{ApiState, STOPPED_BY_ANNOTATION};
+use crate::config::{CatalogImage, SpawnerConfig};
+use crate::gpus::GpuPool;
+use crate::model::ServerType;
+use crate::runtime::{Engine, Runtime};
+use crate::saves::SaveJobs;
+use crate::store::Store;
+use crate::users::{LocalAuth, Sessions, UserError, Users};
+use labforge_builder::cache::BlobCache;
+use labforge_builder::image::RuntimeConfig;
+use labforge_builder::layer::Compression;
+use labforge_builder::registry::RegistryOptions;
+use labforge_builder::save::SaveOptions;
+use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
+use labforge_notebook_controller::builders::BuilderConfig;
+use labforge_notebook_controller::culler::{
+    ActivitySource, CullDecision, CullingConfig, JupyterActivity, decide,
+};
+use labforge_proxy::routes::{GatewayFilter, activity_key};
+use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Users(#[from] UserError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("starting the local registry ({program}): {detail}")]
+    Registry { program: String, detail: String },
+    #[error("the agent binary {path}: {source}")]
+    Agent {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving the web app: {0}")]
+    Web(#[source] std::io::Error),
+    #[error("starting the proxy: {0}")]
+    Proxy(#[from] labforge_proxy::ProxyStartError),
+}
+
+/// How to run the embedded mode.
+#[derive(Debug)]
+pub struct UpOptions {
+    pub data_dir: PathBuf,
+    /// The one address users connect to.
+    pub listen: SocketAddr,
+    /// `podman` or `docker`.
+    pub engine: PathBuf,
+    /// An existing registry (`host:port`); `None` starts a local one on `registry_listen`.
+    pub registry: Option<String>,
+    pub registry_listen: SocketAddr,
+    pub registry_program: PathBuf,
+    /// Registries spoken to over plain HTTP besides the local one.
+    pub insecure_registries: Vec<String>,
+    /// The static agent binary mounted into notebooks for saves.
+    pub agent: Option<PathBuf>,
+    /// The spawner's catalog; `None`: the JupyterLab image in the registry.
+    pub spawner: Option<SpawnerConfig>,
+    pub cache: Option<BlobCache>,
+    pub culling: CullingConfig,
+    pub cdi_dirs: Vec<PathBuf>,
+}
+
+/// A running embedded mode; everything stops when it is dropped.
+pub struct Running {
+    /// The URL users open.
+    pub url: String,
+    pub registry: String,
+    /// The first admin's name and password, when this start created them.
+    pub created_admin: Option<(String, String)>,
+    pub store: Arc<Store>,
+    pub runtime: Arc<Runtime>,
+    pub proxy: RunningProxy,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _registry: Option<Child>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn data_dir(path: &Path) -> Result<PathBuf, UpError> {
+    std::fs::create_dir_all(path).map_err(|source| UpError::DataDir {
+        path: path.to_owned(),
+        source,
+    })?;
+    path.canonicalize().map_err(|source| UpError::DataDir {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Starts Debian's `docker-registry` with its data under `dir`, and waits until it answers.
+async fn start_registry(program: &Path, dir: &Path, listen: SocketAddr) -> Result<Child, UpError> {
+    let failed = |detail: String| UpError::Registry {
+        program: program.display().to_string(),
+        detail,
+    };
+    let storage = dir.join("registry");
+    std::fs::create_dir_all(&storage).map_err(|e| failed(e.to_string()))?;
+    let config = dir.join("registry.yml");
+    let yaml = format!(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {listen}\n",
+        storage.display()
+    );
+    std::fs::write(&config, yaml).map_err(|e| failed(e.to_string()))?;
+    let log = std::fs::File::create(dir.join("registry.log")).map_err(|e| failed(e.to_string()))?;
+    let mut child = Command::new(program)
+        .arg("serve")
+        .arg(&config)
+        .stdout(log.try_clone().map_err(|e| failed(e.to_string()))?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| failed(e.to_string()))?;
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http
+            .get(format!("http://{listen}/v2/"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("registry.log")).unwrap_or_default();
+            return Err(failed(format!("exited with {status}: {}", log.trim())));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(failed(format!(
+        "http://{listen}/v2/ did not answer within 10 s"
+    )))
+}
+
+/// The default catalog: the JupyterLab (and, when pushed, code-server) images of the registry.
+pub fn default_spawner(registry: &str) -> SpawnerConfig {
+    SpawnerConfig {
+        images: vec![
+            CatalogImage {
+                image: format!("{registry}/labforge/jupyterlab:latest"),
+                server_type: ServerType::Jupyter,
+                description: "JupyterLab with Python 3".into(),
+                default: true,
+            },
+            CatalogImage {
+                image: format!("{registry}/labforge/codeserver:latest"),
+                server_type: ServerType::Vscode,
+                description: "VSCode in the browser (code-server)".into(),
+                default: true,
+            },
+        ],
+        allow_custom_images: true,
+        gpu_vendors: Vec::new(),
+        defaults: Default::default(),
+    }
+}
+
+/// Starts everything; returns once the URL answers.
+pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
+    let dir = data_dir(&options.data_dir)?;
+    let users = Users::open(&dir)?;
+    let created_admin = users.ensure_admin()?;
+    let auth = Arc::new(LocalAuth {
+        users,
+        sessions: Sessions::default(),
+    });
+    let store = Arc::new(Store::open(&dir.join("store"))?);
+
+    let (registry, registry_child) = match &options.registry {
+        Some(registry) => (registry.clone(), None),
+        None => {
+            let child =
+                start_registry(&options.registry_program, &dir, options.registry_listen).await?;
+            (options.registry_listen.to_string(), Some(child))
+        }
+    };
+    let mut insecure = options.insecure_registries.clone();
+    insecure.push(registry.clone());
+
+    // The agent is copied into a directory of its own: that directory is what notebooks mount.
+    let agent_dir = match &options.agent {
+        Some(agent) => {
+            let target_dir = dir.join("agent");
+            let target = target_dir.join("labforge-agent");
+            let copy = || -> std::io::Result<()> {
+                std::fs::create_dir_all(&target_dir)?;
+                let temporary = target_dir.join(".labforge-agent.tmp");
+                std::fs::copy(agent, &temporary)?;
+                std::fs::rename(&temporary, &target)
+            };
+            copy().map_err(|source| UpError::Agent {
+                path: agent.clone(),
+                source,
+            })?;
+            Some(target_dir)
+        }
+        None => None,
+    };
+
+    let mut spawner = options
+        .spawner
+        .clone()
+        .unwrap_or_else(|| default_spawner(&registry));
+    let gpus = GpuPool::discover(&spawner.gpu_vendors, &options.cdi_dirs);
+    // Only vendors with devices here are offered.
+    let available = gpus.available_vendors();
+    spawner
+        .gpu_vendors
+        .retain(|v| available.contains(&v.limits_key));
+
+    let builder_config = BuilderConfig::default();
+    let engine = Engine {
+        program: options.engine.clone(),
+        insecure_registries: insecure.clone(),
+    };
+    let save_options = SaveOptions {
+        compression: Compression::Zstd { level: 3 },
+        registry: RegistryOptions {
+            insecure: insecure.clone(),
+            credentials: None,
+        },
+        cache: Some(
+            options
+                .cache
+                .take()
+                .unwrap_or_else(|| BlobCache::Dir(dir.join("cache"))),
+        ),
+        runtime: RuntimeConfig::default(),
+        scratch_dir: dir.join("scratch"),
+        created_by: "labforge save (web)".into(),
+    };
+    std::fs::create_dir_all(&save_options.scratch_dir).map_err(|source| UpError::DataDir {
+        path: save_options.scratch_dir.clone(),
+        source,
+    })?;
+
+    // The web app listens on loopback only; users reach it through the proxy.
+    let web_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(UpError::Web)?;
+    let web_addr = web_listener.local_addr().map_err(UpError::Web)?;
+    let proxy = labforge_proxy::start(
+        ProxyOptions {
+            listen: options.listen,
+            admin: "127.0.0.1:0"
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+            gateway: GatewayFilter(Some(builder_config.gateway.clone())),
+            identity: auth.clone(),
+            access: auth.clone(),
+            tls: None,
+            upstream_addresses: Default::default(),
+            threads: 0,
+            fallback: Some(web_addr.to_string()),
+        },
+        RoutesFrom::Pushed,
+    )
+    .await?;
+    proxy.routes.replace_all(Vec::new());
+
+    let runtime = Arc::new(Runtime::new(
+        engine.clone(),
+        store.clone(),
+        proxy.routes.clone(),
+        builder_config,
+        agent_dir,
+        gpus,
+    ));
+    match runtime.adopt().await {
+        Ok(0) => {}
+        Ok(adopted) => tracing::info!(adopted, "notebooks still running were adopted"),
+        Err(err) => tracing::warn!(error = %err, "listing running notebooks"),
+    }
+    let saves = Arc::new(SaveJobs::new(
+        store.clone(),
+        options.engine.clone(),
+        registry.clone(),
+        save_options,
+    ));
+    let api = crate::api::router(ApiState {
+        store: store.clone(),
+        auth: auth.clone(),
+        saves,
+        config: Arc::new(spawner),
+        engine,
+        activity: proxy.activity.clone(),
+        secure_cookies: false,
+    });
+    let mut tasks = vec![
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(web_listener, api).await {
+                tracing::error!(error = %err, "web app stopped");
+            }
+        }),
+        tokio::spawn(runtime.clone().run()),
+    ];
+    if options.culling.enabled {
+        tasks.push(tokio::spawn(cull(
+            store.clone(),
+            runtime.clone(),
+            proxy.activity.clone(),
+            options.culling.clone(),
+        )));
+    }
+    let url = format!("http://{}/", proxy.addr);
+    Ok(Running {
+        url,
+        registry,
+        created_admin,
+        store,
+        runtime,
+        proxy,
+        tasks,
+        _registry: registry_child,
+    })
+}
+
+/// Culling as in cluster mode: the proxy's traffic and Jupyter's kernels say when a notebook was
+/// last used; one idle for longer than the idle time is stopped.
+async fn cull(
+    store: Arc<Store>,
+    runtime: Arc<Runtime>,
+    activity: Arc<labforge_proxy::activity::Activity>,
+    config: CullingConfig,
+) {
+    let ports = runtime.clone();
+    let jupyter = JupyterActivity::new(move |ns, name| {
+        format!(
+            "http://127.0.0.1:{}{}",
+            ports.port_of(ns, name).unwrap_or(0),
+            labforge_notebook_controller::builders::route_prefix(ns, name)
+        )
+    });
+    let mut tick = tokio::time::interval(config.check_period);
+    loop {
+        tick.tick().await;
+        for notebook in store.list(None) {
+            let ns = notebook.metadata.namespace.clone().unwrap_or_default();
+            let name = notebook.metadata.name.clone().unwrap_or_default();
+            if notebook.is_stopped() || runtime.port_of(&ns, &name).is_none() {
+                continue;
+            }
+            let now = jiff::Timestamp::now();
+            let from_jupyter = jupyter.last_activity(&notebook).await.ok().flatten();
+            let observed = from_jupyter
+                .max(activity.get(&activity_key(&ns, &name)))
+                .map(|t| t.min(now));
+            let stored = notebook
+                .annotation(LAST_ACTIVITY_ANNOTATION)
+                .and_then(|v| v.parse().ok());
+            let result = match decide(stored, observed, now, config.idle_time) {
+                CullDecision::Keep {
+                    last_activity: None,
+                } => continue,
+                CullDecision::Keep {
+                    last_activity: Some(last),
+                } => store.update(&ns, &name, |nb| {
+                    nb.metadata
+                        .annotations
+                        .get_or_insert_with(Default::default)
+                        .insert(LAST_ACTIVITY_ANNOTATION.into(), last.to_string());
+                }),
+                CullDecision::Cull { last_activity } => {
+                    tracing::info!(notebook = %format!("{ns}/{name}"), idle_since = %last_activity, "culling idle notebook");
+                    store.record_event(
+                        &ns,
+                        &name,
+                        "Normal",
+                        "Culled",
+                        &format!("stopped: idle since {last_activity}"),
+                    );
+                    store.update(&ns, &name, |nb| {
+                        let annotations =
+                            nb.metadata.annotations.get_or_insert_with(Default::default);
+                        annotations.remove(LAST_ACTIVITY_ANNOTATION);
+                        annotations.insert(STOP_ANNOTATION.into(), now.to_string());
+                        annotations.insert(STOPPED_BY_ANNOTATION.into(), "culler".into());
+                    })
+                }
+            };
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "culling a notebook deleted meanwhile");
+            }
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The web app's server side and the embedded single-machine mode.
+//!
+//! The JSON API ([`api`]) serves the UI, the CLI and scripts; it validates every request into a
+//! Kubeflow `Notebook` ([`validate`]) before anything is stored. In the embedded mode
+//! ([`embedded`]) the Kubernetes API is replaced by a file-backed [`store`], pods by podman
+//! containers ([`runtime`]), the auth proxy by local [`users`] and sessions, and the save button
+//! runs the builder against the notebook's container ([`saves`]). The controller's builders, the
+//! proxy and the builder are the same code as in a cluster.
+
+pub mod api;
+pub mod config;
+pub mod embedded;
+pub mod gpus;
+pub mod model;
+pub mod runtime;
+pub mod saves;
+pub mod store;
+pub mod users;
+pub mod validate;

@@ -1,0 +1,183 @@
+//! The API's own shapes: what the spawner form sends, what the notebooks list shows, what a save
+//! reports. Notebooks themselves are stored as Kubeflow `Notebook` objects; these are views of them.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The IDE a notebook serves, stored as Kubeflow's `notebooks.kubeflow.org/server-type` values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerType {
+    #[default]
+    Jupyter,
+    Vscode,
+}
+
+pub const SERVER_TYPE_ANNOTATION: &str = "notebooks.kubeflow.org/server-type";
+
+impl ServerType {
+    /// Kubeflow's annotation value ("group-one" is its VSCode group).
+    pub fn annotation(self) -> &'static str {
+        match self {
+            Self::Jupyter => "jupyter",
+            Self::Vscode => "group-one",
+        }
+    }
+
+    pub fn from_annotation(value: Option<&str>) -> Self {
+        match value {
+            Some("group-one") => Self::Vscode,
+            _ => Self::Jupyter,
+        }
+    }
+}
+
+/// A new notebook, as the spawner form sends it (Kubeflow's jupyter web app form, reduced).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NotebookRequest {
+    pub name: String,
+    #[serde(default)]
+    pub server_type: ServerType,
+    /// Empty: the catalog's default image for the server type.
+    #[serde(default)]
+    pub image: String,
+    /// CPU request (Kubernetes quantity); empty: the default.
+    #[serde(default)]
+    pub cpu: String,
+    #[serde(default)]
+    pub cpu_limit: String,
+    #[serde(default)]
+    pub memory: String,
+    #[serde(default)]
+    pub memory_limit: String,
+    #[serde(default)]
+    pub gpus: Option<GpuRequest>,
+    /// Absent: a new workspace volume of the default size.
+    #[serde(default)]
+    pub workspace: Option<WorkspaceRequest>,
+    #[serde(default)]
+    pub data_volumes: Vec<DataVolumeRequest>,
+    /// Size of `/dev/shm`; empty: the default; "0": none.
+    #[serde(default)]
+    pub shm_size: String,
+    #[serde(default)]
+    pub environment: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuRequest {
+    /// The resource name, e.g. `nvidia.com/gpu`.
+    pub vendor: String,
+    pub count: u32,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum WorkspaceRequest {
+    /// A new volume of this size.
+    New { size: String },
+    /// A volume that exists already (kept from a deleted notebook, say).
+    Existing { name: String },
+    /// No workspace: nothing in the home directory survives a stop.
+    None,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataVolumeRequest {
+    pub name: String,
+    #[serde(default)]
+    pub size: String,
+    pub mount_path: String,
+}
+
+/// A change to a notebook: stop or start it, or move it to another image.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NotebookPatch {
+    #[serde(default)]
+    pub stopped: Option<bool>,
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// What users see of a notebook.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NotebookView {
+    pub name: String,
+    pub namespace: String,
+    pub owner: String,
+    pub server_type: ServerType,
+    pub image: String,
+    pub cpu: String,
+    pub cpu_limit: String,
+    pub memory: String,
+    pub memory_limit: String,
+    pub gpus: Option<GpuView>,
+    pub state: NotebookState,
+    /// Why it is in that state, when there is more to say.
+    pub reason: String,
+    pub last_activity: Option<String>,
+    pub created: Option<String>,
+    /// The path to open it at, through the proxy.
+    pub url: String,
+    pub resource_version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuView {
+    pub vendor: String,
+    pub count: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NotebookState {
+    Ready,
+    Starting,
+    Stopped,
+    Culled,
+    Error,
+}
+
+/// An image saved from a notebook.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SavedImage {
+    /// `registry/repository:tag`.
+    pub image: String,
+    /// The manifest digest the tag was pushed with.
+    pub digest: String,
+    pub notebook: String,
+    pub namespace: String,
+    pub base: String,
+    /// Compressed size of the new layer; 0 when nothing had changed.
+    pub layer_bytes: u64,
+    pub files_changed: u64,
+    pub files_deleted: u64,
+    pub created: String,
+}
+
+/// A notebook event, shaped like the Kubernetes events Kubeflow's web app shows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NotebookEvent {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub reason: String,
+    pub message: String,
+    pub time: String,
+}
+
+/// The error body of every 4xx/5xx answer: what is wrong and, for bad input, which field.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub field: Option<String>,
+}

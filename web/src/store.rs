@@ -1,0 +1,419 @@
+//! The embedded mode's stand-in for the Kubernetes API: Notebook objects kept as JSON files under
+//! the data dir, with resource versions and change notifications, so the runtime reconciles and
+//! the UI follows the same objects a cluster would hold.
+//!
+//! One file per object, written to a temporary file and renamed, so a crash leaves the old or the
+//! new object, never half of one. Saved-image records are kept the same way, one file per
+//! namespace, and so are each notebook's newest events (capped, as Kubernetes expires them too).
+
+use crate::model::{NotebookEvent, SavedImage};
+use labforge_crds::notebook::Notebook;
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use tokio::sync::broadcast;
+
+/// Events kept per notebook.
+const EVENTS_KEPT: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("notebook {namespace}/{name} already exists")]
+    AlreadyExists { namespace: String, name: String },
+    #[error("notebook {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What changed; subscribers re-read what they need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Notebook { namespace: String, name: String },
+    Event { namespace: String, name: String },
+    SavedImages { namespace: String },
+}
+
+type Key = (String, String);
+
+#[derive(Default)]
+struct State {
+    version: u64,
+    notebooks: BTreeMap<Key, Notebook>,
+    saved: BTreeMap<String, Vec<SavedImage>>,
+    events: BTreeMap<Key, VecDeque<NotebookEvent>>,
+}
+
+pub struct Store {
+    dir: PathBuf,
+    state: Mutex<State>,
+    changes: broadcast::Sender<Change>,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io_error(parent))?;
+    }
+    let temporary = path.with_extension("json.tmp");
+    std::fs::write(&temporary, bytes).map_err(io_error(&temporary))?;
+    std::fs::rename(&temporary, path).map_err(io_error(path))
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StoreError> {
+    let bytes = std::fs::read(path).map_err(io_error(path))?;
+    serde_json::from_slice(&bytes).map_err(|source| StoreError::Corrupt {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn json_files(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_error(dir)(e)),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(io_error(dir))?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+impl Store {
+    /// Opens (or creates) the store under `dir`, reading every object kept there.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let mut state = State::default();
+        let notebooks_dir = dir.join("notebooks");
+        std::fs::create_dir_all(&notebooks_dir).map_err(io_error(&notebooks_dir))?;
+        for namespace_dir in std::fs::read_dir(&notebooks_dir).map_err(io_error(&notebooks_dir))? {
+            let namespace_dir = namespace_dir.map_err(io_error(&notebooks_dir))?.path();
+            for file in json_files(&namespace_dir)? {
+                let notebook: Notebook = read_json(&file)?;
+                let version = notebook
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                state.version = state.version.max(version);
+                if let (Some(ns), Some(name)) = (
+                    notebook.metadata.namespace.clone(),
+                    notebook.metadata.name.clone(),
+                ) {
+                    state.notebooks.insert((ns, name), notebook);
+                }
+            }
+        }
+        let events_dir = dir.join("events");
+        if let Ok(namespaces) = std::fs::read_dir(&events_dir) {
+            for namespace_dir in namespaces.flatten() {
+                let ns = namespace_dir.file_name().to_string_lossy().into_owned();
+                for file in json_files(&namespace_dir.path())? {
+                    let events: VecDeque<NotebookEvent> = read_json(&file)?;
+                    if let Some(name) = file.file_stem().and_then(|s| s.to_str()) {
+                        state.events.insert((ns.clone(), name.to_owned()), events);
+                    }
+                }
+            }
+        }
+        for file in json_files(&dir.join("saved-images"))? {
+            let images: Vec<SavedImage> = read_json(&file)?;
+            if let Some(ns) = file.file_stem().and_then(|s| s.to_str()) {
+                state.saved.insert(ns.to_owned(), images);
+            }
+        }
+        let (changes, _) = broadcast::channel(1024);
+        Ok(Self {
+            dir: dir.to_owned(),
+            state: Mutex::new(state),
+            changes,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data: every write is one assignment.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notebook_path(&self, namespace: &str, name: &str) -> PathBuf {
+        self.dir
+            .join("notebooks")
+            .join(namespace)
+            .join(format!("{name}.json"))
+    }
+
+    fn events_path(&self, namespace: &str, name: &str) -> PathBuf {
+        self.dir
+            .join("events")
+            .join(namespace)
+            .join(format!("{name}.json"))
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    fn notify(&self, change: Change) {
+        // Nobody listening is fine.
+        let _ = self.changes.send(change);
+    }
+
+    /// Notebooks of `namespace`, or of every namespace.
+    pub fn list(&self, namespace: Option<&str>) -> Vec<Notebook> {
+        let state = self.lock();
+        state
+            .notebooks
+            .iter()
+            .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
+            .map(|(_, nb)| nb.clone())
+            .collect()
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Notebook> {
+        self.lock()
+            .notebooks
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Stores a new notebook, giving it a uid, creation time and resource version.
+    pub fn create(&self, mut notebook: Notebook) -> Result<Notebook, StoreError> {
+        let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
+        let name = notebook.metadata.name.clone().unwrap_or_default();
+        let mut state = self.lock();
+        let key = (namespace.clone(), name.clone());
+        if state.notebooks.contains_key(&key) {
+            return Err(StoreError::AlreadyExists { namespace, name });
+        }
+        state.version += 1;
+        let mut uid = [0u8; 16];
+        let _ = getrandom::fill(&mut uid);
+        notebook.metadata.uid = Some(hex::encode(uid));
+        notebook.metadata.resource_version = Some(state.version.to_string());
+        // Whole seconds, as Kubernetes stores them (and as the JSON file keeps them).
+        let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+            .unwrap_or_else(|_| jiff::Timestamp::now());
+        notebook.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        notebook.metadata.generation = Some(1);
+        let bytes = serde_json::to_vec_pretty(&notebook).unwrap_or_default();
+        write_atomically(&self.notebook_path(&namespace, &name), &bytes)?;
+        state.notebooks.insert(key, notebook.clone());
+        drop(state);
+        self.notify(Change::Notebook { namespace, name });
+        Ok(notebook)
+    }
+
+    /// Changes a notebook with `change`; written and announced only when it changed anything.
+    pub fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&mut Notebook),
+    ) -> Result<Notebook, StoreError> {
+        let mut state = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let current = state
+            .notebooks
+            .get(&key)
+            .ok_or_else(|| StoreError::NotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })?;
+        let mut updated = current.clone();
+        change(&mut updated);
+        if &updated == current {
+            return Ok(updated);
+        }
+        if updated.spec != current.spec {
+            updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+        }
+        state.version += 1;
+        updated.metadata.resource_version = Some(state.version.to_string());
+        let bytes = serde_json::to_vec_pretty(&updated).unwrap_or_default();
+        write_atomically(&self.notebook_path(namespace, name), &bytes)?;
+        state.notebooks.insert(key, updated.clone());
+        drop(state);
+        self.notify(Change::Notebook {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        });
+        Ok(updated)
+    }
+
+    pub fn delete(&self, namespace: &str, name: &str) -> Result<Notebook, StoreError> {
+        let mut state = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let Some(notebook) = state.notebooks.get(&key).cloned() else {
+            return Err(StoreError::NotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            });
+        };
+        let path = self.notebook_path(namespace, name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error(&path)(e)),
+        }
+        state.notebooks.remove(&key);
+        state.events.remove(&key);
+        let _ = std::fs::remove_file(self.events_path(namespace, name));
+        state.version += 1;
+        drop(state);
+        self.notify(Change::Notebook {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        });
+        Ok(notebook)
+    }
+
+    /// Records an event; the same reason and message as the newest one only refreshes its time.
+    pub fn record_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let mut state = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let events = state.events.entry(key).or_default();
+        let time = jiff::Timestamp::now().to_string();
+        match events.back_mut() {
+            Some(last) if last.reason == reason && last.message == message => last.time = time,
+            _ => {
+                events.push_back(NotebookEvent {
+                    kind: kind.to_owned(),
+                    reason: reason.to_owned(),
+                    message: message.to_owned(),
+                    time,
+                });
+                if events.len() > EVENTS_KEPT {
+                    events.pop_front();
+                }
+            }
+        }
+        let bytes = serde_json::to_vec(&*events).unwrap_or_default();
+        // Events are a record for people: one lost to a full disk must not fail the work it tells of.
+        if let Err(err) = write_atomically(&self.events_path(namespace, name), &bytes) {
+            tracing::warn!(error = %err, "recording an event");
+        }
+        drop(state);
+        self.notify(Change::Event {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        });
+    }
+
+    pub fn events(&self, namespace: &str, name: &str) -> Vec<NotebookEvent> {
+        self.lock()
+            .events
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(|e| e.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn add_saved_image(&self, image: SavedImage) -> Result<(), StoreError> {
+        let namespace = image.namespace.clone();
+        let mut state = self.lock();
+        let mut images = state.saved.get(&namespace).cloned().unwrap_or_default();
+        images.push(image);
+        let path = self
+            .dir
+            .join("saved-images")
+            .join(format!("{namespace}.json"));
+        write_atomically(
+            &path,
+            &serde_json::to_vec_pretty(&images).unwrap_or_default(),
+        )?;
+        state.saved.insert(namespace.clone(), images);
+        drop(state);
+        self.notify(Change::SavedImages { namespace });
+        Ok(())
+    }
+
+    /// Saved images of `namespace`, newest first.
+    pub fn saved_images(&self, namespace: &str) -> Vec<SavedImage> {
+        let mut images = self
+            .lock()
+            .saved
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default();
+        images.reverse();
+        images
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use labforge_crds::notebook::NotebookSpec;
+
+    fn notebook(ns: &str, name: &str) -> Notebook {
+        let mut nb = Notebook::new(name, NotebookSpec::default());
+        nb.metadata.namespace = Some(ns.into());
+        nb
+    }
+
+    #[test]
+    fn objects_survive_a_reopen_with_their_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut changes = store.subscribe();
+        let created = store.create(notebook("alice", "lab")).unwrap();
+        assert_eq!(created.metadata.resource_version.as_deref(), Some("1"));
+        assert!(matches!(
+            store.create(notebook("alice", "lab")),
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        let updated = store
+            .update("alice", "lab", |nb| {
+                nb.metadata.labels = Some([("a".into(), "b".into())].into())
+            })
+            .unwrap();
+        assert_eq!(updated.metadata.resource_version.as_deref(), Some("2"));
+        // An update that changes nothing is not written and not announced.
+        let same = store.update("alice", "lab", |_| {}).unwrap();
+        assert_eq!(same.metadata.resource_version.as_deref(), Some("2"));
+        assert!(changes.try_recv().is_ok());
+        assert!(changes.try_recv().is_ok());
+        assert!(changes.try_recv().is_err());
+
+        let reopened = Store::open(dir.path()).unwrap();
+        assert_eq!(reopened.get("alice", "lab"), Some(updated));
+        let next = reopened.create(notebook("bob", "lab")).unwrap();
+        assert_eq!(next.metadata.resource_version.as_deref(), Some("3"));
+        reopened.delete("alice", "lab").unwrap();
+        assert!(
+            Store::open(dir.path())
+                .unwrap()
+                .get("alice", "lab")
+                .is_none()
+        );
+    }
+}

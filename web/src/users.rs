@@ -1,0 +1,366 @@
+//! Local users and sessions for the embedded mode, where no auth proxy stands in front.
+//!
+//! Users live in `users.json` in the data dir with argon2 password hashes; `labforge user add`
+//! edits the same file, and a running server picks the change up. Each user owns the namespace of
+//! their name; admins see every namespace. Sessions are random tokens in an HttpOnly cookie, kept
+//! in memory: a restart signs everyone out, and nothing secret is on disk besides the hashes.
+//! The same sessions identify requests in the proxy ([`IdentitySource`]), so the web app and
+//! notebooks share one login.
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use base64::Engine as _;
+use http::HeaderMap;
+use labforge_proxy::authz::{Identity, IdentitySource, NamespaceAccess};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use std::time::{Duration, Instant, SystemTime};
+
+pub const SESSION_COOKIE: &str = "labforge_session";
+/// A session ends after this long without a request.
+const SESSION_IDLE: Duration = Duration::from_secs(12 * 3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("{0}")]
+    InvalidName(String),
+    #[error("user {0} exists already")]
+    Exists(String),
+    #[error("no user {0}")]
+    NotFound(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("hashing the password: {0}")]
+    Hash(String),
+    #[error("no randomness: {0}")]
+    Random(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct User {
+    pub name: String,
+    pub namespace: String,
+    pub admin: bool,
+    /// PHC string (argon2id).
+    pub password_hash: String,
+}
+
+/// `len` random bytes as URL-safe base64.
+pub fn random_token(len: usize) -> Result<String, UserError> {
+    let mut bytes = vec![0u8; len];
+    getrandom::fill(&mut bytes).map_err(|e| UserError::Random(e.to_string()))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+fn hash_password(password: &str) -> Result<String, UserError> {
+    let mut salt = [0u8; 16];
+    getrandom::fill(&mut salt).map_err(|e| UserError::Random(e.to_string()))?;
+    let salt = SaltString::encode_b64(&salt).map_err(|e| UserError::Hash(e.to_string()))?;
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| UserError::Hash(e.to_string()))
+}
+
+/// The users file, re-read when it changes on disk.
+pub struct Users {
+    path: PathBuf,
+    cache: RwLock<(Option<SystemTime>, Vec<User>)>,
+}
+
+impl Users {
+    pub fn open(data_dir: &Path) -> Result<Self, UserError> {
+        let users = Self {
+            path: data_dir.join("users.json"),
+            cache: RwLock::new((None, Vec::new())),
+        };
+        users.refresh()?;
+        Ok(users)
+    }
+
+    fn modified(&self) -> Option<SystemTime> {
+        std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    /// Re-reads the file if it changed since the last read.
+    pub fn refresh(&self) -> Result<(), UserError> {
+        let modified = self.modified();
+        if self
+            .cache
+            .read()
+            .map(|c| c.0 == modified && modified.is_some())
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let users = match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| UserError::Corrupt {
+                path: self.path.clone(),
+                source,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => {
+                return Err(UserError::Io {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        if let Ok(mut cache) = self.cache.write() {
+            *cache = (modified, users);
+        }
+        Ok(())
+    }
+
+    pub fn list(&self) -> Vec<User> {
+        self.cache.read().map(|c| c.1.clone()).unwrap_or_default()
+    }
+
+    pub fn get(&self, name: &str) -> Option<User> {
+        self.list().into_iter().find(|u| u.name == name)
+    }
+
+    fn write(&self, users: &[User]) -> Result<(), UserError> {
+        let io = |source| UserError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let temporary = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(users).unwrap_or_default();
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            // Only the server's user reads the hashes.
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&temporary)
+                .map_err(io)?;
+            file.write_all(&bytes).map_err(io)?;
+        }
+        std::fs::rename(&temporary, &self.path).map_err(io)?;
+        if let Ok(mut cache) = self.cache.write() {
+            *cache = (self.modified(), users.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Adds a user with a new random password, which is returned (and stored only hashed).
+    pub fn add(&self, name: &str, admin: bool) -> Result<String, UserError> {
+        crate::validate::dns_label("user", name)
+            .map_err(|e| UserError::InvalidName(e.to_string()))?;
+        self.refresh()?;
+        let mut users = self.list();
+        if users.iter().any(|u| u.name == name) {
+            return Err(UserError::Exists(name.to_owned()));
+        }
+        let password = random_token(15)?;
+        users.push(User {
+            name: name.to_owned(),
+            namespace: name.to_owned(),
+            admin,
+            password_hash: hash_password(&password)?,
+        });
+        self.write(&users)?;
+        Ok(password)
+    }
+
+    /// Gives `name` a new random password, which is returned.
+    pub fn reset_password(&self, name: &str) -> Result<String, UserError> {
+        self.refresh()?;
+        let mut users = self.list();
+        let user = users
+            .iter_mut()
+            .find(|u| u.name == name)
+            .ok_or_else(|| UserError::NotFound(name.to_owned()))?;
+        let password = random_token(15)?;
+        user.password_hash = hash_password(&password)?;
+        self.write(&users)?;
+        Ok(password)
+    }
+
+    pub fn remove(&self, name: &str) -> Result<(), UserError> {
+        self.refresh()?;
+        let mut users = self.list();
+        let before = users.len();
+        users.retain(|u| u.name != name);
+        if users.len() == before {
+            return Err(UserError::NotFound(name.to_owned()));
+        }
+        self.write(&users)
+    }
+
+    /// On first start: an admin with a random password, returned to be printed once.
+    pub fn ensure_admin(&self) -> Result<Option<(String, String)>, UserError> {
+        self.refresh()?;
+        if !self.list().is_empty() {
+            return Ok(None);
+        }
+        let password = self.add("admin", true)?;
+        Ok(Some(("admin".to_owned(), password)))
+    }
+
+    /// The user, if `password` is theirs.
+    pub fn verify(&self, name: &str, password: &str) -> Option<User> {
+        let _ = self.refresh();
+        let user = self.get(name)?;
+        let hash = PasswordHash::new(&user.password_hash).ok()?;
+        argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &hash)
+            .ok()?;
+        Some(user)
+    }
+}
+
+/// Signed-in sessions: token → user name and last use.
+#[derive(Default)]
+pub struct Sessions {
+    map: RwLock<HashMap<String, (String, Instant)>>,
+}
+
+impl Sessions {
+    pub fn start(&self, user: &str) -> Result<String, UserError> {
+        let token = random_token(32)?;
+        if let Ok(mut map) = self.map.write() {
+            let now = Instant::now();
+            map.retain(|_, (_, used)| now.duration_since(*used) < SESSION_IDLE);
+            map.insert(token.clone(), (user.to_owned(), now));
+        }
+        Ok(token)
+    }
+
+    pub fn end(&self, token: &str) {
+        if let Ok(mut map) = self.map.write() {
+            map.remove(token);
+        }
+    }
+
+    pub fn user(&self, token: &str) -> Option<String> {
+        let map = self.map.read().ok()?;
+        let (user, used) = map.get(token)?;
+        (used.elapsed() < SESSION_IDLE).then(|| user.clone())
+    }
+
+    /// Ends every session of `user` (removed users).
+    pub fn end_user(&self, user: &str) {
+        if let Ok(mut map) = self.map.write() {
+            map.retain(|_, (u, _)| u != user);
+        }
+    }
+}
+
+/// The session token in a request's cookies.
+pub fn session_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value)
+}
+
+/// Local users and sessions, as the proxy and the API see them.
+pub struct LocalAuth {
+    pub users: Users,
+    pub sessions: Sessions,
+}
+
+impl LocalAuth {
+    /// The signed-in user a request carries, if the user still exists.
+    pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
+        let token = session_token(headers)?;
+        let name = self.sessions.user(token)?;
+        self.users.get(&name)
+    }
+}
+
+impl IdentitySource for LocalAuth {
+    fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
+        self.user_of(headers).map(|u| Identity { user: u.name })
+    }
+}
+
+impl NamespaceAccess for LocalAuth {
+    fn is_admin(&self, user: &str) -> bool {
+        self.users.get(user).is_some_and(|u| u.admin)
+    }
+    fn is_member(&self, user: &str, namespace: &str) -> bool {
+        self.users
+            .get(user)
+            .is_some_and(|u| u.namespace == namespace)
+    }
+    fn is_shared(&self, _namespace: &str) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_stored_hashed_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let users = Users::open(dir.path()).unwrap();
+        let (name, password) = users.ensure_admin().unwrap().unwrap();
+        assert!(users.ensure_admin().unwrap().is_none());
+        let file = std::fs::read_to_string(dir.path().join("users.json")).unwrap();
+        assert!(!file.contains(&password));
+        assert!(users.verify(&name, &password).unwrap().admin);
+        assert!(users.verify(&name, "wrong").is_none());
+        assert!(matches!(
+            users.add("Bad Name", false),
+            Err(UserError::InvalidName(_))
+        ));
+        let bob = users.add("bob", false).unwrap();
+        // Another process (the `labforge user` CLI) sees the same file.
+        let other = Users::open(dir.path()).unwrap();
+        assert_eq!(other.verify("bob", &bob).unwrap().namespace, "bob");
+        other.remove("bob").unwrap();
+        assert!(users.verify("bob", &bob).is_none());
+    }
+
+    #[test]
+    fn the_session_cookie_identifies_the_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = LocalAuth {
+            users: Users::open(dir.path()).unwrap(),
+            sessions: Sessions::default(),
+        };
+        auth.users.add("alice", false).unwrap();
+        let token = auth.sessions.start("alice").unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::COOKIE,
+            format!("other=1; {SESSION_COOKIE}={token}")
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(auth.identify(&headers).unwrap().user, "alice");
+        assert!(auth.is_member("alice", "alice"));
+        assert!(!auth.is_member("alice", "bob"));
+        auth.sessions.end(&token);
+        assert!(auth.identify(&headers).is_none());
+    }
+}

@@ -1,0 +1,565 @@
+//! Turns a spawner request into a Kubeflow `Notebook`, or into an error naming the field that is
+//! wrong. Pure: nothing is created until this has said yes, so a bad request leaves no trace.
+
+use crate::config::SpawnerConfig;
+use crate::model::{
+    DataVolumeRequest, NotebookRequest, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
+};
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec,
+    ResourceRequirements, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use labforge_crds::notebook::{
+    CREATOR_ANNOTATION, Notebook, NotebookSpec, NotebookTemplateSpec, REWRITE_URI_ANNOTATION,
+};
+use std::collections::BTreeMap;
+
+/// A request field that is wrong, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Labels Kubernetes and podman both accept as object names (RFC 1123, 63 characters).
+pub fn dns_label(field: &str, value: &str) -> Result<(), FieldError> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            field,
+            format!(
+                "{value:?} is not a valid name: use 1-63 lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+/// A Kubernetes quantity's value (`500m`, `2`, `1.5Gi`, `1e3`), or an error naming the field.
+pub fn quantity(field: &str, value: &str) -> Result<f64, FieldError> {
+    let bad = || {
+        FieldError::new(
+            field,
+            format!("{value:?} is not a quantity (examples: 500m, 2, 512Mi, 4Gi)"),
+        )
+    };
+    let value = value.trim();
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
+        .unwrap_or(value.len());
+    let (number, suffix) = value.split_at(split);
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let multiplier = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0f64.powi(4),
+        "Pi" => 1024.0f64.powi(5),
+        s if s.starts_with(['e', 'E']) => {
+            let exponent: i32 = s[1..].parse().map_err(|_| bad())?;
+            10f64.powi(exponent)
+        }
+        _ => return Err(bad()),
+    };
+    let result = number * multiplier;
+    if result.is_finite() && result >= 0.0 {
+        Ok(result)
+    } else {
+        Err(bad())
+    }
+}
+
+/// An image reference podman and registries accept.
+pub fn image_reference(field: &str, value: &str) -> Result<(), FieldError> {
+    if value.is_empty() || value.len() > 512 || value.chars().any(char::is_whitespace) {
+        return Err(FieldError::new(
+            field,
+            format!("{value:?} is not an image reference"),
+        ));
+    }
+    oci_client::Reference::try_from(value)
+        .map(|_| ())
+        .map_err(|e| FieldError::new(field, format!("{value:?} is not an image reference: {e}")))
+}
+
+fn env_name(field: &str, name: &str) -> Result<(), FieldError> {
+    let mut chars = name.chars();
+    let ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(FieldError::new(
+            field,
+            format!("{name:?} is not an environment variable name"),
+        ));
+    }
+    if name == "NB_PREFIX" {
+        return Err(FieldError::new(
+            field,
+            "NB_PREFIX is set by labforge to the notebook's route",
+        ));
+    }
+    Ok(())
+}
+
+/// Quantity `value` (or `default` when empty) checked against `max`; returns the text kept.
+fn bounded(field: &str, value: &str, default: &str, max: &str) -> Result<String, FieldError> {
+    let text = if value.trim().is_empty() {
+        default
+    } else {
+        value.trim()
+    };
+    let amount = quantity(field, text)?;
+    let limit = quantity(field, max)?;
+    if amount <= 0.0 {
+        return Err(FieldError::new(field, "must be more than 0"));
+    }
+    if amount > limit {
+        return Err(FieldError::new(
+            field,
+            format!("{text} is more than the allowed {max}"),
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// The workspace volume's claim name, as Kubeflow's web app names it.
+pub fn workspace_claim(notebook: &str) -> String {
+    format!("{notebook}-workspace")
+}
+
+/// Where the workspace is mounted: the image's home.
+pub const HOME: &str = "/home/jovyan";
+
+/// Builds the Notebook for `request` in `namespace`, created by `owner`.
+pub fn notebook_from_request(
+    request: &NotebookRequest,
+    namespace: &str,
+    owner: &str,
+    config: &SpawnerConfig,
+) -> Result<Notebook, FieldError> {
+    dns_label("name", &request.name)?;
+    // Kubeflow's VirtualService is named notebook-<ns>-<name> and must stay a valid name.
+    if request.name.len() + namespace.len() > 52 {
+        return Err(FieldError::new(
+            "name",
+            "too long for this namespace: the route name notebook-<namespace>-<name> must fit in 63 characters",
+        ));
+    }
+    let image = if request.image.trim().is_empty() {
+        config
+            .default_image(request.server_type)
+            .ok_or_else(|| {
+                FieldError::new("image", "the catalog has no image for this server type")
+            })?
+            .to_owned()
+    } else {
+        request.image.trim().to_owned()
+    };
+    image_reference("image", &image)?;
+    if !config.allow_custom_images && !config.in_catalog(&image) {
+        return Err(FieldError::new(
+            "image",
+            format!("{image} is not in the catalog, and custom images are not allowed"),
+        ));
+    }
+    let defaults = &config.defaults;
+    let cpu = bounded("cpu", &request.cpu, &defaults.cpu, &defaults.max_cpu)?;
+    let memory = bounded(
+        "memory",
+        &request.memory,
+        &defaults.memory,
+        &defaults.max_memory,
+    )?;
+    let cpu_limit = bounded("cpuLimit", &request.cpu_limit, &cpu, &defaults.max_cpu)?;
+    let memory_limit = bounded(
+        "memoryLimit",
+        &request.memory_limit,
+        &memory,
+        &defaults.max_memory,
+    )?;
+    if quantity("cpuLimit", &cpu_limit)? < quantity("cpu", &cpu)? {
+        return Err(FieldError::new(
+            "cpuLimit",
+            "must not be less than the CPU request",
+        ));
+    }
+    if quantity("memoryLimit", &memory_limit)? < quantity("memory", &memory)? {
+        return Err(FieldError::new(
+            "memoryLimit",
+            "must not be less than the memory request",
+        ));
+    }
+
+    let mut requests = BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpu)),
+        ("memory".to_owned(), Quantity(memory)),
+    ]);
+    let mut limits = BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpu_limit)),
+        ("memory".to_owned(), Quantity(memory_limit)),
+    ]);
+    if let Some(gpus) = &request.gpus
+        && gpus.count > 0
+    {
+        if !config
+            .gpu_vendors
+            .iter()
+            .any(|v| v.limits_key == gpus.vendor)
+        {
+            let offered: Vec<&str> = config
+                .gpu_vendors
+                .iter()
+                .map(|v| v.limits_key.as_str())
+                .collect();
+            return Err(FieldError::new(
+                "gpus.vendor",
+                if offered.is_empty() {
+                    "no GPU vendor is available here".to_owned()
+                } else {
+                    format!("{:?} is not one of {}", gpus.vendor, offered.join(", "))
+                },
+            ));
+        }
+        if gpus.count > defaults.max_gpus {
+            return Err(FieldError::new(
+                "gpus.count",
+                format!("at most {} GPUs", defaults.max_gpus),
+            ));
+        }
+        // GPUs cannot be overcommitted: Kubernetes wants request = limit.
+        let count = Quantity(gpus.count.to_string());
+        limits.insert(gpus.vendor.clone(), count.clone());
+        requests.insert(gpus.vendor.clone(), count);
+    }
+
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    let mut claims = Vec::new();
+    match request
+        .workspace
+        .as_ref()
+        .unwrap_or(&WorkspaceRequest::New {
+            size: String::new(),
+        }) {
+        WorkspaceRequest::New { size } => {
+            let size = bounded(
+                "workspace.size",
+                size,
+                &defaults.workspace_size,
+                &defaults.max_volume_size,
+            )?;
+            claims.push((workspace_claim(&request.name), size, HOME.to_owned()));
+        }
+        WorkspaceRequest::Existing { name } => {
+            dns_label("workspace.name", name)?;
+            claims.push((name.clone(), String::new(), HOME.to_owned()));
+        }
+        WorkspaceRequest::None => {}
+    }
+    for (
+        i,
+        DataVolumeRequest {
+            name,
+            size,
+            mount_path,
+        },
+    ) in request.data_volumes.iter().enumerate()
+    {
+        let field = |f: &str| format!("dataVolumes[{i}].{f}");
+        dns_label(&field("name"), name)?;
+        if !size.trim().is_empty() {
+            bounded(&field("size"), size, size, &defaults.max_volume_size)?;
+        }
+        if !mount_path.starts_with('/') || mount_path.contains("..") || mount_path == "/" {
+            return Err(FieldError::new(
+                field("mountPath"),
+                format!("{mount_path:?} must be an absolute path below /"),
+            ));
+        }
+        if claims.iter().any(|(c, _, m)| c == name || m == mount_path) {
+            return Err(FieldError::new(
+                field("name"),
+                "a volume of that name or mount path is already in this notebook",
+            ));
+        }
+        claims.push((name.clone(), size.trim().to_owned(), mount_path.clone()));
+    }
+    for (claim, _, mount_path) in &claims {
+        volumes.push(Volume {
+            name: claim.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: None,
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: claim.clone(),
+            mount_path: mount_path.clone(),
+            ..Default::default()
+        });
+    }
+    let shm = if request.shm_size.trim().is_empty() {
+        defaults.shm_size.clone()
+    } else {
+        request.shm_size.trim().to_owned()
+    };
+    if quantity("shmSize", &shm)? > 0.0 {
+        bounded("shmSize", &shm, &shm, &defaults.max_memory)?;
+        volumes.push(Volume {
+            name: "dshm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(shm)),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "dshm".into(),
+            mount_path: "/dev/shm".into(),
+            ..Default::default()
+        });
+    }
+
+    let mut env = Vec::new();
+    for (name, value) in &request.environment {
+        env_name(&format!("environment.{name}"), name)?;
+        env.push(EnvVar {
+            name: name.clone(),
+            value: Some(value.clone()),
+            value_from: None,
+        });
+    }
+
+    let mut annotations = BTreeMap::from([
+        (CREATOR_ANNOTATION.to_owned(), owner.to_owned()),
+        (
+            SERVER_TYPE_ANNOTATION.to_owned(),
+            request.server_type.annotation().to_owned(),
+        ),
+    ]);
+    // code-server serves at `/`; Kubeflow's VSCode images are routed the same way.
+    if request.server_type == ServerType::Vscode {
+        annotations.insert(REWRITE_URI_ANNOTATION.to_owned(), "/".to_owned());
+    }
+    let volume_sizes: BTreeMap<String, String> = claims
+        .iter()
+        .filter(|(_, size, _)| !size.is_empty())
+        .map(|(claim, size, _)| (claim.clone(), size.clone()))
+        .collect();
+    if !volume_sizes.is_empty() {
+        annotations.insert(
+            VOLUME_SIZES_ANNOTATION.to_owned(),
+            serde_json::to_string(&volume_sizes).unwrap_or_default(),
+        );
+    }
+
+    Ok(Notebook {
+        metadata: ObjectMeta {
+            name: Some(request.name.clone()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([("app".to_owned(), request.name.clone())])),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: NotebookSpec {
+            template: NotebookTemplateSpec {
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: request.name.clone(),
+                        image: Some(image),
+                        image_pull_policy: Some("IfNotPresent".into()),
+                        resources: Some(ResourceRequirements {
+                            requests: Some(requests),
+                            limits: Some(limits),
+                            ..Default::default()
+                        }),
+                        volume_mounts: Some(mounts),
+                        env: (!env.is_empty()).then_some(env),
+                        ..Default::default()
+                    }],
+                    volumes: Some(volumes),
+                    ..Default::default()
+                }),
+            },
+        },
+        status: None,
+    })
+}
+
+/// The sizes asked for each new volume (claim name → quantity). In a cluster the web app creates
+/// PVCs of these sizes; embedded, podman volumes have no size and this is informational.
+pub const VOLUME_SIZES_ANNOTATION: &str = "labforge.dev/volume-sizes";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CatalogImage, Defaults, GpuVendor};
+    use crate::model::GpuRequest;
+
+    fn config() -> SpawnerConfig {
+        SpawnerConfig {
+            images: vec![CatalogImage {
+                image: "registry.local/labforge/jupyterlab:latest".into(),
+                server_type: ServerType::Jupyter,
+                description: String::new(),
+                default: true,
+            }],
+            allow_custom_images: true,
+            gpu_vendors: vec![GpuVendor {
+                limits_key: "nvidia.com/gpu".into(),
+                name: "NVIDIA".into(),
+                cdi_kind: None,
+            }],
+            defaults: Defaults::default(),
+        }
+    }
+
+    fn request(name: &str) -> NotebookRequest {
+        NotebookRequest {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    fn field_of(r: NotebookRequest) -> String {
+        notebook_from_request(&r, "alice", "alice", &config())
+            .unwrap_err()
+            .field
+    }
+
+    #[test]
+    fn quantities_parse_like_kubernetes() {
+        assert_eq!(quantity("f", "500m").unwrap(), 0.5);
+        assert_eq!(quantity("f", "2").unwrap(), 2.0);
+        assert_eq!(quantity("f", "1Gi").unwrap(), 1073741824.0);
+        assert_eq!(quantity("f", "1.5G").unwrap(), 1.5e9);
+        assert_eq!(quantity("f", "1e3").unwrap(), 1000.0);
+        for bad in ["", "abc", "1 Gi", "1Gb", "-1", "1e", "Gi"] {
+            assert_eq!(quantity("cpu", bad).unwrap_err().field, "cpu", "{bad}");
+        }
+    }
+
+    #[test]
+    fn defaults_make_a_kubeflow_shaped_notebook() {
+        let nb = notebook_from_request(&request("lab"), "alice", "alice", &config()).unwrap();
+        let spec = nb.spec.template.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        assert_eq!(
+            c.image.as_deref(),
+            Some("registry.local/labforge/jupyterlab:latest")
+        );
+        let res = c.resources.as_ref().unwrap();
+        assert_eq!(res.requests.as_ref().unwrap()["cpu"].0, "0.5");
+        assert_eq!(res.limits.as_ref().unwrap()["memory"].0, "1Gi");
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts[0].mount_path, HOME);
+        assert_eq!(mounts[0].name, "lab-workspace");
+        assert_eq!(mounts[1].mount_path, "/dev/shm");
+        assert_eq!(
+            nb.metadata.annotations.as_ref().unwrap()[CREATOR_ANNOTATION],
+            "alice"
+        );
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        assert_eq!(field_of(request("Bad_Name")), "name");
+        assert_eq!(field_of(request("")), "name");
+        assert_eq!(field_of(request(&"a".repeat(64))), "name");
+        let mut r = request("lab");
+        r.cpu = "lots".into();
+        assert_eq!(field_of(r), "cpu");
+        let mut r = request("lab");
+        r.cpu = "2".into();
+        r.cpu_limit = "1".into();
+        assert_eq!(field_of(r), "cpuLimit");
+        let mut r = request("lab");
+        r.memory = "1000Gi".into();
+        assert_eq!(field_of(r), "memory");
+        let mut r = request("lab");
+        r.image = "not an image".into();
+        assert_eq!(field_of(r), "image");
+        let mut r = request("lab");
+        r.gpus = Some(GpuRequest {
+            vendor: "amd.com/gpu".into(),
+            count: 1,
+        });
+        assert_eq!(field_of(r), "gpus.vendor");
+        let mut r = request("lab");
+        r.gpus = Some(GpuRequest {
+            vendor: "nvidia.com/gpu".into(),
+            count: 99,
+        });
+        assert_eq!(field_of(r), "gpus.count");
+        let mut r = request("lab");
+        r.workspace = Some(WorkspaceRequest::New { size: "9Pi".into() });
+        assert_eq!(field_of(r), "workspace.size");
+        let mut r = request("lab");
+        r.environment.insert("1BAD".into(), "x".into());
+        assert_eq!(field_of(r), "environment.1BAD");
+        let mut r = request("lab");
+        r.data_volumes.push(DataVolumeRequest {
+            name: "data".into(),
+            size: String::new(),
+            mount_path: "relative".into(),
+        });
+        assert_eq!(field_of(r), "dataVolumes[0].mountPath");
+    }
+
+    #[test]
+    fn custom_images_can_be_refused() {
+        let mut config = config();
+        config.allow_custom_images = false;
+        let mut r = request("lab");
+        r.image = "docker.io/library/python:3".into();
+        let err = notebook_from_request(&r, "alice", "alice", &config).unwrap_err();
+        assert_eq!(err.field, "image");
+        assert!(err.message.contains("not in the catalog"), "{err}");
+    }
+
+    #[test]
+    fn gpus_become_equal_requests_and_limits() {
+        let mut r = request("lab");
+        r.gpus = Some(GpuRequest {
+            vendor: "nvidia.com/gpu".into(),
+            count: 2,
+        });
+        let nb = notebook_from_request(&r, "alice", "alice", &config()).unwrap();
+        let res = nb.spec.template.spec.unwrap().containers[0]
+            .resources
+            .clone()
+            .unwrap();
+        assert_eq!(res.limits.unwrap()["nvidia.com/gpu"].0, "2");
+        assert_eq!(res.requests.unwrap()["nvidia.com/gpu"].0, "2");
+    }
+}
