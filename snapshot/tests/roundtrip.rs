@@ -332,12 +332,24 @@ fn every_entry_comes_with_its_parent_directories_as_they_are() {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            let path = e.path().unwrap().to_string_lossy().trim_end_matches('/').to_owned();
+            let path = e
+                .path()
+                .unwrap()
+                .to_string_lossy()
+                .trim_end_matches('/')
+                .to_owned();
             (path, e.header().mode().unwrap(), e.header().entry_type())
         })
         .collect();
     let position = |p: &str| entries.iter().position(|e| e.0 == p);
-    for dir in ["opt", "opt/pkg", "opt/pkg/sub", "var", "var/cache", "var/cache/x"] {
+    for dir in [
+        "opt",
+        "opt/pkg",
+        "opt/pkg/sub",
+        "var",
+        "var/cache",
+        "var/cache/x",
+    ] {
         let i = position(dir).unwrap_or_else(|| panic!("{dir} missing from {entries:?}"));
         assert_eq!(entries[i].2, tar::EntryType::Directory);
         // Each appears once, before what is inside it.
