@@ -4,7 +4,7 @@
 
 use crate::controller::eventually;
 use crate::need;
-use labforge_tests::embedded::LabforgeUp;
+use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use labforge_tests::jupyter::JupyterClient;
 use serde_json::{Value, json};
 use std::process::Command;
@@ -104,42 +104,6 @@ impl Session {
     }
 }
 
-/// Removes the suite's containers and volumes however the test ends.
-struct Cleanup(Vec<String>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let prefix = format!("labforge-{ns}-");
-            for kind in [["ps", "-a"], ["volume", "ls"]] {
-                let format = if kind[0] == "ps" {
-                    "{{.Names}}"
-                } else {
-                    "{{.Name}}"
-                };
-                let Ok(out) = Command::new("podman")
-                    .args(kind)
-                    .args(["--format", format])
-                    .output()
-                else {
-                    continue;
-                };
-                for name in String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .filter(|n| n.starts_with(&prefix))
-                {
-                    let args: &[&str] = if kind[0] == "ps" {
-                        &["rm", "-f", "-t", "0"]
-                    } else {
-                        &["volume", "rm", "-f"]
-                    };
-                    let _ = Command::new("podman").args(args).arg(name).output();
-                }
-            }
-        }
-    }
-}
-
 fn container_id(name: &str) -> String {
     let out = Command::new("podman")
         .args(["inspect", "--format", "{{.Id}}", name])
@@ -180,6 +144,10 @@ print("notes", open("/home/jovyan/notes.txt").read())
 async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up() {
     crate::init_crypto();
     let agent = need(labforge_tests::agent::agent_binary());
+    let suffix = format!("{:x}", std::process::id());
+    let (alice, bob) = (format!("alice-{suffix}"), format!("bob-{suffix}"));
+    // Before `up`: dropped after it, once labforge has stopped.
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone(), bob.clone()]);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut up = need(
@@ -190,9 +158,6 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         )
         .await,
     );
-    let suffix = format!("{:x}", std::process::id());
-    let (alice, bob) = (format!("alice-{suffix}"), format!("bob-{suffix}"));
-    let _cleanup = Cleanup(vec![alice.clone(), bob.clone()]);
     need(labforge_tests::push_layout(
         "jupyterlab",
         &up.registry,

@@ -15,6 +15,7 @@ mod notebook_image;
 mod proxy;
 mod s3_cache;
 mod save;
+mod ui;
 
 /// The labforge binary built for this test run.
 pub fn labforge() -> std::process::Command {

@@ -193,3 +193,36 @@ impl Drop for LabforgeUp {
         self.stop();
     }
 }
+
+/// Removes the podman containers and volumes of these namespaces (`labforge-<ns>-*`) when
+/// dropped, however a test ends. Declare it before the [`LabforgeUp`], so that labforge is stopped
+/// first and does not start containers again while they are removed.
+pub struct RemoveNotebooksOnDrop(pub Vec<String>);
+
+impl Drop for RemoveNotebooksOnDrop {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let prefix = format!("labforge-{ns}-");
+            for (list, remove) in [
+                (
+                    &["ps", "-a", "--format", "{{.Names}}"][..],
+                    &["rm", "-f", "-t", "0"][..],
+                ),
+                (
+                    &["volume", "ls", "--format", "{{.Name}}"][..],
+                    &["volume", "rm", "-f"][..],
+                ),
+            ] {
+                let Ok(out) = Command::new("podman").args(list).output() else {
+                    continue;
+                };
+                for name in String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|n| n.starts_with(&prefix))
+                {
+                    let _ = Command::new("podman").args(remove).arg(name).output();
+                }
+            }
+        }
+    }
+}

@@ -166,7 +166,12 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/api/namespaces/{ns}/saves/{id}", get(follow_save))
         .route("/api/namespaces/{ns}/images", get(saved_images))
-        .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "no such API path") })
+        .route(
+            "/api/{*rest}",
+            axum::routing::any(|| async {
+                Failure::new(StatusCode::NOT_FOUND, "no such API path")
+            }),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }

@@ -307,7 +307,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         registry.clone(),
         save_options,
     ));
-    let api = crate::api::router(ApiState {
+    let state = ApiState {
         store: store.clone(),
         auth: auth.clone(),
         saves,
@@ -315,7 +315,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         engine,
         activity: proxy.activity.clone(),
         secure_cookies: false,
-    });
+    };
+    let api = crate::api::router(state.clone()).merge(crate::ui::router(state));
     let mut tasks = vec![
         tokio::spawn(async move {
             if let Err(err) = axum::serve(web_listener, api).await {

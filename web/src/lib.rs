@@ -15,5 +15,6 @@ pub mod model;
 pub mod runtime;
 pub mod saves;
 pub mod store;
+pub mod ui;
 pub mod users;
 pub mod validate;

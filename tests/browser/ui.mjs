@@ -1,0 +1,176 @@
+// Drives labforge's web UI in headless Debian Chromium as users do, and keeps a screenshot of each
+// page. Prints one JSON line with what it saw; exits non-zero when a step fails.
+//   node ui.mjs CONFIG.json
+// CONFIG: {url, alice: [user, password], bob: [...], admin: [...], agent, screenshots}
+import { chromium } from 'playwright-core';
+import { readFileSync, renameSync } from 'node:fs';
+
+const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const { url, screenshots } = config;
+const seen = {};
+const READY = 180_000;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+         '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+
+async function shot(page, name) {
+  await page.screenshot({ path: `${screenshots}/ui-${name}.png`, fullPage: true });
+}
+
+async function signIn(context, [user, password]) {
+  const page = await context.newPage();
+  await page.goto(`${url}/`);
+  await page.waitForURL(/\/login$/);
+  await page.getByLabel('User name').fill(user);
+  await page.getByLabel('Password').fill(password);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.waitForURL(`${url}/`);
+  return page;
+}
+
+function row(page, name) {
+  return page.locator(`#notebooks tr[data-name="${name}"]`);
+}
+
+try {
+  // --- alice ---
+  const alice = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  let page = await alice.newPage();
+  await page.goto(`${url}/login`);
+  await page.getByLabel('User name').fill(config.alice[0]);
+  await page.getByLabel('Password').fill('wrong');
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.locator('#login-error:not(:empty)').waitFor();
+  seen.loginError = await page.locator('#login-error').textContent();
+  await shot(page, 'login');
+  await page.close();
+
+  page = await signIn(alice, config.alice);
+  await page.locator('#empty:not([hidden])').waitFor();
+  seen.emptyState = await page.locator('#empty').textContent();
+  await shot(page, 'notebooks-empty');
+
+  // The form: a name checked as typed, a server error next to its field, then a good request.
+  await page.getByRole('link', { name: 'New notebook' }).first().click();
+  await page.waitForURL(`${url}/new`);
+  await page.getByLabel('Name', { exact: true }).fill('Bad_Name');
+  seen.nameError = await page.locator('[data-error-for="name"]').textContent();
+  await page.getByLabel('Name', { exact: true }).fill('lab');
+  await page.getByLabel('CPU request').fill('lots');
+  await page.getByRole('button', { name: 'Create notebook' }).click();
+  await page.locator('[data-error-for="cpu"]:not(:empty)').waitFor();
+  seen.cpuError = await page.locator('[data-error-for="cpu"]').textContent();
+  await shot(page, 'new-notebook-error');
+  await page.getByLabel('CPU request').fill('0.5');
+  await page.getByLabel('CPU limit').fill('2');
+  await page.getByLabel('Memory limit').fill('2Gi');
+  await page.getByRole('button', { name: 'Create notebook' }).click();
+  await page.waitForURL(`${url}/`);
+
+  // Ready without reloading: the list follows the event stream.
+  const created = Date.now();
+  await row(page, 'lab').locator('.state.ready').waitFor({ timeout: READY });
+  seen.readyAfterMs = Date.now() - created;
+  await shot(page, 'notebooks');
+
+  // Connect: JupyterLab loads through the proxy.
+  const [lab] = await Promise.all([
+    alice.waitForEvent('page'),
+    row(page, 'lab').getByRole('link', { name: 'Connect' }).click(),
+  ]);
+  await lab.waitForSelector('.jp-Launcher', { timeout: 90_000 });
+  seen.jupyterTitle = await lab.title();
+  await shot(lab, 'jupyterlab');
+  await lab.close();
+
+  // The notebook page: save the environment and watch the progress reach the digest.
+  await page.getByRole('link', { name: 'lab', exact: true }).click();
+  await page.waitForURL(/\/notebooks\/.+\/lab$/);
+  await page.locator('#state.ready').waitFor({ timeout: READY });
+  await page.locator('#events tbody tr').first().waitFor();
+  await page.getByLabel('Tag').fill('ui-save');
+  await page.getByRole('button', { name: 'Save environment' }).click();
+  await page.locator('#save-text', { hasText: 'sha256:' }).waitFor({ timeout: 120_000 });
+  seen.saveText = await page.locator('#save-text').textContent();
+  seen.saveBar = await page.locator('#save-bar').evaluate((bar) => bar.value);
+  await page.locator('#images tbody tr').first().waitFor();
+  seen.savedImages = await page.locator('#images tbody tr').count();
+  await page.locator('#logs:not(:empty)').waitFor({ timeout: 30_000 });
+  await shot(page, 'notebook-saved');
+
+  // A failed save shows its error: the agent is taken away meanwhile.
+  renameSync(config.agent, `${config.agent}.away`);
+  try {
+    await page.getByLabel('Tag').fill('will-fail');
+    await page.getByRole('button', { name: 'Save environment' }).click();
+    await page.locator('#save-error:not(:empty)').waitFor({ timeout: 60_000 });
+    seen.saveError = await page.locator('#save-error').textContent();
+    await shot(page, 'notebook-save-failed');
+  } finally {
+    renameSync(`${config.agent}.away`, config.agent);
+  }
+
+  // Start a new notebook from the saved image.
+  await page.getByRole('link', { name: 'Start a new notebook from it' }).first().click();
+  await page.waitForURL(/\/new\?image=/);
+  seen.prefilledImage = await page.getByLabel(/Custom image/).inputValue();
+  await page.getByLabel('Name', { exact: true }).fill('from-saved');
+  await page.getByLabel('CPU limit').fill('2');
+  await page.getByLabel('Memory limit').fill('2Gi');
+  await page.getByRole('button', { name: 'Create notebook' }).click();
+  await page.waitForURL(`${url}/`);
+  await row(page, 'from-saved').locator('.state.ready').waitFor({ timeout: READY });
+  seen.fromSavedImage = await row(page, 'from-saved').locator('td').nth(3).textContent();
+
+  // A narrow window still reads.
+  await page.setViewportSize({ width: 420, height: 860 });
+  await shot(page, 'notebooks-narrow');
+  await alice.close();
+
+  // --- bob: sees nothing of alice's, cannot open it ---
+  const bob = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  page = await signIn(bob, config.bob);
+  await page.locator('#empty:not([hidden])').waitFor();
+  seen.bobRows = await page.locator('#notebooks tbody tr').count();
+  const aliceNs = config.alice[0];
+  const forbidden = await page.goto(`${url}/notebooks/${aliceNs}/lab`);
+  seen.bobNotebookPage = forbidden.status();
+  await shot(page, 'forbidden');
+  const proxied = await page.goto(`${url}/notebook/${aliceNs}/lab/lab`);
+  seen.bobProxy = proxied.status();
+  await page.goto(`${url}/new`);
+  await page.getByLabel('Name', { exact: true }).fill('bobs');
+  await page.getByLabel('CPU limit').fill('0.5');
+  await page.getByRole('button', { name: 'Create notebook' }).click();
+  await page.waitForURL(`${url}/`);
+  await bob.close();
+
+  // --- admin: everyone's notebooks, a filter, bulk stop ---
+  const admin = await browser.newContext({ viewport: { width: 1400, height: 860 } });
+  page = await signIn(admin, config.admin);
+  await page.getByRole('link', { name: 'Admin' }).click();
+  await page.waitForURL(`${url}/admin`);
+  await page.locator('#all tbody tr').nth(2).waitFor();
+  seen.adminOwners = [...new Set(await page.locator('#all tbody tr td:nth-child(4)').allTextContents())].sort();
+  seen.adminTotals = await page.locator('#totals').textContent();
+  await shot(page, 'admin');
+  await page.getByLabel('User', { exact: true }).fill(config.bob[0]);
+  await page.waitForFunction(() => document.querySelectorAll('#all tbody tr').length === 1);
+  await page.getByLabel('Select all').check();
+  page.once('dialog', (dialog) => dialog.accept());
+  await page.getByRole('button', { name: 'Stop selected' }).click();
+  await page.locator('#all tbody tr .state.stopped').waitFor({ timeout: 30_000 });
+  seen.bulkStopped = true;
+  await shot(page, 'admin-filtered');
+  await admin.close();
+
+  console.log(JSON.stringify(seen));
+} catch (error) {
+  console.error(`step failed: ${error.message}\nseen so far: ${JSON.stringify(seen)}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}

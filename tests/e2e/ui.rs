@@ -1,0 +1,156 @@
+//! The web UI in a real browser (Playwright + Debian Chromium) against `labforge up` with real
+//! podman: sign-in, the spawner form and its errors, live status, JupyterLab through the proxy,
+//! saving an environment with its progress (and a failing one), starting from a saved image,
+//! another user's view, and the admin page. Screenshots land in tests/artifacts/.
+
+use crate::need;
+use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
+use serde_json::{Value, json};
+use std::path::Path;
+
+#[tokio::test]
+async fn users_work_through_the_web_ui_in_a_browser() {
+    crate::init_crypto();
+    let agent = need(labforge_tests::agent::agent_binary());
+    let suffix = format!("{:x}", std::process::id());
+    let (alice, bob) = (format!("ui-alice-{suffix}"), format!("ui-bob-{suffix}"));
+    // Before `up`: dropped after it, once labforge has stopped.
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone(), bob.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let up =
+        need(LabforgeUp::start(Path::new(env!("CARGO_BIN_EXE_labforge")), &data, &agent).await);
+    need(labforge_tests::push_layout(
+        "jupyterlab",
+        &up.registry,
+        "labforge/jupyterlab:latest",
+    ));
+    let password = |out: String| out.rsplit(' ').next().unwrap().trim().to_owned();
+    let alice_password = password(need(up.user_command(&["add", &alice])));
+    let bob_password = password(need(up.user_command(&["add", &bob])));
+
+    let screenshots = need(labforge_tests::artifacts_dir());
+    let config = dir.path().join("ui.json");
+    std::fs::write(
+        &config,
+        json!({
+            "url": up.url,
+            "alice": [alice, alice_password],
+            "bob": [bob, bob_password],
+            "admin": ["admin", up.admin_password.clone().unwrap()],
+            "agent": data.join("agent/labforge-agent"),
+            "screenshots": screenshots,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("ui.mjs", &[&config.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}\nlabforge up log:\n{}", up.log()));
+    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    eprintln!("{seen:#}");
+
+    assert!(
+        seen["loginError"]
+            .as_str()
+            .unwrap()
+            .contains("wrong user name or password")
+    );
+    assert!(
+        seen["emptyState"]
+            .as_str()
+            .unwrap()
+            .contains("No notebooks yet")
+    );
+    assert!(
+        seen["nameError"].as_str().unwrap().contains("lowercase"),
+        "checked as typed"
+    );
+    assert!(
+        seen["cpuError"]
+            .as_str()
+            .unwrap()
+            .contains("\"lots\" is not a quantity"),
+        "{seen}"
+    );
+    assert!(
+        seen["jupyterTitle"]
+            .as_str()
+            .unwrap()
+            .contains("JupyterLab")
+    );
+    // The progress bar reached the digest the registry holds.
+    let (_, images) = {
+        let http = reqwest::Client::new();
+        let login = http
+            .post(format!("{}/api/login", up.url))
+            .json(&json!({"username": alice, "password": alice_password}))
+            .send()
+            .await
+            .unwrap();
+        let cookie = login.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned();
+        let images: Value = http
+            .get(format!("{}/api/namespaces/{alice}/images", up.url))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ((), images)
+    };
+    let saved = &images["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["image"].as_str().unwrap().ends_with(":ui-save"))
+        .unwrap();
+    let digest = saved["digest"].as_str().unwrap();
+    assert!(
+        seen["saveText"].as_str().unwrap().contains(digest),
+        "{seen}"
+    );
+    assert_eq!(seen["saveBar"], 100);
+    assert!(
+        seen["saveError"].as_str().unwrap().contains("agent"),
+        "a failed save says why: {seen}"
+    );
+    assert_eq!(
+        images["images"].as_array().unwrap().len(),
+        1,
+        "the failed save recorded nothing"
+    );
+    assert_eq!(seen["prefilledImage"], saved["image"]);
+    assert_eq!(seen["fromSavedImage"], saved["image"]);
+    assert_eq!(seen["bobRows"], 0);
+    assert_eq!(seen["bobNotebookPage"], 403);
+    assert_eq!(seen["bobProxy"], 403);
+    assert_eq!(seen["adminOwners"], json!([alice, bob]));
+    assert_eq!(seen["bulkStopped"], true);
+    for page in [
+        "login",
+        "notebooks-empty",
+        "new-notebook-error",
+        "notebooks",
+        "jupyterlab",
+        "notebook-saved",
+        "notebook-save-failed",
+        "notebooks-narrow",
+        "forbidden",
+        "admin",
+        "admin-filtered",
+    ] {
+        let file = screenshots.join(format!("ui-{page}.png"));
+        assert!(
+            file.metadata().map(|m| m.len() > 5_000).unwrap_or(false),
+            "screenshot {}",
+            file.display()
+        );
+    }
+}

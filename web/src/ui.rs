@@ -1,0 +1,448 @@
+//! The web UI: pages rendered here (layout, navigation, the user menu, and the spawner form built
+//! from the catalog), with small JavaScript modules in `web/ui/` that fill in live data from the
+//! JSON API. Everything is compiled into the binary: no front-end build step, nothing to deploy
+//! besides `labforge`.
+
+use crate::api::ApiState;
+use crate::config::SpawnerConfig;
+use crate::model::ServerType;
+use crate::users::User;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use serde::Deserialize;
+
+/// HTML-escapes text for element content and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = include_str!("../ui/style.css");
+
+fn asset(name: &str) -> Option<(&'static str, &'static str)> {
+    Some(match name {
+        "style.css" => ("text/css; charset=utf-8", STYLE),
+        "common.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../ui/common.js"),
+        ),
+        "login.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../ui/login.js"),
+        ),
+        "notebooks.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../ui/notebooks.js"),
+        ),
+        "new.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../ui/new.js"),
+        ),
+        "notebook.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../ui/notebook.js"),
+        ),
+        "admin.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../ui/admin.js"),
+        ),
+        _ => return None,
+    })
+}
+
+async fn static_file(Path(name): Path<String>) -> Response {
+    match asset(&name) {
+        Some((content_type, body)) => (
+            [
+                (header::CONTENT_TYPE, content_type),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            body,
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no such file").into_response(),
+    }
+}
+
+/// A whole page: header with navigation and user menu, then `main`.
+fn page(title: &str, user: Option<&User>, main: &str, script: Option<&str>) -> Html<String> {
+    let nav = match user {
+        Some(user) => {
+            let admin = if user.admin {
+                r#"<a href="/admin">Admin</a>"#
+            } else {
+                ""
+            };
+            format!(
+                r#"<nav aria-label="Main"><a href="/">Notebooks</a><a href="/new">New notebook</a>{admin}</nav>
+<details class="user-menu"><summary aria-label="User menu">{name}</summary>
+<div><p>Namespace <code>{ns}</code>{role}</p><button type="button" id="logout">Sign out</button></div></details>"#,
+                name = escape(&user.name),
+                ns = escape(&user.namespace),
+                role = if user.admin { " · admin" } else { "" },
+            )
+        }
+        None => String::new(),
+    };
+    let script = script
+        .map(|s| format!(r#"<script type="module" src="/static/{s}"></script>"#))
+        .unwrap_or_default();
+    let body_data = user
+        .map(|u| {
+            format!(
+                r#" data-user="{}" data-namespace="{}" data-admin="{}""#,
+                escape(&u.name),
+                escape(&u.namespace),
+                u.admin
+            )
+        })
+        .unwrap_or_default();
+    Html(format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · labforge</title><link rel="stylesheet" href="/static/style.css"></head>
+<body{body_data}><header><a class="brand" href="/">labforge</a>{nav}</header>
+<main id="main">{main}</main>
+<script type="module" src="/static/common.js"></script>{script}</body></html>"#,
+        title = escape(title),
+    ))
+}
+
+fn to_login() -> Response {
+    Redirect::to("/login").into_response()
+}
+
+async fn login_page() -> Html<String> {
+    page(
+        "Sign in",
+        None,
+        r#"<section class="card narrow"><h1>Sign in</h1>
+<form id="login" novalidate>
+<label for="username">User name</label><input id="username" name="username" autocomplete="username" required autofocus>
+<label for="password">Password</label><input id="password" name="password" type="password" autocomplete="current-password" required>
+<p class="error" id="login-error" role="alert"></p>
+<button type="submit">Sign in</button></form>
+<p class="hint">First start: <code>labforge up</code> printed the admin's password. New users: <code>labforge user add NAME</code>.</p></section>"#,
+        Some("login.js"),
+    )
+}
+
+async fn notebooks_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let Some(user) = state.auth.user_of(&headers) else {
+        return to_login();
+    };
+    page(
+        "Notebooks",
+        Some(&user),
+        &format!(
+            r#"<div class="title-row"><h1>Notebooks in <code>{ns}</code></h1><a class="button" href="/new">New notebook</a></div>
+<p class="live" id="live" aria-live="polite">Connecting…</p>
+<div class="table-wrap"><table id="notebooks" aria-describedby="live"><thead><tr>
+<th scope="col">Name</th><th scope="col">State</th><th scope="col">Type</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th><th scope="col">Actions</th>
+</tr></thead><tbody></tbody></table></div>
+<p class="empty" id="empty" hidden>No notebooks yet. <a href="/new">Create one</a> to get JupyterLab or VSCode in your browser.</p>"#,
+            ns = escape(&user.namespace)
+        ),
+        Some("notebooks.js"),
+    )
+    .into_response()
+}
+
+#[derive(Deserialize, Default)]
+struct NewQuery {
+    #[serde(default)]
+    image: Option<String>,
+}
+
+fn spawner_form(config: &SpawnerConfig, preset_image: Option<&str>) -> String {
+    let options = |server_type: ServerType| {
+        config
+            .images
+            .iter()
+            .filter(|i| i.server_type == server_type)
+            .map(|i| {
+                let selected = if preset_image.is_none() && i.default {
+                    " selected"
+                } else {
+                    ""
+                };
+                format!(
+                    r#"<option value="{v}"{selected}>{v}{d}</option>"#,
+                    v = escape(&i.image),
+                    d = if i.description.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" — {}", escape(&i.description))
+                    }
+                )
+            })
+            .collect::<String>()
+    };
+    let custom = if config.allow_custom_images {
+        format!(
+            r#"<label for="customImage">Custom image <span class="hint">(instead of the list)</span></label>
+<input id="customImage" name="customImage" placeholder="registry.example.com/team/image:tag" value="{}">
+<p class="error" data-error-for="image"></p>"#,
+            escape(preset_image.unwrap_or_default())
+        )
+    } else {
+        r#"<p class="error" data-error-for="image"></p>"#.to_owned()
+    };
+    let gpus = if config.gpu_vendors.is_empty() {
+        r#"<p class="hint">No GPUs are available here.</p>"#.to_owned()
+    } else {
+        let vendors: String = config
+            .gpu_vendors
+            .iter()
+            .map(|v| {
+                format!(
+                    r#"<option value="{}">{}</option>"#,
+                    escape(&v.limits_key),
+                    escape(&v.name)
+                )
+            })
+            .collect();
+        format!(
+            r#"<div class="pair"><div><label for="gpuVendor">GPU vendor</label><select id="gpuVendor" name="gpuVendor"><option value="">None</option>{vendors}</select>
+<p class="error" data-error-for="gpus.vendor"></p></div>
+<div><label for="gpuCount">GPUs</label><input id="gpuCount" name="gpuCount" type="number" min="0" max="{max}" value="0">
+<p class="error" data-error-for="gpus.count"></p></div></div>"#,
+            max = config.defaults.max_gpus
+        )
+    };
+    let d = &config.defaults;
+    format!(
+        r#"<form id="spawner" class="card" novalidate>
+<fieldset><legend>Notebook</legend>
+<label for="name">Name</label>
+<input id="name" name="name" required maxlength="63" pattern="[a-z0-9]([-a-z0-9]*[a-z0-9])?" autocomplete="off" aria-describedby="name-hint">
+<p class="hint" id="name-hint">Lowercase letters, digits and '-'.</p>
+<p class="error" data-error-for="name" role="alert"></p>
+<span class="label" id="type-label">Server type</span>
+<div class="radios" role="radiogroup" aria-labelledby="type-label">
+<label><input type="radio" name="serverType" value="jupyter" checked> JupyterLab</label>
+<label><input type="radio" name="serverType" value="vscode"> VSCode</label></div>
+<label for="image-jupyter" data-type="jupyter">Image</label><select id="image-jupyter" name="image-jupyter" data-type="jupyter">{jupyter}</select>
+<label for="image-vscode" data-type="vscode" hidden>Image</label><select id="image-vscode" name="image-vscode" data-type="vscode" hidden>{vscode}</select>
+{custom}
+</fieldset>
+<fieldset><legend>Resources</legend>
+<div class="pair"><div><label for="cpu">CPU request</label><input id="cpu" name="cpu" value="{cpu}"><p class="error" data-error-for="cpu"></p></div>
+<div><label for="cpuLimit">CPU limit</label><input id="cpuLimit" name="cpuLimit" placeholder="same as request"><p class="error" data-error-for="cpuLimit"></p></div></div>
+<div class="pair"><div><label for="memory">Memory request</label><input id="memory" name="memory" value="{memory}"><p class="error" data-error-for="memory"></p></div>
+<div><label for="memoryLimit">Memory limit</label><input id="memoryLimit" name="memoryLimit" placeholder="same as request"><p class="error" data-error-for="memoryLimit"></p></div></div>
+{gpus}
+<label for="shmSize">Shared memory (/dev/shm)</label><input id="shmSize" name="shmSize" value="{shm}"><p class="error" data-error-for="shmSize"></p>
+</fieldset>
+<fieldset><legend>Storage</legend>
+<span class="label" id="ws-label">Workspace (/home/jovyan)</span>
+<div class="radios" role="radiogroup" aria-labelledby="ws-label">
+<label><input type="radio" name="workspace" value="new" checked> New</label>
+<label><input type="radio" name="workspace" value="existing"> Existing</label>
+<label><input type="radio" name="workspace" value="none"> None</label></div>
+<label for="workspaceSize">Size</label><input id="workspaceSize" name="workspaceSize" value="{ws}"><p class="error" data-error-for="workspace.size"></p>
+<label for="workspaceName" hidden>Existing volume name</label><input id="workspaceName" name="workspaceName" hidden><p class="error" data-error-for="workspace.name"></p>
+<div id="volumes"></div>
+<button type="button" class="secondary" id="add-volume">Add a data volume</button>
+</fieldset>
+<fieldset><legend>Environment variables</legend>
+<div id="envs"></div>
+<button type="button" class="secondary" id="add-env">Add a variable</button>
+<p class="error" data-error-for="environment"></p>
+</fieldset>
+<p class="error" id="form-error" role="alert"></p>
+<button type="submit" id="create">Create notebook</button>
+</form>"#,
+        jupyter = options(ServerType::Jupyter),
+        vscode = options(ServerType::Vscode),
+        cpu = escape(&d.cpu),
+        memory = escape(&d.memory),
+        shm = escape(&d.shm_size),
+        ws = escape(&d.workspace_size),
+    )
+}
+
+async fn new_page(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Query(query): Query<NewQuery>,
+) -> Response {
+    let Some(user) = state.auth.user_of(&headers) else {
+        return to_login();
+    };
+    page(
+        "New notebook",
+        Some(&user),
+        &format!(
+            "<h1>New notebook</h1>{}",
+            spawner_form(&state.config, query.image.as_deref())
+        ),
+        Some("new.js"),
+    )
+    .into_response()
+}
+
+async fn notebook_page(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let Some(user) = state.auth.user_of(&headers) else {
+        return to_login();
+    };
+    if !user.admin && user.namespace != ns {
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "Not yours",
+            &format!("{} may not open notebooks in namespace {ns}.", user.name),
+            Some(&user),
+        );
+    }
+    if state.store.get(&ns, &name).is_none() {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            "No such notebook",
+            &format!("There is no notebook {name} in namespace {ns}."),
+            Some(&user),
+        );
+    }
+    page(
+        &name,
+        Some(&user),
+        &format!(
+            r#"<div class="title-row" data-ns="{ns}" data-name="{name}" id="notebook"><h1>{name} <span class="state" id="state">…</span></h1>
+<div class="actions"><a class="button" id="connect" href="/notebook/{ns}/{name}/" target="_blank" rel="noopener">Connect</a>
+<button type="button" class="secondary" id="toggle">…</button></div></div>
+<p id="reason" class="hint"></p>
+<section class="card"><h2>Save environment as image</h2>
+<p class="hint">Packages you installed (pip, conda, apt) become one new image layer on the image this notebook runs. Your workspace is not part of it.</p>
+<form id="save" class="inline" novalidate><label for="tag">Tag</label><input id="tag" name="tag">
+<button type="submit" id="save-button">Save environment</button></form>
+<p class="error" data-error-for="tag"></p>
+<div id="save-progress" hidden><progress id="save-bar" max="100" value="0" aria-label="Save progress"></progress> <span id="save-text" aria-live="polite"></span></div>
+<p class="error" id="save-error" role="alert"></p>
+<h3>Saved images</h3><div class="table-wrap"><table id="images"><thead><tr><th scope="col">Image</th><th scope="col">Digest</th><th scope="col">Layer</th><th scope="col">Changes</th><th scope="col">Saved</th><th scope="col">Use</th></tr></thead><tbody></tbody></table></div>
+<p class="empty" id="images-empty">No saved images yet.</p></section>
+<section class="card"><h2>Status</h2><dl id="details"></dl><h3>Conditions</h3><ul id="conditions"></ul></section>
+<section class="card"><h2>Events</h2><div class="table-wrap"><table id="events"><thead><tr><th scope="col">Time</th><th scope="col">Type</th><th scope="col">Reason</th><th scope="col">Message</th></tr></thead><tbody></tbody></table></div></section>
+<section class="card"><h2>Logs</h2><label><input type="checkbox" id="follow" checked> Follow</label><pre id="logs" tabindex="0" aria-label="Container logs"></pre></section>"#,
+            ns = escape(&ns),
+            name = escape(&name)
+        ),
+        Some("notebook.js"),
+    )
+    .into_response()
+}
+
+async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let Some(user) = state.auth.user_of(&headers) else {
+        return to_login();
+    };
+    if !user.admin {
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "Admins only",
+            "This page shows every user's notebooks; it is for admins.",
+            Some(&user),
+        );
+    }
+    page(
+        "Admin",
+        Some(&user),
+        r#"<h1>All notebooks</h1>
+<section class="totals" id="totals" aria-live="polite"></section>
+<form id="filters" class="inline"><label for="f-user">User</label><input id="f-user" name="user">
+<label for="f-namespace">Namespace</label><input id="f-namespace" name="namespace">
+<label for="f-state">State</label><select id="f-state" name="state"><option value="">Any</option><option>ready</option><option>starting</option><option>stopped</option><option>culled</option><option>error</option></select>
+<label for="f-sort">Sort by</label><select id="f-sort" name="sort"><option value="activity">Last activity</option><option value="cpu">CPU</option><option value="memory">Memory</option><option value="gpu">GPUs</option><option value="name">Name</option></select>
+<button type="button" class="secondary" id="bulk-stop" disabled>Stop selected</button></form>
+<div class="table-wrap"><table id="all"><thead><tr><th scope="col"><input type="checkbox" id="select-all" aria-label="Select all"></th><th scope="col">Namespace</th><th scope="col">Name</th><th scope="col">Owner</th><th scope="col">State</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th></tr></thead><tbody></tbody></table></div>
+<p class="empty" id="empty" hidden>No notebook matches.</p>"#,
+        Some("admin.js"),
+    )
+    .into_response()
+}
+
+fn error_page(status: StatusCode, title: &str, message: &str, user: Option<&User>) -> Response {
+    (
+        status,
+        page(
+            title,
+            user,
+            &format!(
+                r#"<section class="card narrow"><h1>{}</h1><p>{}</p><p><a href="/">Back to your notebooks</a></p></section>"#,
+                escape(title),
+                escape(message)
+            ),
+            None,
+        ),
+    )
+        .into_response()
+}
+
+async fn not_found(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let user = state.auth.user_of(&headers);
+    error_page(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        "There is no page here.",
+        user.as_ref(),
+    )
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/", get(notebooks_page))
+        .route("/login", get(login_page))
+        .route("/new", get(new_page))
+        .route("/notebooks/{ns}/{name}", get(notebook_page))
+        .route("/admin", get(admin_page))
+        .route("/static/{file}", get(static_file))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_cannot_break_out_of_markup() {
+        assert_eq!(
+            escape(r#"<img src=x onerror="a">&'"#),
+            "&lt;img src=x onerror=&quot;a&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn the_form_offers_the_catalog_and_only_available_gpus() {
+        let mut config = crate::embedded::default_spawner("registry.local");
+        let form = spawner_form(&config, None);
+        assert!(
+            form.contains(r#"<option value="registry.local/labforge/jupyterlab:latest" selected>"#)
+        );
+        assert!(form.contains("No GPUs are available here."));
+        config.gpu_vendors.push(crate::config::GpuVendor {
+            limits_key: "nvidia.com/gpu".into(),
+            name: "NVIDIA".into(),
+            cdi_kind: None,
+        });
+        config.allow_custom_images = false;
+        let form = spawner_form(&config, None);
+        assert!(form.contains(r#"<option value="nvidia.com/gpu">NVIDIA</option>"#));
+        assert!(!form.contains("customImage"));
+    }
+}

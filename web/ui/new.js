@@ -1,0 +1,91 @@
+// The spawner form: validates names as they are typed, sends the request, shows the server's
+// errors next to the field they concern.
+import { api, el, showErrors } from './common.js';
+
+const form = document.getElementById('spawner');
+const ns = document.body.dataset.namespace;
+const NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+
+form.name.addEventListener('input', () => {
+  const value = form.name.value;
+  const slot = form.querySelector('[data-error-for="name"]');
+  const ok = value === '' || (NAME.test(value) && value.length <= 63);
+  slot.textContent = ok ? '' : 'Use lowercase letters, digits and "-", starting and ending with a letter or digit (at most 63).';
+  form.name.toggleAttribute('aria-invalid', !ok);
+});
+
+function serverType() { return form.querySelector('input[name=serverType]:checked').value; }
+for (const radio of form.querySelectorAll('input[name=serverType]')) {
+  radio.addEventListener('change', () => {
+    for (const node of form.querySelectorAll('[data-type]')) node.hidden = node.dataset.type !== serverType();
+  });
+}
+function workspaceKind() { return form.querySelector('input[name=workspace]:checked').value; }
+for (const radio of form.querySelectorAll('input[name=workspace]')) {
+  radio.addEventListener('change', () => {
+    const kind = workspaceKind();
+    for (const id of ['workspaceSize']) { form[id].hidden = kind !== 'new'; form.querySelector(`label[for=${id}]`).hidden = kind !== 'new'; }
+    form.workspaceName.hidden = kind !== 'existing';
+    form.querySelector('label[for=workspaceName]').hidden = kind !== 'existing';
+  });
+}
+
+let rows = 0;
+function removable(row) {
+  return el('button', { type: 'button', class: 'secondary', onclick: () => row.remove() }, 'Remove');
+}
+document.getElementById('add-volume').addEventListener('click', () => {
+  const i = rows++;
+  const row = el('div', { class: 'row volume' },
+    el('div', {}, el('label', { for: `vol-name-${i}` }, 'Volume name'), el('input', { id: `vol-name-${i}`, class: 'vol-name' })),
+    el('div', {}, el('label', { for: `vol-size-${i}` }, 'Size'), el('input', { id: `vol-size-${i}`, class: 'vol-size', value: '10Gi' })),
+    el('div', {}, el('label', { for: `vol-path-${i}` }, 'Mount path'), el('input', { id: `vol-path-${i}`, class: 'vol-path', value: '/data' })));
+  row.append(removable(row));
+  document.getElementById('volumes').append(row);
+});
+document.getElementById('add-env').addEventListener('click', () => {
+  const i = rows++;
+  const row = el('div', { class: 'row env' },
+    el('div', {}, el('label', { for: `env-name-${i}` }, 'Name'), el('input', { id: `env-name-${i}`, class: 'env-name' })),
+    el('div', {}, el('label', { for: `env-value-${i}` }, 'Value'), el('input', { id: `env-value-${i}`, class: 'env-value' })),
+    el('div', {}));
+  row.append(removable(row));
+  document.getElementById('envs').append(row);
+});
+
+form.addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const type = serverType();
+  const custom = form.customImage?.value.trim();
+  const request = {
+    name: form.name.value.trim(),
+    serverType: type,
+    image: custom || form[`image-${type}`].value,
+    cpu: form.cpu.value.trim(),
+    cpuLimit: form.cpuLimit.value.trim(),
+    memory: form.memory.value.trim(),
+    memoryLimit: form.memoryLimit.value.trim(),
+    shmSize: form.shmSize.value.trim(),
+    dataVolumes: [...form.querySelectorAll('.volume')].map((row) => ({
+      name: row.querySelector('.vol-name').value.trim(),
+      size: row.querySelector('.vol-size').value.trim(),
+      mountPath: row.querySelector('.vol-path').value.trim(),
+    })),
+    environment: Object.fromEntries([...form.querySelectorAll('.env')]
+      .map((row) => [row.querySelector('.env-name').value.trim(), row.querySelector('.env-value').value])
+      .filter(([name]) => name)),
+  };
+  const kind = workspaceKind();
+  request.workspace = kind === 'new' ? { new: { size: form.workspaceSize.value.trim() } }
+    : kind === 'existing' ? { existing: { name: form.workspaceName.value.trim() } } : 'none';
+  if (form.gpuVendor?.value) request.gpus = { vendor: form.gpuVendor.value, count: Number(form.gpuCount.value) };
+  const button = document.getElementById('create');
+  button.disabled = true;
+  const { status, body } = await api('POST', `/api/namespaces/${ns}/notebooks`, request);
+  button.disabled = false;
+  if (status === 201) {
+    location.href = '/';
+  } else {
+    showErrors(form, body, document.getElementById('form-error'));
+  }
+});

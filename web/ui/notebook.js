@@ -1,0 +1,145 @@
+// One notebook: live status, events, following logs, and "Save environment as image" with its
+// progress, plus the images saved from it.
+import { api, el, stateBadge, ago, bytes, gpuText, showErrors } from './common.js';
+
+const root = document.getElementById('notebook');
+const { ns, name } = root.dataset;
+const path = `/api/namespaces/${ns}/notebooks/${name}`;
+let current = null;
+
+function pad(n) { return String(n).padStart(2, '0'); }
+const now = new Date();
+document.getElementById('tag').value =
+  `saved-${now.getFullYear()}${pad(now.getMonth() + 1)}${pad(now.getDate())}-${pad(now.getHours())}${pad(now.getMinutes())}${pad(now.getSeconds())}`;
+
+async function refresh() {
+  const { status, body } = await api('GET', path);
+  if (status !== 200) return;
+  const nb = body.notebook;
+  current = nb;
+  document.getElementById('state').replaceWith(Object.assign(stateBadge(nb.state, nb.reason), { id: 'state' }));
+  document.getElementById('reason').textContent = nb.reason;
+  const running = nb.state === 'ready' || nb.state === 'starting';
+  const toggle = document.getElementById('toggle');
+  toggle.textContent = running ? 'Stop' : 'Start';
+  document.getElementById('connect').hidden = nb.state !== 'ready';
+  document.getElementById('save-button').disabled = nb.state !== 'ready';
+  const details = [['Owner', nb.owner], ['Type', nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'], ['Image', nb.image],
+    ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
+    ['GPU', gpuText(nb.gpus)], ['Created', nb.created || ''], ['Last activity', ago(nb.lastActivity)]];
+  document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+  const conditions = body.status?.conditions || [];
+  document.getElementById('conditions').replaceChildren(...(conditions.length
+    ? conditions.map((c) => el('li', {}, `${c.type}: ${c.status}${c.reason ? ` (${c.reason})` : ''}${c.message ? ` — ${c.message}` : ''}`))
+    : [el('li', { class: 'hint' }, 'none')]));
+  followLogs(running);
+}
+
+document.getElementById('toggle').addEventListener('click', async () => {
+  if (!current) return;
+  const stop = current.state === 'ready' || current.state === 'starting';
+  const answer = await api('PATCH', path, { stopped: stop });
+  if (answer.status >= 400) alert(answer.body?.error);
+});
+
+async function events() {
+  const { status, body } = await api('GET', `${path}/events`);
+  if (status !== 200) return;
+  document.querySelector('#events tbody').replaceChildren(...body.events.slice().reverse().map((e) =>
+    el('tr', {}, el('td', { title: e.time }, ago(e.time)), el('td', {}, e.type), el('td', {}, e.reason), el('td', { class: 'wrap' }, e.message))));
+}
+
+let logs = null;
+async function followLogs(running) {
+  const wanted = running && document.getElementById('follow').checked;
+  if (!wanted) { logs?.abort(); logs = null; return; }
+  if (logs) return;
+  logs = new AbortController();
+  const out = document.getElementById('logs');
+  try {
+    const response = await fetch(`${path}/logs?follow=true&tail=300`, { signal: logs.signal });
+    if (!response.ok) { logs = null; return; }
+    out.textContent = '';
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
+      out.textContent += value;
+      if (out.textContent.length > 200_000) out.textContent = out.textContent.slice(-150_000);
+      if (stick) out.scrollTop = out.scrollHeight;
+    }
+  } catch { /* aborted */ }
+  logs = null;
+}
+document.getElementById('follow').addEventListener('change', () => followLogs(current && current.state !== 'stopped'));
+
+async function images() {
+  const { status, body } = await api('GET', `/api/namespaces/${ns}/images`);
+  if (status !== 200) return;
+  const mine = body.images.filter((i) => i.notebook === name);
+  document.getElementById('images-empty').hidden = mine.length > 0;
+  document.querySelector('#images tbody').replaceChildren(...mine.map((i) => el('tr', {},
+    el('td', { class: 'wrap' }, i.image),
+    el('td', { title: i.digest }, i.digest.slice(0, 19)),
+    el('td', {}, bytes(i.layerBytes)),
+    el('td', {}, `${i.filesChanged} changed, ${i.filesDeleted} deleted`),
+    el('td', { title: i.created }, ago(i.created)),
+    el('td', {},
+      el('a', { class: 'button secondary', href: `/new?image=${encodeURIComponent(i.image)}` }, 'Start a new notebook from it'),
+      el('button', { type: 'button', class: 'secondary', onclick: async () => {
+        if (!confirm(`Restart ${name} on ${i.image}? Unsaved changes outside the workspace are lost.`)) return;
+        const answer = await api('PATCH', path, { image: i.image, stopped: false });
+        if (answer.status >= 400) alert(answer.body?.error);
+      } }, 'Restart this notebook on it')))));
+}
+
+const PHASES = { queued: [0, 2], indexing: [2, 8], scanning: [8, 30], writing: [30, 85], uploading: [85, 99], done: [100, 100], failed: [0, 0] };
+function showProgress(s) {
+  const [low, high] = PHASES[s.phase] || [0, 0];
+  let value = low;
+  if (s.phase === 'writing' && s.bytesTotal) value = low + (high - low) * Math.min(1, s.bytesWritten / s.bytesTotal);
+  const bar = document.getElementById('save-bar');
+  bar.value = s.phase === 'failed' ? bar.value : value;
+  const text = {
+    queued: 'Queued', indexing: 'Reading the base image…',
+    scanning: `Scanning: ${s.entriesScanned.toLocaleString()} files`,
+    writing: `Writing the layer: ${s.filesChanged} changed, ${s.filesDeleted} deleted, ${bytes(s.bytesWritten)} of ${bytes(s.bytesTotal)}`,
+    uploading: `Uploading ${bytes(s.layerBytes)}…`,
+    done: `Saved ${s.target} @ ${s.digest} (layer ${bytes(s.layerBytes)})`,
+    failed: 'Save failed',
+  }[s.phase] || s.phase;
+  document.getElementById('save-text').textContent = s.warning ? `${text} — ${s.warning}` : text;
+  document.getElementById('save-error').textContent = s.phase === 'failed' ? s.error : '';
+}
+
+document.getElementById('save').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const form = event.target;
+  const button = document.getElementById('save-button');
+  const { status, body } = await api('POST', `${path}/saves`, { tag: form.tag.value.trim() });
+  if (status !== 202) { showErrors(form.parentElement, body, document.getElementById('save-error')); return; }
+  showErrors(form.parentElement, null);
+  button.disabled = true;
+  document.getElementById('save-progress').hidden = false;
+  showProgress(body);
+  const stream = new EventSource(`/api/namespaces/${ns}/saves/${body.id}`);
+  stream.addEventListener('progress', (e) => {
+    const s = JSON.parse(e.data);
+    showProgress(s);
+    if (s.phase === 'done' || s.phase === 'failed') {
+      stream.close();
+      button.disabled = current?.state !== 'ready';
+      images();
+      events();
+    }
+  });
+  stream.onerror = () => { stream.close(); button.disabled = false; };
+});
+
+const watch = new EventSource(`/api/namespaces/${ns}/watch`);
+watch.addEventListener('notebooks', () => { refresh(); events(); });
+refresh();
+events();
+images();
+setInterval(events, 4000);
