@@ -5,10 +5,16 @@
 //! device numbers, xattrs) finds that without reading any unchanged file. The index of a base image
 //! is built once by streaming its layers (whiteouts applied, as a runtime does); the index of an
 //! image labforge saved is its parent's index plus the one new layer.
+//!
+//! Applying a layer is also the one moment a layer's bytes pass by, so it is where a save learns
+//! what the layer did: [`LayerStats`] (files added, changed, deleted) come from comparing each
+//! entry with the index, and a [`LayerObserver`] sees every entry in order and may read the
+//! content of the few files it asks for (package metadata, for the save's change summary) without
+//! a second pass over the layer.
 
 use sha2::{Digest as _, Sha256};
-use std::collections::BTreeMap;
-use std::io::Read;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
 
 /// File types a layer can carry.
@@ -65,6 +71,112 @@ pub struct BaselineIndex {
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_WHITEOUT: &str = ".wh..wh..opq";
 
+/// What one layer did to the index's non-directory entries (files, symlinks, devices, fifos).
+///
+/// Directories are left out: a change-set layer carries every changed entry's parent directories
+/// as context, so counting them would report directories nobody touched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerStats {
+    /// Entries at paths the index had no non-directory at.
+    pub added: u64,
+    /// Entries replacing a non-directory (of any type) the index had at the same path.
+    pub changed: u64,
+    /// Non-directories the layer removed (whiteouts, opaque directories, a file replacing a
+    /// directory) and did not put back.
+    pub deleted: u64,
+    /// Content bytes of the regular files the layer carries.
+    pub written_bytes: u64,
+    /// Sizes of the regular files it deleted, as the index knew them.
+    pub deleted_bytes: u64,
+}
+
+/// Sees a layer's entries as they are applied, in the layer's order, with the same whiteout
+/// semantics as the index.
+pub trait LayerObserver {
+    /// Whether the content of the regular file at `path` is wanted in [`LayerObserver::entry`].
+    fn wants(&self, path: &Path) -> bool;
+    /// `path` and everything below it are gone (a whiteout).
+    fn removed(&mut self, path: &Path);
+    /// Everything below `dir` is gone, `dir` stays (an opaque whiteout).
+    fn emptied(&mut self, dir: &Path);
+    /// An entry is put at `path`; a non-directory takes away what was below `path`. `content` is
+    /// given for the regular files [`LayerObserver::wants`]; what it leaves unread is skipped.
+    fn entry(
+        &mut self,
+        path: &Path,
+        kind: EntryKind,
+        content: Option<&mut dyn Read>,
+    ) -> io::Result<()>;
+    /// A hardlink at `path` to `target`, an entry of this or a lower layer.
+    fn linked(&mut self, path: &Path, target: &Path);
+}
+
+/// An observer that wants nothing.
+pub struct NoObserver;
+
+impl LayerObserver for NoObserver {
+    fn wants(&self, _: &Path) -> bool {
+        false
+    }
+    fn removed(&mut self, _: &Path) {}
+    fn emptied(&mut self, _: &Path) {}
+    fn entry(&mut self, _: &Path, _: EntryKind, _: Option<&mut dyn Read>) -> io::Result<()> {
+        Ok(())
+    }
+    fn linked(&mut self, _: &Path, _: &Path) {}
+}
+
+/// Counts a layer's effect while it is applied.
+#[derive(Default)]
+struct Tally {
+    stats: LayerStats,
+    /// Non-directories removed by this layer so far, with their sizes: one put back at the same
+    /// path later in the layer (a type change: whiteout, then the new entry) is a change.
+    removed: HashMap<PathBuf, u64>,
+}
+
+impl Tally {
+    fn removed(&mut self, path: PathBuf, entry: &IndexEntry) {
+        if entry.kind != EntryKind::Dir {
+            self.removed.insert(path, entry.size);
+        }
+    }
+
+    fn put(&mut self, path: &Path, previous: Option<&IndexEntry>, entry: &IndexEntry, body: u64) {
+        if entry.kind == EntryKind::Dir {
+            return;
+        }
+        if previous.is_some_and(|p| p.kind != EntryKind::Dir) || self.removed.remove(path).is_some()
+        {
+            self.stats.changed += 1;
+        } else {
+            self.stats.added += 1;
+        }
+        self.stats.written_bytes += body;
+    }
+
+    fn finish(mut self) -> LayerStats {
+        self.stats.deleted = self.removed.len() as u64;
+        self.stats.deleted_bytes = self.removed.values().sum();
+        self.stats
+    }
+}
+
+/// Hashes what a reader reads: a wanted file's content goes to its observer and to the index's
+/// content digest in the same pass.
+struct HashingReader<'a, R: Read> {
+    inner: &'a mut R,
+    hash: &'a mut Sha256,
+}
+
+impl<R: Read> Read for HashingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
 impl BaselineIndex {
     pub fn get(&self, path: &Path) -> Option<&IndexEntry> {
         self.entries.get(path)
@@ -96,17 +208,28 @@ impl BaselineIndex {
     /// unpacks it: whiteouts delete, opaque whiteouts hide everything below from lower layers,
     /// hardlinks take their target's metadata. File contents are hashed for content verification.
     pub fn apply_layer(&mut self, layer: usize, tar: impl Read) -> Result<(), IndexError> {
-        self.apply(layer, tar, true)
+        self.apply_layer_with(layer, tar, true, &mut NoObserver)
+            .map(drop)
     }
 
     /// [`BaselineIndex::apply_layer`] without hashing contents: for a layer labforge just wrote,
     /// whose files a content-verifying scan then compares by metadata only.
     pub fn apply_layer_metadata(&mut self, layer: usize, tar: impl Read) -> Result<(), IndexError> {
-        self.apply(layer, tar, false)
+        self.apply_layer_with(layer, tar, false, &mut NoObserver)
+            .map(drop)
     }
 
-    fn apply(&mut self, layer: usize, tar: impl Read, hash: bool) -> Result<(), IndexError> {
+    /// Applies a layer (hashing contents when `hash`), showing every entry to `observer`, and
+    /// says what the layer did to the index's files.
+    pub fn apply_layer_with(
+        &mut self,
+        layer: usize,
+        tar: impl Read,
+        hash: bool,
+        observer: &mut dyn LayerObserver,
+    ) -> Result<LayerStats, IndexError> {
         let io = |source| IndexError::Layer { layer, source };
+        let mut tally = Tally::default();
         let mut archive = tar::Archive::new(tar);
         for entry in archive.entries().map_err(io)? {
             let mut entry = entry.map_err(io)?;
@@ -125,13 +248,17 @@ impl BaselineIndex {
                 .unwrap_or_default();
             let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
             if name == OPAQUE_WHITEOUT {
-                self.remove_below(&parent);
+                self.remove_below(&parent, &mut tally);
+                observer.emptied(&parent);
                 continue;
             }
             if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
                 let target = parent.join(hidden);
-                self.remove_below(&target);
-                self.entries.remove(&target);
+                self.remove_below(&target, &mut tally);
+                if let Some((path, entry)) = self.entries.remove_entry(&target) {
+                    tally.removed(path, &entry);
+                }
+                observer.removed(&target);
                 continue;
             }
             let header = entry.header();
@@ -146,9 +273,10 @@ impl BaselineIndex {
                         .link_name()
                         .map_err(io)?
                         .and_then(|l| normalize(&l))
-                        .and_then(|l| self.entries.get(&l).cloned());
-                    if let Some(target) = target {
-                        self.replace(path, target);
+                        .and_then(|l| self.entries.get(&l).cloned().map(|e| (l, e)));
+                    if let Some((target, target_entry)) = target {
+                        observer.linked(&path, &target);
+                        self.replace(path, target_entry, 0, &mut tally);
                     }
                     continue;
                 }
@@ -173,11 +301,24 @@ impl BaselineIndex {
                     }
                 }
             }
+            let observed = kind == EntryKind::File && observer.wants(&path);
             let sha256 = if hash && kind == EntryKind::File {
                 let mut hash = Sha256::new();
+                if observed {
+                    let mut reader = HashingReader {
+                        inner: &mut entry,
+                        hash: &mut hash,
+                    };
+                    observer.entry(&path, kind, Some(&mut reader)).map_err(io)?;
+                } else {
+                    observer.entry(&path, kind, None).map_err(io)?;
+                }
+                // What the observer left unread still counts for the digest.
                 std::io::copy(&mut entry, &mut hash).map_err(io)?;
                 Some(hex::encode(hash.finalize()))
             } else {
+                let content: Option<&mut dyn Read> = if observed { Some(&mut entry) } else { None };
+                observer.entry(&path, kind, content).map_err(io)?;
                 None
             };
             let header = entry.header();
@@ -200,23 +341,32 @@ impl BaselineIndex {
                 xattrs,
                 sha256,
             };
-            self.replace(path, record);
+            let body = if kind == EntryKind::File {
+                record.size
+            } else {
+                0
+            };
+            self.replace(path, record, body, &mut tally);
         }
-        Ok(())
+        Ok(tally.finish())
     }
 
     /// Puts `entry` at `path`; a non-directory replacing a directory takes its subtree away.
-    fn replace(&mut self, path: PathBuf, entry: IndexEntry) {
+    /// `body` is the content bytes the layer carries for it.
+    fn replace(&mut self, path: PathBuf, entry: IndexEntry, body: u64, tally: &mut Tally) {
         if entry.kind != EntryKind::Dir {
-            self.remove_below(&path);
+            self.remove_below(&path, tally);
         }
+        tally.put(&path, self.entries.get(&path), &entry, body);
         self.entries.insert(path, entry);
     }
 
-    fn remove_below(&mut self, dir: &Path) {
+    fn remove_below(&mut self, dir: &Path, tally: &mut Tally) {
         let doomed: Vec<PathBuf> = self.children(dir).map(|(p, _)| p.clone()).collect();
         for path in doomed {
-            self.entries.remove(&path);
+            if let Some((path, entry)) = self.entries.remove_entry(&path) {
+                tally.removed(path, &entry);
+            }
         }
     }
 }
@@ -373,6 +523,121 @@ mod tests {
         assert_eq!(
             serde_json::from_slice::<BaselineIndex>(&json).unwrap(),
             index
+        );
+    }
+
+    #[test]
+    fn layer_stats_count_files_added_changed_and_deleted() {
+        let base = layer(&[
+            ("a", F, "aaaa"),
+            ("b", F, "b"),
+            ("d/", D, ""),
+            ("d/x", F, "xx"),
+            ("d/y", F, "yyy"),
+            ("l", L, "b"),
+        ]);
+        // What a change set looks like: whiteouts first, then entries with their parents.
+        let top = layer(&[
+            ("./", D, ""),
+            (".wh.a", F, ""),
+            (".wh.l", F, ""),
+            ("d/.wh..wh..opq", F, ""),
+            ("d/", D, ""),
+            ("d/z", F, "zzzzz"),
+            ("l", F, "now a file"),
+            ("b", F, "bbbbbb"),
+            ("c", F, "cc"),
+            ("e/", D, ""),
+            ("c2", H, "c"),
+        ]);
+        let mut index = BaselineIndex::default();
+        index.apply_layer(0, &base[..]).unwrap();
+        let stats = index
+            .apply_layer_with(1, &top[..], false, &mut NoObserver)
+            .unwrap();
+        assert_eq!(
+            stats,
+            LayerStats {
+                added: 3,   // d/z, c, c2 (the directory e is not counted)
+                changed: 2, // l (symlink became a file), b
+                deleted: 3, // a, d/x, d/y
+                written_bytes: 5 + 10 + 6 + 2,
+                deleted_bytes: 4 + 2 + 3,
+            }
+        );
+    }
+
+    /// Records what it is shown; reads only the first bytes of the files it wants.
+    #[derive(Default)]
+    struct Recorder(Vec<String>);
+
+    impl LayerObserver for Recorder {
+        fn wants(&self, path: &Path) -> bool {
+            path.ends_with("METADATA")
+        }
+        fn removed(&mut self, path: &Path) {
+            self.0.push(format!("removed {}", path.display()));
+        }
+        fn emptied(&mut self, dir: &Path) {
+            self.0.push(format!("emptied {}", dir.display()));
+        }
+        fn entry(
+            &mut self,
+            path: &Path,
+            kind: EntryKind,
+            content: Option<&mut dyn Read>,
+        ) -> io::Result<()> {
+            let mut head = [0u8; 4];
+            let shown = match content {
+                Some(content) => {
+                    content.read_exact(&mut head)?;
+                    format!(" {}", String::from_utf8_lossy(&head))
+                }
+                None => String::new(),
+            };
+            self.0.push(format!("{kind:?} {}{shown}", path.display()));
+            Ok(())
+        }
+        fn linked(&mut self, path: &Path, target: &Path) {
+            self.0
+                .push(format!("link {} -> {}", path.display(), target.display()));
+        }
+    }
+
+    #[test]
+    fn an_observer_sees_entries_in_order_and_reads_wanted_files_without_breaking_the_digest() {
+        let body = "Name: a\nVersion: 1.0\n";
+        let tar = layer(&[
+            ("site/", D, ""),
+            ("site/a.dist-info/", D, ""),
+            ("site/a.dist-info/METADATA", F, body),
+            ("site/a.dist-info/RECORD", F, "x"),
+            ("site/.wh.old.dist-info", F, ""),
+            ("opt/.wh..wh..opq", F, ""),
+            ("site/copy", H, "site/a.dist-info/METADATA"),
+        ]);
+        let mut recorder = Recorder::default();
+        let mut index = BaselineIndex::default();
+        index
+            .apply_layer_with(0, &tar[..], true, &mut recorder)
+            .unwrap();
+        assert_eq!(
+            recorder.0,
+            [
+                "Dir site",
+                "Dir site/a.dist-info",
+                "File site/a.dist-info/METADATA Name",
+                "File site/a.dist-info/RECORD",
+                "removed site/old.dist-info",
+                "emptied opt",
+                "link site/copy -> site/a.dist-info/METADATA",
+            ]
+        );
+        let metadata = index.get(Path::new("site/a.dist-info/METADATA")).unwrap();
+        assert_eq!(
+            metadata.sha256.as_deref(),
+            Some(hex::encode(Sha256::digest(body)).as_str()),
+            "the observer read 4 bytes; the digest still covers the whole file"
         );
     }
 }

@@ -13,5 +13,5 @@ pub mod protocol;
 pub mod scan;
 
 pub use changeset::{WriteError, WriteSummary, write_change_set};
-pub use index::{BaselineIndex, EntryKind, IndexEntry};
+pub use index::{BaselineIndex, EntryKind, IndexEntry, LayerObserver, LayerStats, NoObserver};
 pub use scan::{ChangeSet, ScanError, ScanOptions, scan};
