@@ -60,6 +60,9 @@ pub enum Command {
     ///
     /// Reads Kubeflow's culling environment: ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD.
     Up(UpArgs),
+    /// Run the web app (API and pages) in a cluster: Notebook CRs through the Kubernetes API, users
+    /// from the auth proxy's header, access by SubjectAccessReview.
+    Web(WebArgs),
     /// Manage the embedded mode's local users (the data dir `labforge up` uses).
     #[command(subcommand)]
     User(UserCommand),
@@ -95,6 +98,21 @@ pub struct UpArgs {
     /// The static save agent (`make agent`); default: `../agent/labforge-agent` next to this binary.
     #[arg(long, env = "LABFORGE_AGENT")]
     pub agent: Option<std::path::PathBuf>,
+    /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
+    #[arg(long)]
+    pub spawner_config: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct WebArgs {
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Header carrying the authenticated user, set by the auth proxy in front.
+    #[arg(long, env = "USERID_HEADER", default_value = "kubeflow-userid")]
+    pub user_header: String,
+    /// Prefix to strip from the header's value (e.g. `accounts.google.com:`).
+    #[arg(long, env = "USERID_PREFIX", default_value = "")]
+    pub user_prefix: String,
     /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
     #[arg(long)]
     pub spawner_config: Option<std::path::PathBuf>,
@@ -496,6 +514,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Proxy(args) => proxy(&args).await,
         Command::Up(args) => up(&args).await,
         Command::User(command) => user(command),
+        Command::Web(args) => web(&args).await,
         Command::Crds => {
             for crd in labforge_crds::crds() {
                 print!("{}", labforge_crds::crd_yaml(&crd)?);
@@ -695,6 +714,53 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn spawner_config(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<labforge_web::config::SpawnerConfig>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a valid spawner configuration", path.display()))?;
+    Ok(Some(config))
+}
+
+async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
+    let header = http::HeaderName::try_from(args.user_header.as_str()).map_err(|_| {
+        anyhow::anyhow!("--user-header {:?} is not a header name", args.user_header)
+    })?;
+    let spawner = spawner_config(args.spawner_config.as_deref())?.unwrap_or_else(|| {
+        labforge_web::config::SpawnerConfig {
+            images: Vec::new(),
+            allow_custom_images: true,
+            gpu_vendors: Vec::new(),
+            defaults: Default::default(),
+        }
+    });
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?;
+    let app = labforge_web::cluster::router(
+        client,
+        labforge_proxy::authz::TrustedHeader {
+            header,
+            prefix: args.user_prefix.clone(),
+        },
+        spawner,
+    );
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %args.listen, "web app serving");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn user(command: UserCommand) -> anyhow::Result<ExitCode> {
     use labforge_web::users::Users;
     match command {
@@ -732,18 +798,9 @@ fn default_agent() -> Option<std::path::PathBuf> {
 }
 
 async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context as _;
     let culling = labforge_notebook_controller::culler::CullingConfig::from_env(env_var)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let spawner = match &args.spawner_config {
-        Some(path) => Some(
-            serde_json::from_slice(
-                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-            )
-            .with_context(|| format!("{} is not a valid spawner configuration", path.display()))?,
-        ),
-        None => None,
-    };
+    let spawner = spawner_config(args.spawner_config.as_deref())?;
     let agent = args.agent.clone().or_else(default_agent);
     if agent.is_none() {
         tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");

@@ -16,6 +16,7 @@ mod proxy;
 mod s3_cache;
 mod save;
 mod ui;
+mod web_cluster;
 
 /// The labforge binary built for this test run.
 pub fn labforge() -> std::process::Command {

@@ -6,6 +6,7 @@
 //! field, before anything is stored. Requests that change something must be JSON, which a
 //! cross-site form cannot send: that and the SameSite session cookie keep other sites out.
 
+use crate::backend::{Access, Backend, BackendError, Verb};
 use crate::config::SpawnerConfig;
 use crate::model::{
     ApiError, GpuView, NotebookPatch, NotebookRequest, NotebookState, NotebookView,
@@ -13,7 +14,7 @@ use crate::model::{
 };
 use crate::runtime::{Engine, container_name};
 use crate::saves::{SaveJobs, StartSaveError};
-use crate::store::{Change, Store, StoreError};
+use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_token};
 use crate::validate::{FieldError, image_reference, notebook_from_request};
 use axum::body::Body;
@@ -43,11 +44,15 @@ pub const STOPPED_BY_ANNOTATION: &str = "labforge.dev/stopped-by";
 
 #[derive(Clone)]
 pub struct ApiState {
-    pub store: Arc<Store>,
-    pub auth: Arc<LocalAuth>,
-    pub saves: Arc<SaveJobs>,
+    pub backend: Arc<dyn Backend>,
+    pub access: Arc<dyn Access>,
+    /// Local users (embedded mode); `None` where an auth proxy signs users in.
+    pub local_users: Option<Arc<LocalAuth>>,
+    /// Saves (embedded mode); `None` in a cluster until the ImageBuild reconciler exists.
+    pub saves: Option<Arc<SaveJobs>>,
     pub config: Arc<SpawnerConfig>,
-    pub engine: Engine,
+    /// Where notebook logs come from.
+    pub logs: LogSource,
     pub activity: Arc<Activity>,
     /// Mark cookies `Secure` (served over TLS).
     pub secure_cookies: bool,
@@ -89,23 +94,32 @@ impl From<JsonRejection> for Failure {
     }
 }
 
-impl From<StoreError> for Failure {
-    fn from(err: StoreError) -> Self {
+impl From<BackendError> for Failure {
+    fn from(err: BackendError) -> Self {
         match &err {
-            StoreError::AlreadyExists { .. } => Self::field(
+            BackendError::AlreadyExists { .. } => Self::field(
                 StatusCode::CONFLICT,
                 FieldError::new("name", err.to_string()),
             ),
-            StoreError::NotFound { .. } => Self::new(StatusCode::NOT_FOUND, err.to_string()),
-            _ => {
-                tracing::error!(error = %err, "store");
-                Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the store failed; see the server log",
-                )
+            BackendError::NotFound { .. } => Self::new(StatusCode::NOT_FOUND, err.to_string()),
+            BackendError::Invalid(message) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, message.clone())
+            }
+            BackendError::Unavailable(message) => {
+                tracing::error!(error = %message, "backend");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, message.clone())
             }
         }
     }
+}
+
+/// Where a notebook's container logs are read.
+#[derive(Clone)]
+pub enum LogSource {
+    /// `<engine> logs` of the notebook's container.
+    Engine(Engine),
+    /// The notebook pod's (`<name>-0`) container logs through the Kubernetes API.
+    Kubernetes(kube::Client),
 }
 
 type ApiResult<T> = Result<T, Failure>;
@@ -118,21 +132,26 @@ impl FromRequestParts<ApiState> for SignedIn {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Failure> {
         state
-            .auth
-            .user_of(&parts.headers)
+            .access
+            .identify(&parts.headers)
+            .await
             .map(SignedIn)
             .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "sign in first"))
     }
 }
 
 impl SignedIn {
-    fn may_use(&self, namespace: &str) -> ApiResult<()> {
-        if self.0.admin || self.0.namespace == namespace {
+    async fn may(&self, state: &ApiState, verb: Verb, namespace: &str) -> ApiResult<()> {
+        if state.access.may(&self.0, verb, Some(namespace)).await {
             Ok(())
         } else {
             Err(Failure::new(
                 StatusCode::FORBIDDEN,
-                format!("{} may not use namespace {namespace}", self.0.name),
+                format!(
+                    "{} may not {} notebooks in namespace {namespace}",
+                    self.0.name,
+                    verb.as_str()
+                ),
             ))
         }
     }
@@ -195,16 +214,21 @@ async fn login(
     body: Result<Json<Login>, JsonRejection>,
 ) -> ApiResult<Response> {
     let Json(login) = body?;
+    let Some(auth) = state.local_users.clone() else {
+        return Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            "users sign in through the cluster's auth proxy",
+        ));
+    };
+    let sessions = auth.clone();
     // Checked off the async threads: argon2 is slow on purpose.
-    let auth = state.auth.clone();
     let user =
         tokio::task::spawn_blocking(move || auth.users.verify(&login.username, &login.password))
             .await
             .ok()
             .flatten()
             .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "wrong user name or password"))?;
-    let token = state
-        .auth
+    let token = sessions
         .sessions
         .start(&user.name)
         .map_err(|e| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
@@ -218,8 +242,8 @@ async fn login(
 }
 
 async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    if let Some(token) = session_token(&headers) {
-        state.auth.sessions.end(token);
+    if let (Some(token), Some(auth)) = (session_token(&headers), &state.local_users) {
+        auth.sessions.end(token);
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
     response.headers_mut().insert(
@@ -339,10 +363,11 @@ async fn list_notebooks(
     State(state): State<ApiState>,
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    user.may_use(&ns)?;
+    user.may(&state, Verb::List, &ns).await?;
     let notebooks: Vec<NotebookView> = state
-        .store
+        .backend
         .list(Some(&ns))
+        .await?
         .iter()
         .map(|nb| view(nb, &state.activity))
         .collect();
@@ -355,23 +380,26 @@ async fn create_notebook(
     Path(ns): Path<String>,
     body: Result<Json<NotebookRequest>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<NotebookView>)> {
-    user.may_use(&ns)?;
+    user.may(&state, Verb::Create, &ns).await?;
     let Json(request) = body?;
     let notebook = notebook_from_request(&request, &ns, &user.0.name, &state.config)
         .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
-    let created = state.store.create(notebook)?;
-    state.store.record_event(
-        &ns,
-        &request.name,
-        "Normal",
-        "Created",
-        &format!("created by {}", user.0.name),
-    );
+    let created = state.backend.create(notebook).await?;
+    state
+        .backend
+        .record_event(
+            &ns,
+            &request.name,
+            "Normal",
+            "Created",
+            &format!("created by {}", user.0.name),
+        )
+        .await;
     Ok((StatusCode::CREATED, Json(view(&created, &state.activity))))
 }
 
-fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<Notebook> {
-    state.store.get(ns, name).ok_or_else(|| {
+async fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<Notebook> {
+    state.backend.get(ns, name).await?.ok_or_else(|| {
         Failure::new(
             StatusCode::NOT_FOUND,
             format!("notebook {ns}/{name} not found"),
@@ -384,8 +412,8 @@ async fn get_notebook(
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    user.may_use(&ns)?;
-    let notebook = find(&state, &ns, &name)?;
+    user.may(&state, Verb::Get, &ns).await?;
+    let notebook = find(&state, &ns, &name).await?;
     Ok(Json(serde_json::json!({
         "notebook": view(&notebook, &state.activity),
         "status": notebook.status,
@@ -398,15 +426,16 @@ async fn patch_notebook(
     Path((ns, name)): Path<(String, String)>,
     body: Result<Json<NotebookPatch>, JsonRejection>,
 ) -> ApiResult<Json<NotebookView>> {
-    user.may_use(&ns)?;
+    user.may(&state, Verb::Update, &ns).await?;
     let Json(patch) = body?;
-    find(&state, &ns, &name)?;
+    find(&state, &ns, &name).await?;
     if let Some(image) = &patch.image {
         image_reference("image", image)
             .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
         let saved = state
-            .store
+            .backend
             .saved_images(&ns)
+            .await?
             .iter()
             .any(|s| &s.image == image);
         if !state.config.allow_custom_images && !state.config.in_catalog(image) && !saved {
@@ -420,46 +449,49 @@ async fn patch_notebook(
         }
     }
     let now = jiff::Timestamp::now().to_string();
-    let updated = state.store.update(&ns, &name, |nb| {
-        if let Some(image) = &patch.image
-            && let Some(container) = nb
-                .spec
-                .template
-                .spec
-                .as_mut()
-                .and_then(|s| s.containers.first_mut())
-        {
-            container.image = Some(image.clone());
-        }
-        let annotations = nb.metadata.annotations.get_or_insert_with(Default::default);
-        match patch.stopped {
-            Some(true) if !annotations.contains_key(STOP_ANNOTATION) => {
-                annotations.insert(STOP_ANNOTATION.to_owned(), now.clone());
-                annotations.remove(LAST_ACTIVITY_ANNOTATION);
+    let updated = state
+        .backend
+        .update(&ns, &name, &|nb| {
+            if let Some(image) = &patch.image
+                && let Some(container) = nb
+                    .spec
+                    .template
+                    .spec
+                    .as_mut()
+                    .and_then(|s| s.containers.first_mut())
+            {
+                container.image = Some(image.clone());
             }
-            Some(false) => {
-                annotations.remove(STOP_ANNOTATION);
-                annotations.remove(STOPPED_BY_ANNOTATION);
+            let annotations = nb.metadata.annotations.get_or_insert_with(Default::default);
+            match patch.stopped {
+                Some(true) if !annotations.contains_key(STOP_ANNOTATION) => {
+                    annotations.insert(STOP_ANNOTATION.to_owned(), now.clone());
+                    annotations.remove(LAST_ACTIVITY_ANNOTATION);
+                }
+                Some(false) => {
+                    annotations.remove(STOP_ANNOTATION);
+                    annotations.remove(STOPPED_BY_ANNOTATION);
+                }
+                _ => {}
             }
-            _ => {}
-        }
-    })?;
-    match patch.stopped {
-        Some(true) => state.store.record_event(
-            &ns,
-            &name,
-            "Normal",
-            "Stopping",
-            &format!("stopped by {}", user.0.name),
-        ),
-        Some(false) => state.store.record_event(
-            &ns,
-            &name,
-            "Normal",
-            "Starting",
-            &format!("started by {}", user.0.name),
-        ),
-        None => {}
+        })
+        .await?;
+    let change = match patch.stopped {
+        Some(true) => Some(("Stopping", "stopped")),
+        Some(false) => Some(("Starting", "started")),
+        None => None,
+    };
+    if let Some((reason, done)) = change {
+        state
+            .backend
+            .record_event(
+                &ns,
+                &name,
+                "Normal",
+                reason,
+                &format!("{done} by {}", user.0.name),
+            )
+            .await;
     }
     Ok(Json(view(&updated, &state.activity)))
 }
@@ -469,8 +501,8 @@ async fn delete_notebook(
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    user.may_use(&ns)?;
-    state.store.delete(&ns, &name)?;
+    user.may(&state, Verb::Delete, &ns).await?;
+    state.backend.delete(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -479,10 +511,10 @@ async fn events(
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    user.may_use(&ns)?;
-    find(&state, &ns, &name)?;
+    user.may(&state, Verb::Get, &ns).await?;
+    find(&state, &ns, &name).await?;
     Ok(Json(
-        serde_json::json!({ "events": state.store.events(&ns, &name) }),
+        serde_json::json!({ "events": state.backend.events(&ns, &name).await? }),
     ))
 }
 
@@ -504,36 +536,55 @@ async fn logs(
     Path((ns, name)): Path<(String, String)>,
     Query(query): Query<LogQuery>,
 ) -> ApiResult<Response> {
-    user.may_use(&ns)?;
-    let notebook = find(&state, &ns, &name)?;
+    user.may(&state, Verb::Get, &ns).await?;
+    let notebook = find(&state, &ns, &name).await?;
     if notebook.is_stopped() {
         return Err(Failure::new(
             StatusCode::CONFLICT,
             format!("notebook {ns}/{name} is stopped: it has no logs"),
         ));
     }
-    let mut child = state
-        .engine
-        .logs(
-            &container_name(&ns, &name),
-            query.follow,
-            query.tail.min(10_000),
-        )
-        .map_err(|e| {
-            Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("reading logs: {e}"),
-            )
-        })?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "no log stream"))?;
-    // The child lives as long as the stream: a client that goes away kills it.
-    let stream = tokio_util::io::ReaderStream::new(stdout).map(move |chunk| {
-        let _keep = &child;
-        chunk
-    });
+    let tail = query.tail.min(10_000);
+    let stream = match &state.logs {
+        LogSource::Engine(engine) => {
+            let mut child = engine
+                .logs(&container_name(&ns, &name), query.follow, tail)
+                .map_err(|e| {
+                    Failure::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("reading logs: {e}"),
+                    )
+                })?;
+            let stdout = child
+                .stdout
+                .take()
+                .ok_or_else(|| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "no log stream"))?;
+            // The child lives as long as the stream: a client that goes away kills it.
+            tokio_util::io::ReaderStream::new(stdout)
+                .map(move |chunk| {
+                    let _keep = &child;
+                    chunk
+                })
+                .boxed()
+        }
+        LogSource::Kubernetes(client) => {
+            use tokio_util::compat::FuturesAsyncReadCompatExt as _;
+            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                kube::Api::namespaced(client.clone(), &ns);
+            let params = kube::api::LogParams {
+                container: Some(name.clone()),
+                follow: query.follow,
+                tail_lines: Some(i64::from(tail)),
+                ..Default::default()
+            };
+            // The StatefulSet's one pod.
+            let reader = pods
+                .log_stream(&format!("{name}-0"), &params)
+                .await
+                .map_err(|e| Failure::new(StatusCode::CONFLICT, format!("no logs yet: {e}")))?;
+            tokio_util::io::ReaderStream::new(reader.compat()).boxed()
+        }
+    };
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         Body::from_stream(stream),
@@ -554,11 +605,16 @@ async fn start_save(
     Path((ns, name)): Path<(String, String)>,
     body: Result<Json<SaveRequest>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<crate::saves::SaveStatus>)> {
-    user.may_use(&ns)?;
+    user.may(&state, Verb::Update, &ns).await?;
     let Json(request) = body?;
-    find(&state, &ns, &name)?;
-    let status = state
-        .saves
+    find(&state, &ns, &name).await?;
+    let Some(saves) = &state.saves else {
+        return Err(Failure::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "saving environments from the web app needs the embedded mode here: in a cluster, use `labforge build commit`",
+        ));
+    };
+    let status = saves
         .start(&ns, &name, request.tag.as_deref())
         .map_err(|e| match e {
             StartSaveError::BadTag(_) => Failure::field(
@@ -569,13 +625,16 @@ async fn start_save(
                 Failure::new(StatusCode::CONFLICT, e.to_string())
             }
         })?;
-    state.store.record_event(
-        &ns,
-        &name,
-        "Normal",
-        "Saving",
-        &format!("saving the environment as {}", status.target),
-    );
+    state
+        .backend
+        .record_event(
+            &ns,
+            &name,
+            "Normal",
+            "Saving",
+            &format!("saving the environment as {}", status.target),
+        )
+        .await;
     Ok((StatusCode::ACCEPTED, Json(status)))
 }
 
@@ -585,10 +644,11 @@ async fn follow_save(
     State(state): State<ApiState>,
     Path((ns, id)): Path<(String, String)>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    user.may_use(&ns)?;
+    user.may(&state, Verb::Get, &ns).await?;
     let receiver = state
         .saves
-        .follow(&id)
+        .as_ref()
+        .and_then(|saves| saves.follow(&id))
         .filter(|r| r.borrow().namespace == ns)
         .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, format!("no save {id} in {ns}")))?;
     let stream = futures::stream::unfold(Some(receiver), |receiver| async move {
@@ -611,9 +671,9 @@ async fn saved_images(
     State(state): State<ApiState>,
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    user.may_use(&ns)?;
+    user.may(&state, Verb::List, &ns).await?;
     Ok(Json(
-        serde_json::json!({ "images": state.store.saved_images(&ns) }),
+        serde_json::json!({ "images": state.backend.saved_images(&ns).await? }),
     ))
 }
 
@@ -623,38 +683,19 @@ async fn watch_namespace(
     State(state): State<ApiState>,
     Path(ns): Path<String>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    user.may_use(&ns)?;
-    let changes = tokio_stream::wrappers::BroadcastStream::new(state.store.subscribe());
-    let snapshot = move |state: &ApiState| {
-        let notebooks: Vec<NotebookView> = state
-            .store
-            .list(Some(&ns))
-            .iter()
-            .map(|nb| view(nb, &state.activity))
-            .collect();
-        Event::default()
-            .event("notebooks")
-            .json_data(serde_json::json!({ "notebooks": notebooks }))
-            .unwrap_or_default()
-    };
-    let first = snapshot(&state);
-    let wanted = {
-        let ns_filter = user.0.namespace.clone();
-        let admin = user.0.admin;
-        move |change: &Change| match change {
-            Change::Notebook { namespace, .. } => admin || *namespace == ns_filter,
-            _ => false,
-        }
-    };
+    user.may(&state, Verb::List, &ns).await?;
+    let changes = tokio_stream::wrappers::BroadcastStream::new(state.backend.changes());
+    let first = notebooks_event(&state, &ns).await;
     let rest = changes.filter_map(move |change| {
         let state = state.clone();
-        let wanted = wanted.clone();
-        let snapshot = snapshot.clone();
+        let ns = ns.clone();
         async move {
             match change {
-                Ok(change) if wanted(&change) => Some(Ok(snapshot(&state))),
+                Ok(Change::Notebook { namespace, .. }) if namespace == ns => {
+                    Some(Ok(notebooks_event(&state, &ns).await))
+                }
                 // Lagged behind: send the whole list again.
-                Err(_) => Some(Ok(snapshot(&state))),
+                Err(_) => Some(Ok(notebooks_event(&state, &ns).await)),
                 Ok(_) => None,
             }
         }
@@ -663,6 +704,21 @@ async fn watch_namespace(
         Sse::new(futures::stream::once(async move { Ok(first) }).chain(rest))
             .keep_alive(KeepAlive::default()),
     )
+}
+
+/// A `notebooks` event with every notebook of `ns` (a comment event when they cannot be read).
+async fn notebooks_event(state: &ApiState, ns: &str) -> Event {
+    match state.backend.list(Some(ns)).await {
+        Ok(list) => {
+            let notebooks: Vec<NotebookView> =
+                list.iter().map(|nb| view(nb, &state.activity)).collect();
+            Event::default()
+                .event("notebooks")
+                .json_data(serde_json::json!({ "notebooks": notebooks }))
+                .unwrap_or_default()
+        }
+        Err(err) => Event::default().comment(format!("listing notebooks: {err}")),
+    }
 }
 
 #[derive(Deserialize)]
@@ -682,13 +738,14 @@ async fn admin_notebooks(
     State(state): State<ApiState>,
     query: Result<Query<AdminQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if !user.0.admin {
+    if !state.access.may(&user.0, Verb::List, None).await {
         return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
     }
     let Query(query) = query.map_err(|e| Failure::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let notebooks: Vec<NotebookView> = state
-        .store
+        .backend
         .list(query.namespace.as_deref())
+        .await?
         .iter()
         .map(|nb| view(nb, &state.activity))
         .filter(|v| query.user.as_ref().is_none_or(|u| &v.owner == u))

@@ -308,11 +308,12 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         save_options,
     ));
     let state = ApiState {
-        store: store.clone(),
-        auth: auth.clone(),
-        saves,
+        backend: store.clone(),
+        access: auth.clone(),
+        local_users: Some(auth.clone()),
+        saves: Some(saves),
         config: Arc::new(spawner),
-        engine,
+        logs: crate::api::LogSource::Engine(engine),
         activity: proxy.activity.clone(),
         secure_cookies: false,
     };

@@ -8,6 +8,8 @@
 //! proxy and the builder are the same code as in a cluster.
 
 pub mod api;
+pub mod backend;
+pub mod cluster;
 pub mod config;
 pub mod embedded;
 pub mod gpus;

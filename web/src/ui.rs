@@ -141,7 +141,7 @@ async fn login_page() -> Html<String> {
 }
 
 async fn notebooks_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let Some(user) = state.auth.user_of(&headers) else {
+    let Some(user) = state.access.identify(&headers).await else {
         return to_login();
     };
     page(
@@ -280,7 +280,7 @@ async fn new_page(
     headers: HeaderMap,
     Query(query): Query<NewQuery>,
 ) -> Response {
-    let Some(user) = state.auth.user_of(&headers) else {
+    let Some(user) = state.access.identify(&headers).await else {
         return to_login();
     };
     page(
@@ -300,10 +300,14 @@ async fn notebook_page(
     headers: HeaderMap,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    let Some(user) = state.auth.user_of(&headers) else {
+    let Some(user) = state.access.identify(&headers).await else {
         return to_login();
     };
-    if !user.admin && user.namespace != ns {
+    if !state
+        .access
+        .may(&user, crate::backend::Verb::Get, Some(&ns))
+        .await
+    {
         return error_page(
             StatusCode::FORBIDDEN,
             "Not yours",
@@ -311,7 +315,7 @@ async fn notebook_page(
             Some(&user),
         );
     }
-    if state.store.get(&ns, &name).is_none() {
+    if !matches!(state.backend.get(&ns, &name).await, Ok(Some(_))) {
         return error_page(
             StatusCode::NOT_FOUND,
             "No such notebook",
@@ -348,7 +352,7 @@ async fn notebook_page(
 }
 
 async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let Some(user) = state.auth.user_of(&headers) else {
+    let Some(user) = state.access.identify(&headers).await else {
         return to_login();
     };
     if !user.admin {
@@ -394,7 +398,7 @@ fn error_page(status: StatusCode, title: &str, message: &str, user: Option<&User
 }
 
 async fn not_found(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let user = state.auth.user_of(&headers);
+    let user = state.access.identify(&headers).await;
     error_page(
         StatusCode::NOT_FOUND,
         "Not found",

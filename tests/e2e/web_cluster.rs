@@ -1,0 +1,229 @@
+//! The web API in cluster mode, against the fake Kubernetes API server (which validates every
+//! write against Kubeflow's Notebook CRD): users from the auth proxy's header, every decision a
+//! SubjectAccessReview, Notebook CRs and their events through kube-rs.
+
+use crate::controller::eventually;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
+use labforge_proxy::authz::TrustedHeader;
+use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const ALICE: &str = "alice@example.com";
+const BOB: &str = "bob@example.com";
+const ROOT: &str = "root@example.com";
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    async fn call(
+        &self,
+        user: Option<&str>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(user) = user {
+            request = request.header("kubeflow-userid", user);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, user: Option<&str>, path: &str) -> (u16, Value) {
+        self.call(user, reqwest::Method::GET, path, None).await
+    }
+}
+
+#[tokio::test]
+async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    // RBAC as the cluster has it: alice edits her profile namespace, root is a cluster admin.
+    server.set_access_rule(|spec| {
+        let user = spec["user"].as_str().unwrap_or_default();
+        let namespace = spec["resourceAttributes"]["namespace"].as_str();
+        user == ROOT || (user == ALICE && namespace == Some("alice"))
+    });
+    let spawner = labforge_web::embedded::default_spawner("registry.example.com");
+    let app = labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let api = Client {
+        http: reqwest::Client::new(),
+        base,
+    };
+
+    assert_eq!(
+        api.get(None, "/api/namespaces/alice/notebooks").await.0,
+        401
+    );
+    let (status, me) = api.get(Some(ALICE), "/api/whoami").await;
+    assert_eq!(
+        (status, me["namespace"].as_str(), me["admin"].as_bool()),
+        (200, Some("alice"), Some(false))
+    );
+    let (_, root) = api.get(Some(ROOT), "/api/whoami").await;
+    assert_eq!(
+        root["admin"], true,
+        "cluster-wide list access makes an admin"
+    );
+
+    // Bad input is refused before anything reaches the API server.
+    let writes = server.write_requests();
+    let (status, answer) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::POST,
+            "/api/namespaces/alice/notebooks",
+            Some(json!({"name": "lab", "memory": "lots"})),
+        )
+        .await;
+    assert_eq!((status, answer["field"].as_str()), (422, Some("memory")));
+    assert_eq!(server.write_requests(), writes);
+
+    // alice creates a notebook: a Notebook CR that Kubeflow's CRD accepts, with its event.
+    let (status, created) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::POST,
+            "/api/namespaces/alice/notebooks",
+            Some(json!({"name": "lab", "cpuLimit": "1"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+    let notebooks: Api<Notebook> = Api::namespaced(server.client(), "alice");
+    let stored = notebooks.get("lab").await.unwrap();
+    assert_eq!(
+        stored.spec.template.spec.as_ref().unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("registry.example.com/labforge/jupyterlab:latest")
+    );
+    assert_eq!(
+        stored.annotation("notebooks.kubeflow.org/creator"),
+        Some(ALICE)
+    );
+    let (status, again) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::POST,
+            "/api/namespaces/alice/notebooks",
+            Some(json!({"name": "lab"})),
+        )
+        .await;
+    assert_eq!((status, again["field"].as_str()), (409, Some("name")));
+    let (_, list) = api
+        .get(Some(ALICE), "/api/namespaces/alice/notebooks")
+        .await;
+    assert_eq!(list["notebooks"][0]["name"], "lab");
+    assert_eq!(list["notebooks"][0]["owner"], ALICE);
+    let events: Api<Event> = Api::namespaced(server.client(), "alice");
+    eventually("the Created event", Duration::from_secs(10), || async {
+        let (_, answer) = api
+            .get(Some(ALICE), "/api/namespaces/alice/notebooks/lab/events")
+            .await;
+        (answer["events"]
+            .as_array()?
+            .iter()
+            .any(|e| e["reason"] == "Created"))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        !events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    // bob has no access to alice's namespace, nor to the admin listing.
+    assert_eq!(
+        api.get(Some(BOB), "/api/namespaces/alice/notebooks")
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        api.get(Some(BOB), "/api/namespaces/alice/notebooks/lab")
+            .await
+            .0,
+        403
+    );
+    assert_eq!(api.get(Some(ALICE), "/api/admin/notebooks").await.0, 403);
+    let (status, all) = api.get(Some(ROOT), "/api/admin/notebooks").await;
+    assert_eq!(status, 200);
+    assert_eq!(all["notebooks"].as_array().unwrap().len(), 1);
+
+    // Stop: Kubeflow's annotation on the CR, which the controller turns into replicas 0.
+    let (status, stopped) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::PATCH,
+            "/api/namespaces/alice/notebooks/lab",
+            Some(json!({"stopped": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["state"], "stopped");
+    assert!(
+        notebooks
+            .get("lab")
+            .await
+            .unwrap()
+            .annotation(STOP_ANNOTATION)
+            .is_some()
+    );
+
+    // Saves need the ImageBuild reconciler in a cluster: a clear answer, not a hang.
+    let (status, answer) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::POST,
+            "/api/namespaces/alice/notebooks/lab/saves",
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 501, "{answer}");
+    assert_eq!(
+        api.call(
+            Some(ALICE),
+            reqwest::Method::DELETE,
+            "/api/namespaces/alice/notebooks/lab",
+            None
+        )
+        .await
+        .0,
+        204
+    );
+    eventually("deleted", Duration::from_secs(10), || async {
+        notebooks
+            .get_opt("lab")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    serving.abort();
+}

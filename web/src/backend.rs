@@ -1,0 +1,461 @@
+//! Where the API keeps notebooks and who may touch them: one interface, two backends.
+//!
+//! - **Embedded** ([`crate::store::Store`] + [`crate::users::LocalAuth`]): the file-backed store and
+//!   local users with session cookies; a user owns the namespace of their name, admins all.
+//! - **Kubernetes** ([`KubernetesBackend`] + [`KubernetesAccess`]): Notebook CRs through kube-rs;
+//!   the user comes from a header set by the cluster's auth proxy (`kubeflow-userid`), and every
+//!   decision is a SubjectAccessReview for that user, as Kubeflow's web apps do, so RBAC stays the
+//!   one source of truth.
+
+use crate::model::{NotebookEvent, SavedImage};
+use crate::store::{Change, Store, StoreError};
+use crate::users::{LocalAuth, User};
+use futures::StreamExt;
+use http::HeaderMap;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::{Resource, ResourceExt};
+use labforge_crds::notebook::Notebook;
+use labforge_proxy::authz::{IdentitySource, TrustedHeader};
+use tokio::sync::broadcast;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("notebook {namespace}/{name} already exists")]
+    AlreadyExists { namespace: String, name: String },
+    #[error("notebook {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    /// The API server refused the object (422).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<StoreError> for BackendError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::AlreadyExists { namespace, name } => {
+                Self::AlreadyExists { namespace, name }
+            }
+            StoreError::NotFound { namespace, name } => Self::NotFound { namespace, name },
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// A change to apply to a notebook; called again when the backend retries after a conflict.
+pub type NotebookChange<'a> = &'a (dyn Fn(&mut Notebook) + Send + Sync);
+
+/// Notebook objects, their events and saved images.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync {
+    async fn list(&self, namespace: Option<&str>) -> Result<Vec<Notebook>, BackendError>;
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<Notebook>, BackendError>;
+    async fn create(&self, notebook: Notebook) -> Result<Notebook, BackendError>;
+    async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: NotebookChange<'_>,
+    ) -> Result<Notebook, BackendError>;
+    async fn delete(&self, namespace: &str, name: &str) -> Result<(), BackendError>;
+    async fn events(&self, namespace: &str, name: &str)
+    -> Result<Vec<NotebookEvent>, BackendError>;
+    /// Best effort: an event that cannot be recorded is logged, never fails the work it tells of.
+    async fn record_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    );
+    async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError>;
+    /// Announces changed notebooks (for the live views).
+    fn changes(&self) -> broadcast::Receiver<Change>;
+}
+
+#[async_trait::async_trait]
+impl Backend for Store {
+    async fn list(&self, namespace: Option<&str>) -> Result<Vec<Notebook>, BackendError> {
+        Ok(Store::list(self, namespace))
+    }
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<Notebook>, BackendError> {
+        Ok(Store::get(self, namespace, name))
+    }
+    async fn create(&self, notebook: Notebook) -> Result<Notebook, BackendError> {
+        Ok(Store::create(self, notebook)?)
+    }
+    async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: NotebookChange<'_>,
+    ) -> Result<Notebook, BackendError> {
+        Ok(Store::update(self, namespace, name, |nb| change(nb))?)
+    }
+    async fn delete(&self, namespace: &str, name: &str) -> Result<(), BackendError> {
+        Store::delete(self, namespace, name)?;
+        Ok(())
+    }
+    async fn events(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<NotebookEvent>, BackendError> {
+        Ok(Store::events(self, namespace, name))
+    }
+    async fn record_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        Store::record_event(self, namespace, name, kind, reason, message);
+    }
+    async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
+        Ok(Store::saved_images(self, namespace))
+    }
+    fn changes(&self) -> broadcast::Receiver<Change> {
+        self.subscribe()
+    }
+}
+
+/// What a request may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    List,
+    Get,
+    Create,
+    Update,
+    Delete,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::List => "list",
+            Self::Get => "get",
+            Self::Create => "create",
+            Self::Update => "patch",
+            Self::Delete => "delete",
+        }
+    }
+}
+
+/// Who a request is and what they may do.
+#[async_trait::async_trait]
+pub trait Access: Send + Sync {
+    async fn identify(&self, headers: &HeaderMap) -> Option<User>;
+    /// Whether `user` may `verb` notebooks in `namespace` (`None`: in every namespace).
+    async fn may(&self, user: &User, verb: Verb, namespace: Option<&str>) -> bool;
+}
+
+#[async_trait::async_trait]
+impl Access for LocalAuth {
+    async fn identify(&self, headers: &HeaderMap) -> Option<User> {
+        self.user_of(headers)
+    }
+    async fn may(&self, user: &User, _verb: Verb, namespace: Option<&str>) -> bool {
+        user.admin || namespace == Some(user.namespace.as_str())
+    }
+}
+
+/// Kubeflow's default profile namespace for a user: the name up to '@', lowercased, with
+/// anything but letters and digits as '-'.
+pub fn default_namespace(user: &str) -> String {
+    let local = user.split('@').next().unwrap_or(user).to_ascii_lowercase();
+    let mapped: String = local
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    trimmed.chars().take(63).collect()
+}
+
+/// Identity from the auth proxy's header; decisions by SubjectAccessReview.
+pub struct KubernetesAccess {
+    pub client: kube::Client,
+    pub header: TrustedHeader,
+}
+
+impl KubernetesAccess {
+    async fn review(&self, user: &str, verb: Verb, namespace: Option<&str>) -> bool {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_owned()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some("kubeflow.org".into()),
+                    resource: Some("notebooks".into()),
+                    verb: Some(verb.as_str().into()),
+                    namespace: namespace.map(str::to_owned),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), &review).await {
+            Ok(answer) => answer.status.is_some_and(|s| s.allowed),
+            Err(err) => {
+                // Fail closed: no answer is no access.
+                tracing::warn!(error = %err, "SubjectAccessReview");
+                false
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Access for KubernetesAccess {
+    async fn identify(&self, headers: &HeaderMap) -> Option<User> {
+        let identity = self.header.identify(headers)?;
+        let admin = self.review(&identity.user, Verb::List, None).await;
+        Some(User {
+            namespace: default_namespace(&identity.user),
+            name: identity.user,
+            admin,
+            password_hash: String::new(),
+        })
+    }
+    async fn may(&self, user: &User, verb: Verb, namespace: Option<&str>) -> bool {
+        self.review(&user.name, verb, namespace).await
+    }
+}
+
+/// Notebook CRs in a cluster.
+pub struct KubernetesBackend {
+    client: kube::Client,
+    changes: broadcast::Sender<Change>,
+    recorder: Recorder,
+    _watch: tokio::task::JoinHandle<()>,
+}
+
+fn kube_error(namespace: &str, name: &str, err: kube::Error) -> BackendError {
+    match &err {
+        kube::Error::Api(status) if status.code == 409 => BackendError::AlreadyExists {
+            namespace: namespace.into(),
+            name: name.into(),
+        },
+        kube::Error::Api(status) if status.code == 404 => BackendError::NotFound {
+            namespace: namespace.into(),
+            name: name.into(),
+        },
+        kube::Error::Api(status) if status.code == 422 => {
+            BackendError::Invalid(status.message.clone())
+        }
+        _ => BackendError::Unavailable(format!("the Kubernetes API: {err}")),
+    }
+}
+
+impl KubernetesBackend {
+    /// Starts watching Notebooks (for the live views).
+    pub fn new(client: kube::Client) -> Self {
+        let (changes, _) = broadcast::channel(1024);
+        let sender = changes.clone();
+        let api: Api<Notebook> = Api::all(client.clone());
+        let watch = tokio::spawn(async move {
+            let mut stream =
+                kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).boxed();
+            while let Some(event) = stream.next().await {
+                use kube::runtime::watcher::Event;
+                let touched: Vec<Notebook> = match event {
+                    Ok(Event::Apply(nb) | Event::Delete(nb) | Event::InitApply(nb)) => vec![nb],
+                    Ok(_) => Vec::new(),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "watching notebooks");
+                        Vec::new()
+                    }
+                };
+                for nb in touched {
+                    let _ = sender.send(Change::Notebook {
+                        namespace: nb.namespace().unwrap_or_default(),
+                        name: nb.name_any(),
+                    });
+                }
+            }
+        });
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "labforge-web".into(),
+                instance: None,
+            },
+        );
+        Self {
+            client,
+            changes,
+            recorder,
+            _watch: watch,
+        }
+    }
+
+    fn api(&self, namespace: &str) -> Api<Notebook> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
+impl Drop for KubernetesBackend {
+    fn drop(&mut self) {
+        self._watch.abort();
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for KubernetesBackend {
+    async fn list(&self, namespace: Option<&str>) -> Result<Vec<Notebook>, BackendError> {
+        let api = match namespace {
+            Some(ns) => self.api(ns),
+            None => Api::all(self.client.clone()),
+        };
+        api.list(&ListParams::default())
+            .await
+            .map(|list| list.items)
+            .map_err(|e| kube_error(namespace.unwrap_or_default(), "", e))
+    }
+
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<Notebook>, BackendError> {
+        self.api(namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_error(namespace, name, e))
+    }
+
+    async fn create(&self, notebook: Notebook) -> Result<Notebook, BackendError> {
+        let namespace = notebook.namespace().unwrap_or_default();
+        let name = notebook.name_any();
+        self.api(&namespace)
+            .create(&PostParams::default(), &notebook)
+            .await
+            .map_err(|e| kube_error(&namespace, &name, e))
+    }
+
+    async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: NotebookChange<'_>,
+    ) -> Result<Notebook, BackendError> {
+        let api = self.api(namespace);
+        // Read, change, replace with the read resourceVersion; a concurrent writer means again.
+        for _ in 0..5 {
+            let current = api
+                .get(name)
+                .await
+                .map_err(|e| kube_error(namespace, name, e))?;
+            let mut updated = current.clone();
+            change(&mut updated);
+            if updated == current {
+                return Ok(current);
+            }
+            match api.replace(name, &PostParams::default(), &updated).await {
+                Ok(saved) => return Ok(saved),
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(err) => return Err(kube_error(namespace, name, err)),
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "notebook {namespace}/{name} kept changing; try again"
+        )))
+    }
+
+    async fn delete(&self, namespace: &str, name: &str) -> Result<(), BackendError> {
+        self.api(namespace)
+            .delete(name, &DeleteParams::foreground())
+            .await
+            .map(|_| ())
+            .map_err(|e| kube_error(namespace, name, e))
+    }
+
+    async fn events(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<NotebookEvent>, BackendError> {
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), namespace);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error(namespace, name, e))?;
+        let mut events: Vec<NotebookEvent> = list
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.name.as_deref() == Some(name) && r.kind.as_deref() == Some("Notebook")
+                })
+            })
+            .map(|e| NotebookEvent {
+                kind: e.type_.unwrap_or_default(),
+                reason: e.reason.unwrap_or_default(),
+                message: e.note.unwrap_or_default(),
+                time: e
+                    .event_time
+                    .map(|t| t.0.to_string())
+                    .or_else(|| e.metadata.creation_timestamp.map(|t| t.0.to_string()))
+                    .unwrap_or_default(),
+            })
+            .collect();
+        events.sort_by(|a, b| a.time.cmp(&b.time));
+        Ok(events)
+    }
+
+    async fn record_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let Ok(Some(notebook)) = self.get(namespace, name).await else {
+            return;
+        };
+        let event = KubeEvent {
+            type_: if kind == "Warning" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(message.chars().take(1024).collect()),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(err) = self
+            .recorder
+            .publish(&event, &notebook.object_ref(&()))
+            .await
+        {
+            tracing::warn!(error = %err, "recording an event");
+        }
+    }
+
+    async fn saved_images(&self, _namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
+        // Saves in a cluster are ImageBuild objects, whose reconciler is not built yet.
+        Ok(Vec::new())
+    }
+
+    fn changes(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeflow_profile_names_for_users() {
+        assert_eq!(default_namespace("Alice.Smith@example.com"), "alice-smith");
+        assert_eq!(default_namespace("bob"), "bob");
+    }
+}
