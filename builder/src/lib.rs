@@ -11,7 +11,9 @@
 //!   through `oci-client`, tag written last;
 //! - [`cache`]: the blob cache, S3 (`aws-sdk-s3`, custom endpoint, multipart) or a local directory;
 //! - [`source`]: where a change set comes from (a directory, or the agent inside a container);
-//! - [`save`]: the save itself: baseline index, change set, one new layer, push, cache.
+//! - [`save`]: the save itself: baseline index, change set, one new layer, push, cache;
+//! - [`summary`]: what a save changed (packages added, upgraded, removed; file totals), read from
+//!   the layer as it is written.
 //!
 //! Scanning and the change-set tar live in `labforge-snapshot`, which the in-container agent is
 //! built from.
@@ -26,5 +28,6 @@ pub mod layer;
 pub mod registry;
 pub mod save;
 pub mod source;
+pub mod summary;
 
 pub use digest::Digest;

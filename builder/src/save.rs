@@ -11,6 +11,11 @@
 //! parent layers + new layer, config, manifest (tag last) ──▶ registry; child index ──▶ cache
 //! ```
 //!
+//! Each index travels with the image's [`PackageSet`] (built in the same pass over the parent's
+//! layers, cached next to the index, and carried through the tee like the child index), so a save
+//! can say what it changed ([`ChangeSummary`], see [`crate::summary`]) without a second look at
+//! the root or the base image.
+//!
 //! The cache only ever saves work: when it is unreachable the save goes on without it and says so.
 
 use crate::cache::{BlobCache, CacheError};
@@ -22,8 +27,10 @@ use crate::registry::{
     RegistryOptions,
 };
 use crate::source::{ChangeSource, RunningChangeSet, SourceError};
+use crate::summary::{ChangeSummary, FileTotals, PackageSet, summarize};
 use futures::TryStreamExt;
 use labforge_snapshot::BaselineIndex;
+use labforge_snapshot::LayerStats;
 use labforge_snapshot::index::IndexError;
 use labforge_snapshot::protocol::ChangeSetHeader;
 use std::collections::BTreeMap;
@@ -107,6 +114,9 @@ pub struct Saved {
     pub header: ChangeSetHeader,
     pub cache: CacheOutcome,
     pub index: IndexOrigin,
+    /// What the new layer changed: packages added, upgraded and removed, file totals (empty when
+    /// nothing changed). Also in the manifest's `dev.labforge.summary.*` annotations, compactly.
+    pub summary: ChangeSummary,
 }
 
 /// Saves what changed in `source` since `base` (or all of it, without a base) as one new layer on
@@ -135,8 +145,13 @@ pub async fn save(
 
     // Encoded indexes are kept when at hand, so an unchanged or cached save stores its image's
     // index without encoding 100k entries again.
-    let (baseline, index, baseline_encoded) = match &parent {
-        None => (BaselineIndex::default(), IndexOrigin::Empty, None),
+    let (baseline, packages, index, baseline_encoded) = match &parent {
+        None => (
+            BaselineIndex::default(),
+            PackageSet::default(),
+            IndexOrigin::Empty,
+            None,
+        ),
         Some(parent) => baseline_index(&registry, parent, &cache, &progress).await?,
     };
     let baseline = Arc::new(baseline);
@@ -174,6 +189,10 @@ pub async fn save(
         "changesets/{}.index.json.zst",
         header.key.trim_start_matches("sha256:")
     );
+    let child_packages_key = format!(
+        "changesets/{}.packages.json.zst",
+        header.key.trim_start_matches("sha256:")
+    );
 
     let staged = tempfile::Builder::new()
         .prefix("labforge-layer-")
@@ -188,45 +207,70 @@ pub async fn save(
         CacheOutcome::Disabled
     };
 
-    let (layer, child_index, child_encoded) = if unchanged {
+    let keys = ChangeSetKeys {
+        record: &record_key,
+        child_index: &child_index_key,
+        child_packages: &child_packages_key,
+    };
+    let (layer, child_index, child_encoded, child_packages, files) = if unchanged {
         running.abandon();
-        (None, baseline, baseline_encoded)
-    } else if let Some((layer, child, child_encoded)) = cached_change_set(
-        &registry,
-        target,
-        &cache,
-        &record_key,
-        &child_index_key,
-        &staged,
-    )
-    .await
-    {
+        (
+            None,
+            baseline,
+            baseline_encoded,
+            packages.clone(),
+            FileTotals::default(),
+        )
+    } else if let Some(hit) = cached_change_set(&registry, target, &cache, &keys, &staged).await {
         running.abandon();
         outcome = CacheOutcome::Hit;
-        (Some(layer), Arc::new(child), Some(child_encoded))
+        (
+            Some(hit.layer),
+            Arc::new(hit.index),
+            Some(hit.index_encoded),
+            hit.packages,
+            hit.files,
+        )
     } else {
-        let (layer, child) = write_layer(
+        let written = write_layer(
             running,
             baseline,
+            packages.clone(),
             parent.as_ref().map_or(0, |p| p.layers().len()),
             compression,
             &staged,
             progress.clone(),
         )
         .await?;
+        let (layer, files) = (written.layer, FileTotals::from(written.stats));
         cache
             .put_file(&blob_key(&layer.digest), staged.path())
             .await;
+        let mut record = LayerRecord::from(&layer);
+        record.files = Some(files);
         cache
             .put_bytes(
                 &record_key,
-                &serde_json::to_vec(&LayerRecord::from(&layer)).unwrap_or_default(),
+                &serde_json::to_vec(&record).unwrap_or_default(),
             )
             .await;
-        let encoded = encode_index(&child);
+        let encoded = encode_index(&written.index);
         cache.put_bytes(&child_index_key, &encoded).await;
-        (Some(layer), Arc::new(child), Some(encoded))
+        cache
+            .put_bytes(&child_packages_key, &written.packages.encode())
+            .await;
+        (
+            Some(layer),
+            Arc::new(written.index),
+            Some(encoded),
+            written.packages,
+            files,
+        )
     };
+    let summary = summarize(&packages, &child_packages, files);
+    for (ecosystem, line) in summary.package_lines() {
+        tracing::info!("{ecosystem}: {line}");
+    }
 
     let mut layer = layer;
     if let (Some(layer), Some(parent)) = (layer.as_mut(), &parent)
@@ -256,6 +300,9 @@ pub async fn save(
             parent.manifest_digest.to_string(),
         );
     }
+    if layer.is_some() {
+        annotations.extend(summary.annotations());
+    }
     tracing::info!(elapsed = ?started.elapsed(), "layer ready");
     let blob = layer.as_ref().map(|descriptor| LayerBlob {
         descriptor: descriptor.clone(),
@@ -274,6 +321,12 @@ pub async fn save(
     cache
         .put_bytes(&index_key(&image.manifest_digest), &child_encoded)
         .await;
+    cache
+        .put_bytes(
+            &packages_key(&image.manifest_digest),
+            &child_packages.encode(),
+        )
+        .await;
     if let Some(reason) = cache.unavailable() {
         outcome = CacheOutcome::Unavailable(reason);
     }
@@ -283,6 +336,7 @@ pub async fn save(
         header,
         cache: outcome,
         index,
+        summary,
     })
 }
 
@@ -293,6 +347,18 @@ fn blob_key(digest: &Digest) -> String {
 
 fn index_key(manifest: &Digest) -> String {
     format!("indexes/sha256/{}.json.zst", manifest.hex())
+}
+
+/// An image's [`PackageSet`], next to its index.
+fn packages_key(manifest: &Digest) -> String {
+    format!("indexes/sha256/{}.packages.json.zst", manifest.hex())
+}
+
+/// Where a change set's record, child index and child package set are cached.
+struct ChangeSetKeys<'a> {
+    record: &'a str,
+    child_index: &'a str,
+    child_packages: &'a str,
 }
 
 /// zstd-compressed JSON, streamed both ways: the uncompressed JSON is never held in memory.
@@ -318,6 +384,10 @@ struct LayerRecord {
     diff_id: String,
     uncompressed_size: u64,
     entries: u64,
+    /// The layer's file totals, for its change summary. Records of builders that predate the
+    /// summary have none: such a record is not a hit, and the layer is written again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    files: Option<FileTotals>,
 }
 
 impl From<&LayerDescriptor> for LayerRecord {
@@ -329,6 +399,7 @@ impl From<&LayerDescriptor> for LayerRecord {
             diff_id: layer.diff_id.to_string(),
             uncompressed_size: layer.uncompressed_size,
             entries: layer.entries,
+            files: None,
         }
     }
 }
@@ -423,21 +494,29 @@ impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
     }
 }
 
-/// The parent's index: from the cache by manifest digest, or built by streaming its layers.
+/// The parent's index and package set: from the cache by manifest digest, or both built in one
+/// pass by streaming its layers. An index cached without its package set (by a builder that
+/// predates the summary) is built again, once.
 async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
     registry: &RegistryClient,
     parent: &ParentImage,
     cache: &CacheState<'_, P>,
     progress: &P,
-) -> Result<(BaselineIndex, IndexOrigin, Option<Vec<u8>>), SaveError> {
+) -> Result<(BaselineIndex, PackageSet, IndexOrigin, Option<Vec<u8>>), SaveError> {
     let key = index_key(&parent.manifest_digest);
+    let packages_key = packages_key(&parent.manifest_digest);
     if let Some(bytes) = cache.get_bytes(&key).await
         && let Some(index) = decode_index(&bytes)
+        && let Some(packages) = cache
+            .get_bytes(&packages_key)
+            .await
+            .and_then(|b| PackageSet::decode(&b))
     {
-        return Ok((index, IndexOrigin::Cache, Some(bytes)));
+        return Ok((index, packages, IndexOrigin::Cache, Some(bytes)));
     }
     let layers = parent.layers();
     let mut index = BaselineIndex::default();
+    let mut packages = PackageSet::default();
     for (number, layer) in layers.iter().enumerate() {
         progress(SaveProgress::Indexing {
             layer: number + 1,
@@ -447,7 +526,7 @@ async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
         let digest = layer["digest"].as_str().unwrap_or_default().to_owned();
         let stream = registry.layer_stream(parent, layer).await?;
         let reader = tokio_util::io::StreamReader::new(stream.map_err(io::Error::other));
-        index = tokio::task::spawn_blocking(move || -> Result<BaselineIndex, SaveError> {
+        (index, packages) = tokio::task::spawn_blocking(move || -> Result<_, SaveError> {
             let bridge = tokio_util::io::SyncIoBridge::new(reader);
             let tar: Box<dyn Read> = if media_type.ends_with("gzip") {
                 Box::new(flate2::read::GzDecoder::new(bridge))
@@ -463,31 +542,44 @@ async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
             } else {
                 return Err(SaveError::UnknownLayerType { digest, media_type });
             };
-            index.apply_layer(number, tar).map_err(SaveError::Index)?;
-            Ok(index)
+            index
+                .apply_layer_with(number, tar, true, &mut packages)
+                .map_err(SaveError::Index)?;
+            Ok((index, packages))
         })
         .await
         .map_err(|_| SaveError::TaskPanicked)??;
     }
     let encoded = encode_index(&index);
     cache.put_bytes(&key, &encoded).await;
-    Ok((index, IndexOrigin::Layers, Some(encoded)))
+    cache.put_bytes(&packages_key, &packages.encode()).await;
+    Ok((index, packages, IndexOrigin::Layers, Some(encoded)))
+}
+
+/// A change set saved before (same key), as the cache remembers it.
+struct CachedChangeSet {
+    layer: LayerDescriptor,
+    index: BaselineIndex,
+    index_encoded: Vec<u8>,
+    packages: PackageSet,
+    files: FileTotals,
 }
 
 /// A change set saved before (same key): its layer, fetched into `staged` unless the target
-/// repository has it already, and the index it led to.
+/// repository has it already, the index and package set it led to, and its file totals.
 async fn cached_change_set<P: Fn(SaveProgress)>(
     registry: &RegistryClient,
     target: &str,
     cache: &CacheState<'_, P>,
-    record_key: &str,
-    child_index_key: &str,
+    keys: &ChangeSetKeys<'_>,
     staged: &tempfile::NamedTempFile,
-) -> Option<(LayerDescriptor, BaselineIndex, Vec<u8>)> {
-    let record: LayerRecord = serde_json::from_slice(&cache.get_bytes(record_key).await?).ok()?;
+) -> Option<CachedChangeSet> {
+    let record: LayerRecord = serde_json::from_slice(&cache.get_bytes(keys.record).await?).ok()?;
     let layer = record.descriptor()?;
-    let child_encoded = cache.get_bytes(child_index_key).await?;
-    let child = decode_index(&child_encoded)?;
+    let files = record.files?;
+    let index_encoded = cache.get_bytes(keys.child_index).await?;
+    let index = decode_index(&index_encoded)?;
+    let packages = PackageSet::decode(&cache.get_bytes(keys.child_packages).await?)?;
     if !registry.has_blob(target, &layer.digest).await
         && !cache
             .get_to_file(&blob_key(&layer.digest), staged.path())
@@ -495,18 +587,34 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
     {
         return None;
     }
-    Some((layer, child, child_encoded))
+    Some(CachedChangeSet {
+        layer,
+        index,
+        index_encoded,
+        packages,
+        files,
+    })
 }
 
-/// Reads the change-set tar once: into the child index and through compression into `staged`.
+/// A layer written from a change set, and what reading it taught.
+struct WrittenLayer {
+    layer: LayerDescriptor,
+    index: BaselineIndex,
+    packages: PackageSet,
+    stats: LayerStats,
+}
+
+/// Reads the change-set tar once: into the child index and package set (the package metadata
+/// files in it are read as they pass) and through compression into `staged`.
 async fn write_layer(
     running: RunningChangeSet,
     baseline: Arc<BaselineIndex>,
+    mut packages: PackageSet,
     layer_number: usize,
     compression: Compression,
     staged: &tempfile::NamedTempFile,
     progress: impl Fn(SaveProgress) + Send + 'static,
-) -> Result<(LayerDescriptor, BaselineIndex), SaveError> {
+) -> Result<WrittenLayer, SaveError> {
     let file = staged.reopen().map_err(|source| SaveError::Scratch {
         dir: staged.path().to_owned(),
         source,
@@ -526,19 +634,25 @@ async fn write_layer(
                 progress: |bytes| progress(SaveProgress::Writing { bytes, total }),
             };
             child
-                .apply_layer_metadata(layer_number, &mut tee)
+                .apply_layer_with(layer_number, &mut tee, false, &mut packages)
                 .map_err(SaveError::Index)
-                .and_then(|()| {
+                .and_then(|stats| {
                     // The end-of-archive blocks the tar reader leaves unread belong to the layer.
                     io::copy(&mut tee, &mut io::sink())
+                        .map(|_| stats)
                         .map_err(|e| SaveError::Source(SourceError::Stream(e)))
                 })
         };
         // A producer's own failure (a file it could not read) explains a cut stream best.
         running.finish()?;
-        read?;
+        let stats = read?;
         let (_, layer) = stream.finish(entries)?;
-        Ok((layer, child))
+        Ok(WrittenLayer {
+            layer,
+            index: child,
+            packages,
+            stats,
+        })
     })
     .await
     .map_err(|_| SaveError::TaskPanicked)?
