@@ -748,7 +748,8 @@ async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
             prefix: args.user_prefix.clone(),
         },
         spawner,
-    );
+    )
+    .await;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -365,6 +365,21 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         "{listing}"
     );
 
+    // Another labforge on the same machine (its own data dir) leaves these notebooks alone.
+    let running = container_id(&format!("labforge-{alice}-lab"));
+    let other = need(
+        LabforgeUp::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
+            &dir.path().join("other"),
+            &agent,
+        )
+        .await,
+    );
+    // Longer than the runtime's resync, so the other instance has looked at every container.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(other);
+    assert_eq!(container_id(&format!("labforge-{alice}-lab")), running);
+
     // Save the environment; follow the progress to the pushed digest.
     let (code, save) = a
         .post(

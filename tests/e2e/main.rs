@@ -4,6 +4,7 @@
 // Test helpers panic on purpose: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod change_summary;
 mod cli_commit;
 mod cli_render;
 mod controller;
@@ -11,6 +12,7 @@ mod culling;
 mod deploy;
 mod embedded;
 mod fake_kube;
+mod gpus;
 mod notebook_image;
 mod proxy;
 mod s3_cache;

@@ -62,7 +62,8 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         user == ROOT || (user == ALICE && namespace == Some("alice"))
     });
     let spawner = labforge_web::embedded::default_spawner("registry.example.com");
-    let app = labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner);
+    let app =
+        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -24,7 +24,17 @@ pub struct LabforgeUp {
 impl LabforgeUp {
     /// Starts `binary up` on free ports with `data_dir`, its local registry, and `agent`.
     pub async fn start(binary: &Path, data_dir: &Path, agent: &Path) -> Result<Self, SupportError> {
-        let args = vec![
+        Self::start_with(binary, data_dir, agent, &[]).await
+    }
+
+    /// Like [`LabforgeUp::start`], with more `labforge up` arguments.
+    pub async fn start_with(
+        binary: &Path,
+        data_dir: &Path,
+        agent: &Path,
+        extra: &[&str],
+    ) -> Result<Self, SupportError> {
+        let mut args = vec![
             "up".to_owned(),
             "--data-dir".into(),
             data_dir.display().to_string(),
@@ -37,6 +47,7 @@ impl LabforgeUp {
             "--agent".into(),
             agent.display().to_string(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         Self::launch(binary, args, data_dir).await
     }
 

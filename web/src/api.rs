@@ -261,8 +261,16 @@ async fn whoami(user: SignedIn) -> Json<serde_json::Value> {
     Json(whoami_body(&user.0))
 }
 
-async fn config(_user: SignedIn, State(state): State<ApiState>) -> Json<SpawnerConfig> {
-    Json((*state.config).clone())
+/// The spawner's configuration, plus the images the user saved (choices for them only).
+async fn config(
+    user: SignedIn,
+    State(state): State<ApiState>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let mut config = serde_json::to_value(&*state.config).unwrap_or_default();
+    config["savedImages"] =
+        serde_json::to_value(state.backend.saved_images(&user.0.namespace).await?)
+            .unwrap_or_default();
+    Ok(Json(config))
 }
 
 /// The notebook as users see it.
@@ -382,7 +390,14 @@ async fn create_notebook(
 ) -> ApiResult<(StatusCode, Json<NotebookView>)> {
     user.may(&state, Verb::Create, &ns).await?;
     let Json(request) = body?;
-    let notebook = notebook_from_request(&request, &ns, &user.0.name, &state.config)
+    let saved: Vec<String> = state
+        .backend
+        .saved_images(&ns)
+        .await?
+        .into_iter()
+        .map(|i| i.image)
+        .collect();
+    let notebook = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved)
         .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
     let created = state.backend.create(notebook).await?;
     state

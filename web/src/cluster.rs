@@ -8,8 +8,19 @@ use crate::config::SpawnerConfig;
 use labforge_proxy::authz::TrustedHeader;
 use std::sync::Arc;
 
-/// The app's routes for a cluster reached through `client`.
-pub fn router(client: kube::Client, header: TrustedHeader, spawner: SpawnerConfig) -> axum::Router {
+/// The app's routes for a cluster reached through `client`. GPU vendors are offered only when some
+/// node has them in its capacity (read once, at start).
+pub async fn router(
+    client: kube::Client,
+    header: TrustedHeader,
+    mut spawner: SpawnerConfig,
+) -> axum::Router {
+    if !spawner.gpu_vendors.is_empty() {
+        let found = vendors_on_nodes(&client).await;
+        spawner
+            .gpu_vendors
+            .retain(|v| found.contains(&v.limits_key));
+    }
     let state = ApiState {
         backend: Arc::new(KubernetesBackend::new(client.clone())),
         access: Arc::new(KubernetesAccess {
@@ -25,4 +36,24 @@ pub fn router(client: kube::Client, header: TrustedHeader, spawner: SpawnerConfi
         secure_cookies: false,
     };
     crate::api::router(state.clone()).merge(crate::ui::router(state))
+}
+
+/// Extended resources with a nonzero capacity on some node.
+async fn vendors_on_nodes(client: &kube::Client) -> Vec<String> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    match nodes.list(&Default::default()).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter_map(|n| n.status.as_ref()?.capacity.as_ref())
+            .flat_map(|capacity| capacity.iter())
+            .filter(|(_, q)| q.0 != "0")
+            .map(|(k, _)| k.clone())
+            .collect(),
+        Err(err) => {
+            // Listing nodes needs its own RBAC; without it no GPU is offered rather than a wrong one.
+            tracing::warn!(error = %err, "listing nodes for GPU vendors");
+            Vec::new()
+        }
+    }
 }

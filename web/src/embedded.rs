@@ -162,6 +162,26 @@ async fn start_registry(program: &Path, dir: &Path, listen: SocketAddr) -> Resul
     )))
 }
 
+/// This data dir's instance id, made at its first start.
+fn instance_id(dir: &Path) -> Result<String, UpError> {
+    let path = dir.join("instance-id");
+    let failed = |source| UpError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(failed(e)),
+    }
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| failed(std::io::Error::other(e.to_string())))?;
+    let id = hex::encode(bytes);
+    std::fs::write(&path, &id).map_err(failed)?;
+    Ok(id)
+}
+
 /// The default catalog: the JupyterLab (and, when pushed, code-server) images of the registry.
 pub fn default_spawner(registry: &str) -> SpawnerConfig {
     SpawnerConfig {
@@ -242,6 +262,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let engine = Engine {
         program: options.engine.clone(),
         insecure_registries: insecure.clone(),
+        instance: instance_id(&dir)?,
     };
     let save_options = SaveOptions {
         compression: Compression::Zstd { level: 3 },

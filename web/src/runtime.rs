@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Command;
 
+/// Names the labforge instance (its data dir) that manages a container: several instances on one
+/// machine must never adopt or remove each other's notebooks.
 pub const MANAGED_LABEL: &str = "dev.labforge.managed";
 pub const NOTEBOOK_LABEL: &str = "dev.labforge.notebook";
 pub const PLAN_LABEL: &str = "dev.labforge.plan";
@@ -104,8 +106,6 @@ pub fn plan(
     let mut options: Vec<String> = vec![
         "--name".into(),
         container_name(&namespace, &name),
-        "--label".into(),
-        format!("{MANAGED_LABEL}=true"),
         "--label".into(),
         format!("{NOTEBOOK_LABEL}={namespace}/{name}"),
         "--hostname".into(),
@@ -303,6 +303,8 @@ pub struct Engine {
     pub program: PathBuf,
     /// Registries pulled from over plain HTTP (the local registry).
     pub insecure_registries: Vec<String>,
+    /// This labforge instance's id (see [`MANAGED_LABEL`]).
+    pub instance: String,
 }
 
 impl Engine {
@@ -337,7 +339,7 @@ impl Engine {
                 "ps".into(),
                 "--all".into(),
                 "--filter".into(),
-                format!("label={MANAGED_LABEL}=true"),
+                format!("label={MANAGED_LABEL}={}", self.instance),
                 "--format".into(),
                 "json".into(),
             ])
@@ -395,6 +397,8 @@ impl Engine {
         let mut args = vec!["run".to_owned(), "--detach".to_owned()];
         args.extend(plan.options.iter().cloned());
         args.extend([
+            "--label".into(),
+            format!("{MANAGED_LABEL}={}", self.instance),
             "--label".into(),
             format!("{PORT_LABEL}={host_port}"),
             "--publish".into(),

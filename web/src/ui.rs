@@ -5,7 +5,7 @@
 
 use crate::api::ApiState;
 use crate::config::SpawnerConfig;
-use crate::model::ServerType;
+use crate::model::{SavedImage, ServerType};
 use crate::users::User;
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -167,9 +167,28 @@ struct NewQuery {
     image: Option<String>,
 }
 
-fn spawner_form(config: &SpawnerConfig, preset_image: Option<&str>) -> String {
+fn spawner_form(
+    config: &SpawnerConfig,
+    saved: &[SavedImage],
+    preset_image: Option<&str>,
+) -> String {
     let options = |server_type: ServerType| {
-        config
+        let saved_options: String = saved
+            .iter()
+            .map(|i| {
+                format!(
+                    r#"<option value="{v}">{v} — saved from {nb}</option>"#,
+                    v = escape(&i.image),
+                    nb = escape(&i.notebook)
+                )
+            })
+            .collect();
+        let saved_group = if saved_options.is_empty() {
+            String::new()
+        } else {
+            format!(r#"<optgroup label="Your saved images">{saved_options}</optgroup>"#)
+        };
+        let catalog: String = config
             .images
             .iter()
             .filter(|i| i.server_type == server_type)
@@ -189,7 +208,8 @@ fn spawner_form(config: &SpawnerConfig, preset_image: Option<&str>) -> String {
                     }
                 )
             })
-            .collect::<String>()
+            .collect();
+        format!(r#"<optgroup label="Catalog">{catalog}</optgroup>{saved_group}"#)
     };
     let custom = if config.allow_custom_images {
         format!(
@@ -288,7 +308,15 @@ async fn new_page(
         Some(&user),
         &format!(
             "<h1>New notebook</h1>{}",
-            spawner_form(&state.config, query.image.as_deref())
+            spawner_form(
+                &state.config,
+                &state
+                    .backend
+                    .saved_images(&user.namespace)
+                    .await
+                    .unwrap_or_default(),
+                query.image.as_deref()
+            )
         ),
         Some("new.js"),
     )
@@ -434,7 +462,7 @@ mod tests {
     #[test]
     fn the_form_offers_the_catalog_and_only_available_gpus() {
         let mut config = crate::embedded::default_spawner("registry.local");
-        let form = spawner_form(&config, None);
+        let form = spawner_form(&config, &[], None);
         assert!(
             form.contains(r#"<option value="registry.local/labforge/jupyterlab:latest" selected>"#)
         );
@@ -445,7 +473,21 @@ mod tests {
             cdi_kind: None,
         });
         config.allow_custom_images = false;
-        let form = spawner_form(&config, None);
+        let saved = crate::model::SavedImage {
+            image: "registry.local/alice/lab:v1".into(),
+            digest: "sha256:00".into(),
+            notebook: "lab".into(),
+            namespace: "alice".into(),
+            base: String::new(),
+            layer_bytes: 1,
+            files_changed: 1,
+            files_deleted: 0,
+            created: String::new(),
+        };
+        let form = spawner_form(&config, &[saved], None);
+        assert!(form.contains(
+            r#"<optgroup label="Your saved images"><option value="registry.local/alice/lab:v1">"#
+        ));
         assert!(form.contains(r#"<option value="nvidia.com/gpu">NVIDIA</option>"#));
         assert!(!form.contains("customImage"));
     }

@@ -159,12 +159,14 @@ pub fn workspace_claim(notebook: &str) -> String {
 /// Where the workspace is mounted: the image's home.
 pub const HOME: &str = "/home/jovyan";
 
-/// Builds the Notebook for `request` in `namespace`, created by `owner`.
+/// Builds the Notebook for `request` in `namespace`, created by `owner`; `saved_images` (saved in
+/// that namespace) are allowed even where custom images are not.
 pub fn notebook_from_request(
     request: &NotebookRequest,
     namespace: &str,
     owner: &str,
     config: &SpawnerConfig,
+    saved_images: &[String],
 ) -> Result<Notebook, FieldError> {
     dns_label("name", &request.name)?;
     // Kubeflow's VirtualService is named notebook-<ns>-<name> and must stay a valid name.
@@ -185,7 +187,7 @@ pub fn notebook_from_request(
         request.image.trim().to_owned()
     };
     image_reference("image", &image)?;
-    if !config.allow_custom_images && !config.in_catalog(&image) {
+    if !config.allow_custom_images && !config.in_catalog(&image) && !saved_images.contains(&image) {
         return Err(FieldError::new(
             "image",
             format!("{image} is not in the catalog, and custom images are not allowed"),
@@ -452,7 +454,7 @@ mod tests {
     }
 
     fn field_of(r: NotebookRequest) -> String {
-        notebook_from_request(&r, "alice", "alice", &config())
+        notebook_from_request(&r, "alice", "alice", &config(), &[])
             .unwrap_err()
             .field
     }
@@ -471,7 +473,7 @@ mod tests {
 
     #[test]
     fn defaults_make_a_kubeflow_shaped_notebook() {
-        let nb = notebook_from_request(&request("lab"), "alice", "alice", &config()).unwrap();
+        let nb = notebook_from_request(&request("lab"), "alice", "alice", &config(), &[]).unwrap();
         let spec = nb.spec.template.spec.as_ref().unwrap();
         let c = &spec.containers[0];
         assert_eq!(
@@ -542,9 +544,12 @@ mod tests {
         config.allow_custom_images = false;
         let mut r = request("lab");
         r.image = "docker.io/library/python:3".into();
-        let err = notebook_from_request(&r, "alice", "alice", &config).unwrap_err();
+        let err = notebook_from_request(&r, "alice", "alice", &config, &[]).unwrap_err();
         assert_eq!(err.field, "image");
         assert!(err.message.contains("not in the catalog"), "{err}");
+        // An image the user saved is theirs to use.
+        let saved = ["docker.io/library/python:3".to_owned()];
+        assert!(notebook_from_request(&r, "alice", "alice", &config, &saved).is_ok());
     }
 
     #[test]
@@ -554,7 +559,7 @@ mod tests {
             vendor: "nvidia.com/gpu".into(),
             count: 2,
         });
-        let nb = notebook_from_request(&r, "alice", "alice", &config()).unwrap();
+        let nb = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap();
         let res = nb.spec.template.spec.unwrap().containers[0]
             .resources
             .clone()
