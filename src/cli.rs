@@ -698,20 +698,51 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
         }
     };
     match &saved.layer {
-        Some(layer) => println!(
-            "pushed {}@{} (layer {}, {} files, {}{cache})",
-            saved.image.reference,
-            saved.image.manifest_digest,
-            layer.digest,
-            saved.header.changed,
-            indicatif::HumanBytes(layer.size)
-        ),
+        Some(layer) => {
+            println!(
+                "pushed {}@{} (layer {}, {} files, {}{cache})",
+                saved.image.reference,
+                saved.image.manifest_digest,
+                layer.digest,
+                saved.header.changed,
+                indicatif::HumanBytes(layer.size)
+            );
+            for line in summary_lines(&saved.summary) {
+                println!("  {line}");
+            }
+        }
         None => println!(
             "pushed {}@{} (no changes since the base image{cache})",
             saved.image.reference, saved.image.manifest_digest
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The change summary under the digest line: a line per package ecosystem that changed, then
+/// the file totals.
+fn summary_lines(summary: &labforge_builder::summary::ChangeSummary) -> Vec<String> {
+    let mut lines: Vec<String> = summary
+        .package_lines()
+        .into_iter()
+        .map(|(ecosystem, changes)| format!("{ecosystem}: {changes}"))
+        .collect();
+    if !summary.unknown.is_empty() {
+        lines.push(format!(
+            "not compared (too large to read): {}",
+            summary.unknown.join(", ")
+        ));
+    }
+    let files = &summary.files;
+    lines.push(format!(
+        "files: {} added, {} changed, {} deleted; {} written, {} deleted",
+        files.added,
+        files.changed,
+        files.deleted,
+        indicatif::HumanBytes(files.written_bytes),
+        indicatif::HumanBytes(files.deleted_bytes)
+    ));
+    lines
 }
 
 fn spawner_config(

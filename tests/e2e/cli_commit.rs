@@ -25,9 +25,12 @@ fn commit(
     save(&args, registry)
 }
 
-/// The digest printed on the final line: `pushed REF@sha256:... (...)`.
+/// The digest printed on the `pushed REF@sha256:... (...)` line (the change summary follows it).
 fn printed_digest(stdout: &str) -> String {
-    let line = stdout.lines().last().unwrap_or_default();
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("pushed "))
+        .unwrap_or_default();
     let after = line
         .split_once('@')
         .map(|(_, rest)| rest)
@@ -60,7 +63,7 @@ async fn committed_tree_is_pushed_and_skopeo_reads_it_back() {
     let digest = printed_digest(&stdout);
     assert!(
         digest.starts_with("sha256:"),
-        "no digest on the last line: {stdout}"
+        "no digest on the pushed line: {stdout}"
     );
 
     let inspected = inspect(&target, &[]);

@@ -38,7 +38,7 @@ pub(crate) fn save(args: &[&str], registry: &str) -> Output {
 }
 
 #[track_caller]
-fn succeeded(out: &Output) -> String {
+pub(crate) fn succeeded(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -254,7 +254,7 @@ async fn tricky_changes_saved_on_a_base_unpack_to_exactly_the_saved_tree() {
 }
 
 /// A wheel built by hand (a wheel is a zip with metadata), so pip installs it with no network.
-fn wheel(dir: &Path, name: &str, version: &str, value: &str) -> PathBuf {
+pub(crate) fn wheel(dir: &Path, name: &str, version: &str, value: &str) -> PathBuf {
     let file = dir.join(format!("{name}-{version}-py3-none-any.whl"));
     let script = r#"
 import zipfile, sys
