@@ -3,7 +3,10 @@
 #![allow(clippy::unwrap_used)]
 
 use labforge_snapshot::protocol::ChangeSetHeader;
-use labforge_snapshot::{BaselineIndex, ChangeSet, EntryKind, ScanOptions, scan, write_change_set};
+use labforge_snapshot::{
+    BaselineIndex, ChangeSet, EntryKind, LayerStats, NoObserver, ScanOptions, scan,
+    write_change_set,
+};
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -181,6 +184,69 @@ fn base_index_plus_change_layer_equals_index_of_the_changed_tree() {
     assert_eq!(
         saved.get(Path::new("usr/share/fifo")).unwrap().kind,
         EntryKind::Fifo
+    );
+}
+
+/// Non-directory paths of an index, with their sizes.
+fn non_directories(index: &BaselineIndex) -> std::collections::BTreeMap<PathBuf, u64> {
+    index
+        .iter()
+        .filter(|(_, e)| e.kind != EntryKind::Dir)
+        .map(|(p, e)| (p.clone(), e.size))
+        .collect()
+}
+
+#[test]
+fn layer_stats_agree_with_the_indexes_before_and_after() {
+    use std::os::unix::fs::MetadataExt;
+    let tree = base_tree();
+    let root = tree.path();
+    let baseline = full_index(root);
+    mutate(root);
+    let options = ScanOptions {
+        ignore: vec![PathBuf::from("/home/jovyan/work")],
+        ..Default::default()
+    };
+    let changes = scan(root, &baseline, &options, |_| {}).unwrap();
+    let in_layer: std::collections::BTreeSet<&Path> =
+        changes.entries.iter().map(|e| e.path.as_path()).collect();
+    // Hardlinked names carry their body once.
+    let mut inodes = std::collections::HashSet::new();
+    let written: u64 = changes
+        .entries
+        .iter()
+        .filter(|e| e.meta.is_file() && inodes.insert((e.meta.dev(), e.meta.ino())))
+        .map(|e| e.meta.len())
+        .sum();
+
+    let mut saved = baseline.clone();
+    let stats = saved
+        .apply_layer_with(1, &layer_of(root, &changes)[..], false, &mut NoObserver)
+        .unwrap();
+
+    // Counted independently: what was a non-directory before and after, and what the layer wrote.
+    let (before, after) = (non_directories(&baseline), non_directories(&saved));
+    let added = after.keys().filter(|p| !before.contains_key(*p)).count();
+    let changed = after
+        .keys()
+        .filter(|p| before.contains_key(*p) && in_layer.contains(p.as_path()))
+        .count();
+    let deleted: Vec<&PathBuf> = before.keys().filter(|p| !after.contains_key(*p)).collect();
+    assert_eq!(
+        stats,
+        LayerStats {
+            added: added as u64,
+            changed: changed as u64,
+            deleted: deleted.len() as u64,
+            written_bytes: written,
+            deleted_bytes: deleted.iter().map(|p| before[*p]).sum(),
+        }
+    );
+    // The corpus has every kind: deletions (a file, a tree, an opaque directory's old files, a
+    // file that became a directory), in-place changes (a retargeted symlink, a chmod), new files.
+    assert!(
+        stats.added > 5 && stats.changed >= 2 && stats.deleted >= 5,
+        "{stats:?}"
     );
 }
 
