@@ -11,14 +11,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A signed-in API client.
-struct Session {
-    http: reqwest::Client,
-    base: String,
-    cookie: String,
+pub struct Session {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub cookie: String,
 }
 
 impl Session {
-    async fn sign_in(up: &LabforgeUp, user: &str, password: &str) -> Self {
+    pub async fn sign_in(up: &LabforgeUp, user: &str, password: &str) -> Self {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -45,7 +45,12 @@ impl Session {
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -62,19 +67,19 @@ impl Session {
         )
     }
 
-    async fn get(&self, path: &str) -> (u16, Value) {
+    pub async fn get(&self, path: &str) -> (u16, Value) {
         self.call(reqwest::Method::GET, path, None).await
     }
 
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::POST, path, Some(body)).await
     }
 
-    async fn patch(&self, path: &str, body: Value) -> (u16, Value) {
+    pub async fn patch(&self, path: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::PATCH, path, Some(body)).await
     }
 
-    async fn wait_state(&self, ns: &str, name: &str, want: &str, timeout: Duration) -> Value {
+    pub async fn wait_state(&self, ns: &str, name: &str, want: &str, timeout: Duration) -> Value {
         let path = format!("/api/namespaces/{ns}/notebooks/{name}");
         let deadline = Instant::now() + timeout;
         loop {
@@ -91,7 +96,7 @@ impl Session {
         }
     }
 
-    async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
+    pub async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert("cookie", self.cookie.parse().unwrap());
         need(
@@ -114,7 +119,7 @@ fn container_id(name: &str) -> String {
 
 /// A pure-Python wheel built and installed by pip inside the kernel: a real `pip install` that
 /// needs no index, so the suite does not depend on PyPI being reachable from containers.
-const PIP_INSTALL: &str = r#"
+pub const PIP_INSTALL: &str = r#"
 import os, subprocess, sys, tempfile, zipfile
 name, version = "labforge_probe", "1.0"
 wheel = os.path.join(tempfile.mkdtemp(), f"{name}-{version}-py3-none-any.whl")
@@ -134,7 +139,7 @@ with open("/home/jovyan/notes.txt", "w") as notes:
     notes.write("kept in the workspace")
 "#;
 
-const CHECK: &str = r#"
+pub const CHECK: &str = r#"
 import labforge_probe, sys
 print("answer", labforge_probe.ANSWER, "from", labforge_probe.__file__)
 print("notes", open("/home/jovyan/notes.txt").read())

@@ -4,6 +4,7 @@
 // Test helpers panic on purpose: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod auto_save;
 mod change_summary;
 mod cli_commit;
 mod cli_render;

@@ -9,8 +9,8 @@
 use crate::backend::{Access, Backend, BackendError, Verb};
 use crate::config::SpawnerConfig;
 use crate::model::{
-    ApiError, GpuView, NotebookPatch, NotebookRequest, NotebookState, NotebookView,
-    SERVER_TYPE_ANNOTATION, ServerType,
+    AUTO_SAVE_ANNOTATION, ApiError, GpuView, NotebookPatch, NotebookRequest, NotebookState,
+    NotebookView, SERVER_TYPE_ANNOTATION, ServerType,
 };
 use crate::runtime::{Engine, container_name};
 use crate::saves::{SaveJobs, StartSaveError};
@@ -307,7 +307,9 @@ pub fn view(notebook: &Notebook, activity: &Activity) -> NotebookView {
     let status = notebook.status.as_ref();
     let waiting = status.and_then(|s| s.container_state.waiting.as_ref());
     let (state, reason) = if notebook.is_stopped() {
-        if notebook.annotation(STOPPED_BY_ANNOTATION) == Some("culler") {
+        if status.is_some_and(|s| s.container_state.running.is_some()) {
+            (NotebookState::Stopping, String::new())
+        } else if notebook.annotation(STOPPED_BY_ANNOTATION) == Some("culler") {
             (NotebookState::Culled, "stopped after being idle".to_owned())
         } else {
             (NotebookState::Stopped, String::new())
@@ -356,6 +358,7 @@ pub fn view(notebook: &Notebook, activity: &Activity) -> NotebookView {
             .as_ref()
             .map(|t| t.0.to_string()),
         url: format!("{}/", route_prefix(&namespace, &name)),
+        auto_save: notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true"),
         resource_version: notebook
             .metadata
             .resource_version
@@ -478,13 +481,19 @@ async fn patch_notebook(
                 container.image = Some(image.clone());
             }
             let annotations = nb.metadata.annotations.get_or_insert_with(Default::default);
+            if let Some(auto_save) = patch.auto_save {
+                annotations.insert(AUTO_SAVE_ANNOTATION.to_owned(), auto_save.to_string());
+            }
             match patch.stopped {
                 Some(true) if !annotations.contains_key(STOP_ANNOTATION) => {
                     annotations.insert(STOP_ANNOTATION.to_owned(), now.clone());
                     annotations.remove(LAST_ACTIVITY_ANNOTATION);
                 }
                 Some(false) => {
-                    annotations.remove(STOP_ANNOTATION);
+                    // What the status said belongs to the last run: "ready" only once this one answers.
+                    if annotations.remove(STOP_ANNOTATION).is_some() {
+                        nb.status = None;
+                    }
                     annotations.remove(STOPPED_BY_ANNOTATION);
                 }
                 _ => {}

@@ -55,6 +55,12 @@ pub struct Defaults {
     pub max_memory: String,
     pub max_gpus: u32,
     pub max_volume_size: String,
+    /// Notebooks save their environment before each stop unless their owner says otherwise.
+    #[serde(default)]
+    pub auto_save: bool,
+    /// Saved images kept per notebook (the newest); 0 keeps all.
+    #[serde(default)]
+    pub keep_saved_images: usize,
 }
 
 impl Default for Defaults {
@@ -68,6 +74,8 @@ impl Default for Defaults {
             max_memory: "64Gi".into(),
             max_gpus: 8,
             max_volume_size: "1Ti".into(),
+            auto_save: false,
+            keep_saved_images: 0,
         }
     }
 }

@@ -309,6 +309,13 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     .await?;
     proxy.routes.replace_all(Vec::new());
 
+    let saves = Arc::new(SaveJobs::new(
+        store.clone(),
+        options.engine.clone(),
+        registry.clone(),
+        save_options,
+        spawner.defaults.keep_saved_images,
+    ));
     let runtime = Arc::new(Runtime::new(
         engine.clone(),
         store.clone(),
@@ -316,18 +323,13 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         builder_config,
         agent_dir,
         gpus,
+        Some(saves.clone()),
     ));
     match runtime.adopt().await {
         Ok(0) => {}
         Ok(adopted) => tracing::info!(adopted, "notebooks still running were adopted"),
         Err(err) => tracing::warn!(error = %err, "listing running notebooks"),
     }
-    let saves = Arc::new(SaveJobs::new(
-        store.clone(),
-        options.engine.clone(),
-        registry.clone(),
-        save_options,
-    ));
     let state = ApiState {
         backend: store.clone(),
         access: auth.clone(),

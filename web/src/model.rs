@@ -14,6 +14,8 @@ pub enum ServerType {
 }
 
 pub const SERVER_TYPE_ANNOTATION: &str = "notebooks.kubeflow.org/server-type";
+/// "true": the environment is saved before each stop, and the notebook starts on that image.
+pub const AUTO_SAVE_ANNOTATION: &str = "labforge.dev/auto-save";
 
 impl ServerType {
     /// Kubeflow's annotation value ("group-one" is its VSCode group).
@@ -63,6 +65,9 @@ pub struct NotebookRequest {
     pub shm_size: String,
     #[serde(default)]
     pub environment: BTreeMap<String, String>,
+    /// Save the environment when the notebook is stopped or culled; absent: the admin's default.
+    #[serde(default)]
+    pub auto_save: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -101,6 +106,8 @@ pub struct NotebookPatch {
     pub stopped: Option<bool>,
     #[serde(default)]
     pub image: Option<String>,
+    #[serde(default)]
+    pub auto_save: Option<bool>,
 }
 
 /// What users see of a notebook.
@@ -125,6 +132,8 @@ pub struct NotebookView {
     /// The path to open it at, through the proxy.
     pub url: String,
     pub resource_version: String,
+    /// Saved before every stop.
+    pub auto_save: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -139,6 +148,8 @@ pub struct GpuView {
 pub enum NotebookState {
     Ready,
     Starting,
+    /// Asked to stop; its container is still going (saving first, or shutting down).
+    Stopping,
     Stopped,
     Culled,
     Error,
@@ -160,6 +171,9 @@ pub struct SavedImage {
     pub files_changed: u64,
     pub files_deleted: u64,
     pub created: String,
+    /// What the layer changed: packages added, upgraded, removed; file totals.
+    #[serde(default)]
+    pub summary: Option<labforge_builder::summary::ChangeSummary>,
 }
 
 /// A notebook event, shaped like the Kubernetes events Kubeflow's web app shows.

@@ -7,6 +7,7 @@
 //! replaces a container whose notebook changed (a new image, say). Workspaces are named volumes,
 //! kept on stop and on delete.
 
+use crate::model::AUTO_SAVE_ANNOTATION;
 use crate::store::{Change, Store};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, PodSpec,
@@ -458,6 +459,8 @@ pub struct Runtime {
     pub builder_config: BuilderConfig,
     pub agent_dir: Option<PathBuf>,
     pub gpus: crate::gpus::GpuPool,
+    /// Saves before stops, for notebooks that ask for it.
+    pub saves: Option<Arc<crate::saves::SaveJobs>>,
     http: reqwest::Client,
     /// Notebooks with a reconcile under way, so a slow pull does not get a second one.
     busy: Mutex<HashSet<(String, String)>>,
@@ -473,6 +476,7 @@ impl Runtime {
         builder_config: BuilderConfig,
         agent_dir: Option<PathBuf>,
         gpus: crate::gpus::GpuPool,
+        saves: Option<Arc<crate::saves::SaveJobs>>,
     ) -> Self {
         Self {
             engine,
@@ -481,6 +485,7 @@ impl Runtime {
             builder_config,
             agent_dir,
             gpus,
+            saves,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .redirect(reqwest::redirect::Policy::none())
@@ -621,6 +626,12 @@ impl Runtime {
         let vs_name = builders::virtual_service_name(&ns, &name);
         if notebook.is_stopped() {
             if let Some(container) = existing {
+                if container.running
+                    && notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true")
+                    && let Some(saves) = &self.saves
+                {
+                    self.save_before_stop(saves, notebook).await;
+                }
                 match self.engine.remove(&container.name).await {
                     Ok(()) => event(
                         "Normal",
@@ -719,6 +730,55 @@ impl Runtime {
             event("Normal", "Ready", "the notebook answers");
         }
         self.set_status(notebook, running_status(ready));
+    }
+
+    /// Saves the environment of a notebook being stopped and moves it to the new image. A failed
+    /// save is recorded and never holds the stop back.
+    async fn save_before_stop(&self, saves: &crate::saves::SaveJobs, notebook: &Notebook) {
+        let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
+        let name = notebook.metadata.name.as_deref().unwrap_or_default();
+        self.store.record_event(
+            ns,
+            name,
+            "Normal",
+            "AutoSaving",
+            "saving the environment before the stop",
+        );
+        match saves.save_before_stop(notebook).await {
+            Ok(Some(saved)) => {
+                let moved = self.store.update(ns, name, |nb| {
+                    if let Some(container) = nb
+                        .spec
+                        .template
+                        .spec
+                        .as_mut()
+                        .and_then(|s| s.containers.first_mut())
+                    {
+                        container.image = Some(saved.image.clone());
+                    }
+                });
+                match moved {
+                    Ok(_) => self.store.record_event(
+                        ns,
+                        name,
+                        "Normal",
+                        "AutoSaved",
+                        &format!("the next start runs on {}", saved.image),
+                    ),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "moving a stopped notebook to its saved image")
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(message) => self.store.record_event(
+                ns,
+                name,
+                "Warning",
+                "AutoSaveFailed",
+                &format!("stopped without saving: {message}"),
+            ),
+        }
     }
 
     /// Pulls if needed and starts the container; returns its published port.

@@ -7,6 +7,8 @@ use crate::runtime::container_name;
 use crate::store::Store;
 use labforge_builder::save::{SaveOptions, SaveProgress, save};
 use labforge_builder::source::ChangeSource;
+use labforge_builder::summary::ChangeSummary;
+use labforge_crds::notebook::Notebook;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,9 +45,39 @@ pub struct SaveStatus {
     pub error: Option<String>,
     /// A note that does not fail the save (the cache was unavailable, say).
     pub warning: Option<String>,
+    /// What the new layer changed, once done.
+    pub summary: Option<ChangeSummary>,
 }
 
 impl SaveStatus {
+    fn apply(&mut self, progress: SaveProgress) {
+        match progress {
+            SaveProgress::Indexing { .. } => self.phase = "indexing".into(),
+            SaveProgress::Scanning { entries } => {
+                self.phase = "scanning".into();
+                self.entries_scanned = entries;
+            }
+            SaveProgress::Scanned(header) => {
+                self.entries_scanned = header.scanned;
+                self.files_changed = header.changed;
+                self.files_deleted = header.deleted;
+                self.phase = "writing".into();
+            }
+            SaveProgress::Writing { bytes, total } => {
+                self.phase = "writing".into();
+                self.bytes_written = bytes;
+                self.bytes_total = total;
+            }
+            SaveProgress::Uploading { layer_bytes } => {
+                self.phase = "uploading".into();
+                self.layer_bytes = layer_bytes;
+            }
+            SaveProgress::CacheUnavailable(why) => {
+                self.warning = Some(format!("saved without the cache: {why}"));
+            }
+        }
+    }
+
     pub fn finished(&self) -> bool {
         self.phase == "done" || self.phase == "failed"
     }
@@ -57,6 +89,9 @@ pub struct SaveJobs {
     registry: String,
     options: Arc<SaveOptions>,
     jobs: Mutex<HashMap<String, watch::Receiver<SaveStatus>>>,
+    /// Saved images kept per notebook; 0 keeps all.
+    keep: usize,
+    http: reqwest::Client,
 }
 
 fn valid_tag(tag: &str) -> bool {
@@ -70,13 +105,21 @@ fn valid_tag(tag: &str) -> bool {
 }
 
 impl SaveJobs {
-    pub fn new(store: Arc<Store>, engine: PathBuf, registry: String, options: SaveOptions) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        engine: PathBuf,
+        registry: String,
+        options: SaveOptions,
+        keep: usize,
+    ) -> Self {
         Self {
             store,
             engine,
             registry,
             options: Arc::new(options),
             jobs: Mutex::default(),
+            keep,
+            http: reqwest::Client::new(),
         }
     }
 
@@ -142,90 +185,240 @@ impl SaveJobs {
             }
             jobs.insert(id, receiver);
         }
-        let source = ChangeSource::Container {
-            engine: self.engine.clone(),
-            container: container_name(namespace, name),
-            ignore: Vec::new(),
-            verify_content: false,
-        };
-        let options = self.options.clone();
-        let store = self.store.clone();
         let sender = Arc::new(sender);
-        let (ns, nb) = (namespace.to_owned(), name.to_owned());
+        let job = self.job(namespace, name, &base, &target);
         tokio::spawn(async move {
-            let progress = {
-                let sender = sender.clone();
-                move |p: SaveProgress| {
-                    sender.send_modify(|s| match p {
-                        SaveProgress::Indexing { .. } => s.phase = "indexing".into(),
-                        SaveProgress::Scanning { entries } => {
-                            s.phase = "scanning".into();
-                            s.entries_scanned = entries;
-                        }
-                        SaveProgress::Scanned(header) => {
-                            s.entries_scanned = header.scanned;
-                            s.files_changed = header.changed;
-                            s.files_deleted = header.deleted;
-                            s.phase = "writing".into();
-                        }
-                        SaveProgress::Writing { bytes, total } => {
-                            s.phase = "writing".into();
-                            s.bytes_written = bytes;
-                            s.bytes_total = total;
-                        }
-                        SaveProgress::Uploading { layer_bytes } => {
-                            s.phase = "uploading".into();
-                            s.layer_bytes = layer_bytes;
-                        }
-                        SaveProgress::CacheUnavailable(why) => {
-                            s.warning = Some(format!("saved without the cache: {why}"));
-                        }
-                    })
+            let report = sender.clone();
+            let outcome = job.run(move |p| report.send_modify(|s| s.apply(p))).await;
+            sender.send_modify(|s| match outcome {
+                Ok(record) => {
+                    s.phase = "done".into();
+                    s.digest = Some(record.digest.clone());
+                    s.layer_bytes = record.layer_bytes;
+                    s.summary = record.summary.clone();
                 }
-            };
-            match save(&source, Some(&base), &target, &options, progress).await {
-                Ok(saved) => {
-                    let digest = saved.image.manifest_digest.to_string();
-                    let layer_bytes = saved.layer.as_ref().map_or(0, |l| l.size);
-                    let record = SavedImage {
-                        image: target.clone(),
-                        digest: digest.clone(),
-                        notebook: nb.clone(),
-                        namespace: ns.clone(),
-                        base: base.clone(),
-                        layer_bytes,
-                        files_changed: saved.header.changed,
-                        files_deleted: saved.header.deleted,
-                        created: jiff::Timestamp::now().to_string(),
-                    };
-                    if let Err(err) = store.add_saved_image(record) {
-                        tracing::warn!(error = %err, "recording a saved image");
-                    }
-                    store.record_event(
-                        &ns,
-                        &nb,
-                        "Normal",
-                        "Saved",
-                        &format!("environment saved as {target}@{digest} ({layer_bytes} bytes)"),
-                    );
-                    sender.send_modify(|s| {
-                        s.phase = "done".into();
-                        s.digest = Some(digest);
-                        s.layer_bytes = layer_bytes;
-                    });
+                Err(message) => {
+                    s.phase = "failed".into();
+                    s.error = Some(message);
                 }
-                Err(err) => {
-                    let message = error_chain(&err);
-                    tracing::warn!(notebook = %format!("{ns}/{nb}"), error = %message, "save failed");
-                    store.record_event(&ns, &nb, "Warning", "SaveFailed", &message);
-                    sender.send_modify(|s| {
-                        s.phase = "failed".into();
-                        s.error = Some(message);
-                    });
-                }
-            }
+            });
         });
         Ok(status)
+    }
+
+    fn job(&self, namespace: &str, name: &str, base: &str, target: &str) -> SaveJob {
+        SaveJob {
+            store: self.store.clone(),
+            options: self.options.clone(),
+            source: ChangeSource::Container {
+                engine: self.engine.clone(),
+                container: container_name(namespace, name),
+                ignore: Vec::new(),
+                verify_content: false,
+            },
+            namespace: namespace.to_owned(),
+            notebook: name.to_owned(),
+            base: base.to_owned(),
+            target: target.to_owned(),
+            keep: self.keep,
+            http: self.http.clone(),
+        }
+    }
+
+    /// Saves a notebook that is being stopped, when anything changed since the image it runs;
+    /// returns the new image, or `None` when there was nothing to save.
+    pub async fn save_before_stop(
+        &self,
+        notebook: &Notebook,
+    ) -> Result<Option<SavedImage>, String> {
+        let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
+        let name = notebook.metadata.name.clone().unwrap_or_default();
+        let base = notebook
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .ok_or_else(|| "the notebook has no image".to_owned())?;
+        let tag = format!("auto-{}", jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S"));
+        let target = self.target(&namespace, &name, &tag);
+        let record = self
+            .job(&namespace, &name, &base, &target)
+            .run(|_| {})
+            .await?;
+        Ok((record.layer_bytes > 0).then_some(record))
+    }
+}
+
+/// One save of one notebook's container.
+struct SaveJob {
+    store: Arc<Store>,
+    options: Arc<SaveOptions>,
+    source: ChangeSource,
+    namespace: String,
+    notebook: String,
+    base: String,
+    target: String,
+    keep: usize,
+    http: reqwest::Client,
+}
+
+impl SaveJob {
+    /// Saves, records the image and its event, applies retention; the error is one line.
+    async fn run(
+        self,
+        progress: impl Fn(SaveProgress) + Send + Sync + Clone + 'static,
+    ) -> Result<SavedImage, String> {
+        let (ns, nb) = (self.namespace.as_str(), self.notebook.as_str());
+        match save(
+            &self.source,
+            Some(&self.base),
+            &self.target,
+            &self.options,
+            progress,
+        )
+        .await
+        {
+            Ok(saved) => {
+                let digest = saved.image.manifest_digest.to_string();
+                let layer_bytes = saved.layer.as_ref().map_or(0, |l| l.size);
+                let record = SavedImage {
+                    image: self.target.clone(),
+                    digest: digest.clone(),
+                    notebook: nb.to_owned(),
+                    namespace: ns.to_owned(),
+                    base: self.base.clone(),
+                    layer_bytes,
+                    files_changed: saved.header.changed,
+                    files_deleted: saved.header.deleted,
+                    created: jiff::Timestamp::now().to_string(),
+                    summary: saved.layer.is_some().then(|| saved.summary.clone()),
+                };
+                if saved.layer.is_some() {
+                    if let Err(err) = self.store.add_saved_image(record.clone()) {
+                        tracing::warn!(error = %err, "recording a saved image");
+                    }
+                    let changes: Vec<String> = saved
+                        .summary
+                        .package_lines()
+                        .into_iter()
+                        .map(|(ecosystem, line)| format!("{ecosystem}: {line}"))
+                        .collect();
+                    let changes = changes.join("; ");
+                    self.store.record_event(
+                        ns,
+                        nb,
+                        "Normal",
+                        "Saved",
+                        &format!(
+                            "environment saved as {}@{digest} ({layer_bytes} bytes){}",
+                            self.target,
+                            if changes.is_empty() {
+                                String::new()
+                            } else {
+                                format!(": {changes}")
+                            }
+                        ),
+                    );
+                    self.prune().await;
+                } else {
+                    self.store.record_event(
+                        ns,
+                        nb,
+                        "Normal",
+                        "NothingToSave",
+                        "nothing changed since the image it runs",
+                    );
+                }
+                Ok(record)
+            }
+            Err(err) => {
+                let message = error_chain(&err);
+                tracing::warn!(notebook = %format!("{ns}/{nb}"), error = %message, "save failed");
+                self.store
+                    .record_event(ns, nb, "Warning", "SaveFailed", &message);
+                Err(message)
+            }
+        }
+    }
+
+    /// Keeps the newest `keep` images saved from this notebook: older ones are deleted from the
+    /// registry and forgotten, except one that some notebook runs.
+    async fn prune(&self) {
+        if self.keep == 0 {
+            return;
+        }
+        let in_use: Vec<String> = self
+            .store
+            .list(None)
+            .iter()
+            .filter_map(|nb| {
+                nb.spec
+                    .template
+                    .spec
+                    .as_ref()?
+                    .containers
+                    .first()?
+                    .image
+                    .clone()
+            })
+            .collect();
+        let old = self
+            .store
+            .saved_images(&self.namespace)
+            .into_iter()
+            .filter(|i| i.notebook == self.notebook)
+            .skip(self.keep);
+        for image in old {
+            if in_use.contains(&image.image) {
+                continue;
+            }
+            match delete_manifest(&self.http, &self.options.registry.insecure, &image).await {
+                Ok(()) => {
+                    if let Err(err) = self.store.remove_saved_image(&self.namespace, &image.image) {
+                        tracing::warn!(error = %err, "forgetting a pruned image");
+                    }
+                    self.store.record_event(
+                        &self.namespace,
+                        &self.notebook,
+                        "Normal",
+                        "Pruned",
+                        &format!("deleted {} (keeping the newest {})", image.image, self.keep),
+                    );
+                }
+                Err(message) => {
+                    tracing::warn!(image = %image.image, error = %message, "pruning a saved image")
+                }
+            }
+        }
+    }
+}
+
+/// Deletes a saved image's manifest (by digest, which removes its tag) from its registry.
+async fn delete_manifest(
+    http: &reqwest::Client,
+    insecure: &[String],
+    image: &SavedImage,
+) -> Result<(), String> {
+    let reference =
+        oci_client::Reference::try_from(image.image.as_str()).map_err(|e| e.to_string())?;
+    let registry = reference.resolve_registry().to_owned();
+    let scheme = if insecure.contains(&registry) {
+        "http"
+    } else {
+        "https"
+    };
+    let url = format!(
+        "{scheme}://{registry}/v2/{}/manifests/{}",
+        reference.repository(),
+        image.digest
+    );
+    let response = http.delete(&url).send().await.map_err(|e| e.to_string())?;
+    match response.status().as_u16() {
+        200..=299 | 404 => Ok(()),
+        405 => Err(format!("{registry} does not allow deletes")),
+        code => Err(format!("DELETE {url}: HTTP {code}")),
     }
 }
 

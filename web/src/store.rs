@@ -356,6 +356,27 @@ impl Store {
         Ok(())
     }
 
+    /// Forgets a saved image (pruned from its registry).
+    pub fn remove_saved_image(&self, namespace: &str, image: &str) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let mut images = state.saved.get(namespace).cloned().unwrap_or_default();
+        images.retain(|i| i.image != image);
+        let path = self
+            .dir
+            .join("saved-images")
+            .join(format!("{namespace}.json"));
+        write_atomically(
+            &path,
+            &serde_json::to_vec_pretty(&images).unwrap_or_default(),
+        )?;
+        state.saved.insert(namespace.to_owned(), images);
+        drop(state);
+        self.notify(Change::SavedImages {
+            namespace: namespace.to_owned(),
+        });
+        Ok(())
+    }
+
     /// Saved images of `namespace`, newest first.
     pub fn saved_images(&self, namespace: &str) -> Vec<SavedImage> {
         let mut images = self

@@ -278,6 +278,9 @@ fn spawner_form(
 <div id="volumes"></div>
 <button type="button" class="secondary" id="add-volume">Add a data volume</button>
 </fieldset>
+<fieldset><legend>Environment</legend>
+<label><input type="checkbox" id="autoSave" name="autoSave"{auto_save}> Save the environment before each stop, so installed packages survive stops and culling</label>
+</fieldset>
 <fieldset><legend>Environment variables</legend>
 <div id="envs"></div>
 <button type="button" class="secondary" id="add-env">Add a variable</button>
@@ -292,6 +295,7 @@ fn spawner_form(
         memory = escape(&d.memory),
         shm = escape(&d.shm_size),
         ws = escape(&d.workspace_size),
+        auto_save = if d.auto_save { " checked" } else { "" },
     )
 }
 
@@ -364,6 +368,7 @@ async fn notebook_page(
 <form id="save" class="inline" novalidate><label for="tag">Tag</label><input id="tag" name="tag">
 <button type="submit" id="save-button">Save environment</button></form>
 <p class="error" data-error-for="tag"></p>
+<label><input type="checkbox" id="auto-save"> Save the environment before each stop (and start on it next time)</label>
 <div id="save-progress" hidden><progress id="save-bar" max="100" value="0" aria-label="Save progress"></progress> <span id="save-text" aria-live="polite"></span></div>
 <p class="error" id="save-error" role="alert"></p>
 <h3>Saved images</h3><div class="table-wrap"><table id="images"><thead><tr><th scope="col">Image</th><th scope="col">Digest</th><th scope="col">Layer</th><th scope="col">Changes</th><th scope="col">Saved</th><th scope="col">Use</th></tr></thead><tbody></tbody></table></div>
@@ -483,6 +488,7 @@ mod tests {
             files_changed: 1,
             files_deleted: 0,
             created: String::new(),
+            summary: None,
         };
         let form = spawner_form(&config, &[saved], None);
         assert!(form.contains(

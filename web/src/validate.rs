@@ -3,7 +3,8 @@
 
 use crate::config::SpawnerConfig;
 use crate::model::{
-    DataVolumeRequest, NotebookRequest, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
+    AUTO_SAVE_ANNOTATION, DataVolumeRequest, NotebookRequest, SERVER_TYPE_ANNOTATION, ServerType,
+    WorkspaceRequest,
 };
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec,
@@ -364,6 +365,10 @@ pub fn notebook_from_request(
 
     let mut annotations = BTreeMap::from([
         (CREATOR_ANNOTATION.to_owned(), owner.to_owned()),
+        (
+            AUTO_SAVE_ANNOTATION.to_owned(),
+            request.auto_save.unwrap_or(defaults.auto_save).to_string(),
+        ),
         (
             SERVER_TYPE_ANNOTATION.to_owned(),
             request.server_type.annotation().to_owned(),

@@ -23,7 +23,8 @@ for (const radio of form.querySelectorAll('input[name=serverType]')) {
 function workspaceKind() { return form.querySelector('input[name=workspace]:checked').value; }
 for (const radio of form.querySelectorAll('input[name=workspace]')) {
   radio.addEventListener('change', () => {
-    const kind = workspaceKind();
+    request.autoSave = form.autoSave.checked;
+  const kind = workspaceKind();
     for (const id of ['workspaceSize']) { form[id].hidden = kind !== 'new'; form.querySelector(`label[for=${id}]`).hidden = kind !== 'new'; }
     form.workspaceName.hidden = kind !== 'existing';
     form.querySelector('label[for=workspaceName]').hidden = kind !== 'existing';

@@ -24,6 +24,7 @@ async function refresh() {
   toggle.textContent = running ? 'Stop' : 'Start';
   document.getElementById('connect').hidden = nb.state !== 'ready';
   document.getElementById('save-button').disabled = nb.state !== 'ready';
+  document.getElementById('auto-save').checked = nb.autoSave;
   const details = [['Owner', nb.owner], ['Type', nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'], ['Image', nb.image],
     ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
     ['GPU', gpuText(nb.gpus)], ['Created', nb.created || ''], ['Last activity', ago(nb.lastActivity)]];
@@ -34,6 +35,28 @@ async function refresh() {
     : [el('li', { class: 'hint' }, 'none')]));
   followLogs(running);
 }
+
+/** "pip: added x 1.0; upgraded y 1.0→2.0 · files: 12 added, 3 changed, 0 deleted". */
+function summaryText(image) {
+  const s = image.summary;
+  if (!s) return `${image.filesChanged} changed, ${image.filesDeleted} deleted`;
+  const parts = [];
+  for (const [label, changes] of [['pip', s.python], ['conda', s.conda], ['apt', s.debian]]) {
+    if (!changes) continue;
+    const bits = [];
+    if (changes.added.length) bits.push(`added ${changes.added.map((p) => `${p.name} ${p.version}`).join(', ')}`);
+    if (changes.upgraded.length) bits.push(`upgraded ${changes.upgraded.map((u) => `${u.name} ${u.from}→${u.to}`).join(', ')}`);
+    if (changes.removed.length) bits.push(`removed ${changes.removed.map((p) => p.name).join(', ')}`);
+    if (bits.length) parts.push(`${label}: ${bits.join('; ')}`);
+  }
+  parts.push(`files: ${s.files.added} added, ${s.files.changed} changed, ${s.files.deleted} deleted`);
+  return parts.join(' · ');
+}
+
+document.getElementById('auto-save').addEventListener('change', async (event) => {
+  const answer = await api('PATCH', path, { autoSave: event.target.checked });
+  if (answer.status >= 400) alert(answer.body?.error);
+});
 
 document.getElementById('toggle').addEventListener('click', async () => {
   if (!current) return;
@@ -83,7 +106,7 @@ async function images() {
     el('td', { class: 'wrap' }, i.image),
     el('td', { title: i.digest }, i.digest.slice(0, 19)),
     el('td', {}, bytes(i.layerBytes)),
-    el('td', {}, `${i.filesChanged} changed, ${i.filesDeleted} deleted`),
+    el('td', { class: 'wrap' }, summaryText(i)),
     el('td', { title: i.created }, ago(i.created)),
     el('td', {},
       el('a', { class: 'button secondary', href: `/new?image=${encodeURIComponent(i.image)}` }, 'Start a new notebook from it'),
