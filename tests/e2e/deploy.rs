@@ -1,16 +1,34 @@
-//! The manifests in deploy/ and the CRDs in crds/ validate against the official schemas, with
-//! the same validator the fake API server applies to every write.
+//! The manifests in deploy/ and the CRDs in crds/: they validate against the official schemas with
+//! the same validator the fake API server applies to every write; the kustomizations cover every
+//! manifest and build without duplicates; RBAC is least privilege; the Deployments are hardened and
+//! pass only flags and variables the real binary accepts; and the proxy and the web app, started
+//! with their Deployments' arguments against the fake API server, serve the no-Istio path.
 
-use labforge_tests::fake_kube::{FakeApiServerOptions, SchemaSet};
+use kube::api::{Api, DynamicObject, GroupVersionKind, PostParams};
+use labforge_proxy::activity::Activity;
+use labforge_proxy::authz::{Decision, Identity, StaticAccess, authorize};
+use labforge_proxy::routes::{GatewayFilter, RequestView, RouteTable};
+use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions, SchemaSet};
 use serde::Deserialize;
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-fn documents(path: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(labforge_tests::repo_root().join(path)).unwrap();
+const NO_ISTIO_CRD: &str = "deploy/overlays/no-istio/virtualservices-crd.yaml";
+const WEB_ROUTE: &str = "deploy/components/standalone/web-route.yaml";
+
+fn documents_at(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_yaml_ng::Deserializer::from_str(&text)
         .map(|doc| Value::deserialize(doc).unwrap())
         .filter(|v| !v.is_null())
         .collect()
+}
+
+fn documents(path: &str) -> Vec<Value> {
+    documents_at(&labforge_tests::repo_root().join(path))
 }
 
 fn assert_valid(schemas: &SchemaSet, path: &str) -> Vec<String> {
@@ -29,77 +47,1294 @@ fn assert_valid(schemas: &SchemaSet, path: &str) -> Vec<String> {
     kinds
 }
 
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+fn deploy_dir() -> PathBuf {
+    labforge_tests::repo_root().join("deploy")
+}
+
+/// `deploy/...` for messages and lookups.
+fn relative(path: &Path) -> String {
+    path.strip_prefix(labforge_tests::repo_root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+fn is_manifest(path: &Path) -> bool {
+    let name = path.file_name().unwrap().to_string_lossy();
+    (name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json"))
+        && name != "kustomization.yaml"
+}
+
+/// Every manifest under deploy/ (YAML that is not a kustomization), repository-relative.
+fn manifest_files() -> Vec<String> {
+    files_under(&deploy_dir())
+        .iter()
+        .filter(|p| is_manifest(p))
+        .map(|p| relative(p))
+        .collect()
+}
+
+/// Every object of every manifest under deploy/, with its file.
+fn all_objects() -> Vec<(String, Value)> {
+    manifest_files()
+        .into_iter()
+        .flat_map(|file| {
+            documents(&file)
+                .into_iter()
+                .map(move |object| (file.clone(), object))
+        })
+        .collect()
+}
+
+fn group_of(api_version: &str) -> &str {
+    api_version
+        .rsplit_once('/')
+        .map_or("", |(group, _version)| group)
+}
+
+/// Kind, group, namespace, name: what the API server keeps one of.
+fn identity(object: &Value) -> (String, String, String, String) {
+    (
+        object["kind"].as_str().unwrap_or_default().to_owned(),
+        group_of(object["apiVersion"].as_str().unwrap_or_default()).to_owned(),
+        object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// --- kustomize, for the features deploy/ uses ------------------------------------------------------
+
+struct Kustomization {
+    dir: PathBuf,
+    kind: String,
+    resources: Vec<String>,
+    components: Vec<String>,
+}
+
+fn kustomization(dir: &Path) -> Kustomization {
+    let path = dir.join("kustomization.yaml");
+    assert!(
+        path.is_file(),
+        "{} has no kustomization.yaml",
+        relative(dir)
+    );
+    let docs = documents_at(&path);
+    assert_eq!(docs.len(), 1, "{}: one document", relative(&path));
+    let doc = &docs[0];
+    for key in doc.as_object().unwrap().keys() {
+        assert!(
+            ["apiVersion", "kind", "resources", "components"].contains(&key.as_str()),
+            "{}: `{key}` is not understood by this test's kustomize build; teach build() about it",
+            relative(&path)
+        );
+    }
+    let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+    let expected_version = match kind.as_str() {
+        "Kustomization" => "kustomize.config.k8s.io/v1beta1",
+        "Component" => "kustomize.config.k8s.io/v1alpha1",
+        other => panic!("{}: kind {other:?}", relative(&path)),
+    };
+    assert_eq!(doc["apiVersion"], expected_version, "{}", relative(&path));
+    Kustomization {
+        dir: dir.to_owned(),
+        kind,
+        resources: strings(&doc["resources"]),
+        components: strings(&doc["components"]),
+    }
+}
+
+/// A path a kustomization names: it must exist and stay inside deploy/.
+fn referenced(k: &Kustomization, entry: &str) -> PathBuf {
+    let path = k.dir.join(entry);
+    assert!(
+        path.exists(),
+        "{}/kustomization.yaml names {entry}, which does not exist",
+        relative(&k.dir)
+    );
+    let path = path.canonicalize().unwrap();
+    assert!(
+        path.starts_with(deploy_dir().canonicalize().unwrap()),
+        "{}/kustomization.yaml names {entry}, outside deploy/",
+        relative(&k.dir)
+    );
+    path
+}
+
+fn add_resources(k: &Kustomization, out: &mut Vec<Value>) {
+    for entry in &k.resources {
+        let path = referenced(k, entry);
+        if path.is_dir() {
+            out.extend(build(&path));
+        } else {
+            out.extend(documents_at(&path));
+        }
+    }
+}
+
+/// What `kubectl kustomize <dir>` yields: resources (files and kustomizations), then components.
+fn build(dir: &Path) -> Vec<Value> {
+    let k = kustomization(dir);
+    assert_eq!(
+        k.kind,
+        "Kustomization",
+        "{} is built as a kustomization",
+        relative(dir)
+    );
+    let mut out = Vec::new();
+    add_resources(&k, &mut out);
+    for entry in &k.components {
+        let path = referenced(&k, entry);
+        let component = kustomization(&path);
+        assert_eq!(
+            component.kind, "Component",
+            "{entry} is used as a component"
+        );
+        assert!(component.components.is_empty(), "nested components");
+        add_resources(&component, &mut out);
+    }
+    let mut seen = BTreeSet::new();
+    for object in &out {
+        assert!(
+            seen.insert(identity(object)),
+            "{}: {:?} twice (kustomize refuses that)",
+            relative(dir),
+            identity(object)
+        );
+    }
+    out
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn kinds(objects: &[Value]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+// --- tests -----------------------------------------------------------------------------------------
+
 #[test]
 fn deploy_manifests_and_crds_validate() {
     let schemas = SchemaSet::load(&FakeApiServerOptions::default()).unwrap();
-    let kinds = assert_valid(&schemas, "deploy/controller.yaml");
-    for kind in [
+    let mut all_kinds = BTreeSet::new();
+    for file in manifest_files() {
+        all_kinds.extend(assert_valid(&schemas, &file));
+    }
+    let workload = [
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
         "Deployment",
         "Service",
-    ] {
-        assert!(
-            kinds.iter().any(|k| k == kind),
-            "deploy/controller.yaml has no {kind}"
-        );
+    ];
+    let expected: [(&str, &[&str]); 3] = [
+        ("deploy/controller.yaml", &["Role", "RoleBinding"]),
+        ("deploy/proxy.yaml", &[]),
+        ("deploy/web.yaml", &["ConfigMap"]),
+    ];
+    for (file, extra) in expected {
+        let kinds = assert_valid(&schemas, file);
+        for kind in workload.iter().chain(extra) {
+            assert!(kinds.iter().any(|k| k == kind), "{file} has no {kind}");
+        }
+    }
+    for kind in ["Gateway", "VirtualService", "CustomResourceDefinition"] {
+        assert!(all_kinds.contains(kind), "deploy/ has no {kind}");
     }
     assert_valid(&schemas, "crds/notebooks.kubeflow.org.yaml");
     assert_valid(&schemas, "crds/imagebuilds.labforge.dev.yaml");
+
+    // The no-Istio overlay's VirtualService CRD stands in for Istio's: what the web route and the
+    // controller's VirtualServices are checked against there.
+    let minimal = SchemaSet::load(&FakeApiServerOptions {
+        extra_crds: vec![labforge_tests::repo_root().join(NO_ISTIO_CRD)],
+        ..FakeApiServerOptions::default()
+    })
+    .unwrap();
+    assert_valid(&minimal, WEB_ROUTE);
+    let notebook_vs = rendered_notebook_virtual_service();
+    for set in [&schemas, &minimal] {
+        set.validate(
+            "networking.istio.io/v1beta1",
+            "VirtualService",
+            &notebook_vs,
+        )
+        .unwrap();
+    }
+}
+
+/// The CRD the no-Istio overlay installs has Istio's group, names, scope and versions, so the
+/// controller (v1beta1), the proxy (v1 first) and a later Istio install all see the same resource.
+#[test]
+fn the_no_istio_virtualservice_crd_matches_istios() {
+    let ours = documents(NO_ISTIO_CRD).remove(0);
+    let istio_file = FakeApiServerOptions::default()
+        .schemas_dir
+        .join("istio-networking-crds.yaml");
+    let istio = documents_at(&istio_file)
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "virtualservices.networking.istio.io")
+        .unwrap();
+    assert_eq!(ours["metadata"]["name"], istio["metadata"]["name"]);
+    for field in ["group", "names", "scope"] {
+        assert_eq!(ours["spec"][field], istio["spec"][field], "spec.{field}");
+    }
+    let versions = |crd: &Value| -> BTreeMap<String, (bool, bool)> {
+        crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap().to_owned(),
+                    (v["served"] == true, v["storage"] == true),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(versions(&ours), versions(&istio));
+    assert_eq!(
+        versions(&ours)["v1beta1"],
+        (true, false),
+        "the controller writes v1beta1"
+    );
+}
+
+#[test]
+fn kustomizations_cover_every_manifest_and_name_only_what_exists() {
+    let mut dirs = BTreeSet::new();
+    for file in files_under(&deploy_dir()) {
+        dirs.insert(file.parent().unwrap().to_owned());
+    }
+    for dir in &dirs {
+        let k = kustomization(dir);
+        let listed: BTreeSet<PathBuf> = k
+            .resources
+            .iter()
+            .chain(&k.components)
+            .map(|entry| referenced(&k, entry))
+            .collect();
+        for entry in &k.components {
+            assert!(
+                referenced(&k, entry).is_dir(),
+                "component {entry} is a directory"
+            );
+        }
+        for entry in &k.resources {
+            let path = referenced(&k, entry);
+            if path.is_dir() {
+                assert_eq!(
+                    kustomization(&path).kind,
+                    "Kustomization",
+                    "{} lists {entry} as a resource",
+                    relative(dir)
+                );
+            }
+        }
+        for file in std::fs::read_dir(dir).unwrap() {
+            let file = file.unwrap().path();
+            if file.is_file() && is_manifest(&file) {
+                assert!(
+                    listed.contains(&file.canonicalize().unwrap()),
+                    "{} is in no kustomization: {}/kustomization.yaml does not list it",
+                    relative(&file),
+                    relative(dir)
+                );
+            }
+        }
+    }
+    // Every component is used, every overlay builds on the base.
+    let components: BTreeSet<PathBuf> = dirs
+        .iter()
+        .filter(|d| kustomization(d).kind == "Component")
+        .map(|d| d.canonicalize().unwrap())
+        .collect();
+    let used: BTreeSet<PathBuf> = dirs
+        .iter()
+        .map(|d| kustomization(d))
+        .flat_map(|k| {
+            k.components
+                .iter()
+                .map(|c| referenced(&k, c))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(components, used, "unused components");
+    for overlay in ["istio", "no-istio"] {
+        let k = kustomization(&deploy_dir().join("overlays").join(overlay));
+        assert!(
+            k.resources
+                .iter()
+                .any(|r| referenced(&k, r) == deploy_dir().canonicalize().unwrap()),
+            "overlay {overlay} builds on deploy/"
+        );
+    }
+}
+
+#[test]
+fn each_build_has_what_its_cluster_lacks_and_nothing_it_has() {
+    let base = build(&deploy_dir());
+    let istio = build(&deploy_dir().join("overlays/istio"));
+    let no_istio = build(&deploy_dir().join("overlays/no-istio"));
+
+    // A Kubeflow cluster has the kubeflow namespace, its gateway and its dashboard at `/`.
+    assert!(find(&base, "Namespace", "kubeflow").is_none());
+    assert!(
+        !base
+            .iter()
+            .any(|o| group_of(o["apiVersion"].as_str().unwrap()) == "networking.istio.io"),
+        "the base leaves Kubeflow's routes alone"
+    );
+    assert!(!kinds(&base).contains("CustomResourceDefinition"));
+
+    // Istio without Kubeflow: the namespace, the example gateway, the web app at `/`.
+    let gateway = find(&istio, "Gateway", "kubeflow-gateway").expect("a Gateway");
+    assert_eq!(gateway["metadata"]["namespace"], "kubeflow");
+    assert_eq!(gateway["spec"]["selector"]["istio"], "ingressgateway");
+    let server = &gateway["spec"]["servers"][0];
+    assert_eq!(server["port"]["number"], 80);
+    assert_eq!(server["port"]["protocol"], "HTTP");
+    assert_eq!(strings(&server["hosts"]), ["*"]);
+    assert!(
+        !kinds(&istio).contains("CustomResourceDefinition"),
+        "Istio has its CRDs"
+    );
+
+    // No Istio: no Gateway (nothing serves its kind), the VirtualService CRD instead.
+    assert!(!kinds(&no_istio).contains("Gateway"));
+    assert!(
+        find(
+            &no_istio,
+            "CustomResourceDefinition",
+            "virtualservices.networking.istio.io"
+        )
+        .is_some()
+    );
+
+    for (name, objects) in [("istio", &istio), ("no-istio", &no_istio)] {
+        assert!(
+            find(objects, "VirtualService", "labforge-web").is_some(),
+            "{name}: web route"
+        );
+        // Every namespace used is created by the same build.
+        let created: BTreeSet<&str> = objects
+            .iter()
+            .filter(|o| o["kind"] == "Namespace")
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
+        for object in objects.iter() {
+            if let Some(ns) = object["metadata"]["namespace"].as_str() {
+                assert!(
+                    created.contains(ns),
+                    "{name}: namespace {ns} is not created"
+                );
+            }
+        }
+        // Everything the base has, the overlays have, unchanged.
+        for object in &base {
+            assert!(
+                objects.contains(object),
+                "{name} changes {:?}",
+                identity(object)
+            );
+        }
+    }
+
+    // The controller, the proxy and the gateway agree on the gateway's name.
+    let controller = deployment_container(&base, "labforge-notebook-controller");
+    let proxy = deployment_container(&base, "labforge-proxy");
+    assert_eq!(
+        env_value(controller, "USE_ISTIO"),
+        Some("true".into()),
+        "the proxy reads VirtualServices"
+    );
+    assert_eq!(
+        env_value(controller, "ISTIO_GATEWAY"),
+        flag_value(proxy, "--gateway")
+    );
+    assert_eq!(
+        flag_value(proxy, "--gateway").unwrap(),
+        "kubeflow/kubeflow-gateway"
+    );
+    assert!(
+        strings(&find(&istio, "VirtualService", "labforge-web").unwrap()["spec"]["gateways"])
+            .contains(&"kubeflow/kubeflow-gateway".to_owned())
+    );
 }
 
 #[test]
 fn controller_role_grants_what_the_reconciler_writes_and_no_more() {
     let docs = documents("deploy/controller.yaml");
     let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
-    let grants = |group: &str, resource: &str| -> Vec<String> {
-        role["rules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| {
-                r["apiGroups"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|g| g == group)
-            })
-            .filter(|r| {
-                r["resources"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|x| x == resource)
-            })
-            .flat_map(|r| {
-                r["verbs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_str().unwrap().to_owned())
-            })
-            .collect()
-    };
     for (group, resource) in [
         ("apps", "statefulsets"),
         ("", "services"),
         ("networking.istio.io", "virtualservices"),
     ] {
-        let verbs = grants(group, resource);
+        let verbs = grants(role, group, resource);
         for verb in ["get", "list", "watch", "create", "patch"] {
-            assert!(verbs.iter().any(|v| v == verb), "{resource} lacks {verb}");
+            assert!(verbs.contains(verb), "{resource} lacks {verb}");
         }
         assert!(
-            !verbs.iter().any(|v| v == "delete" || v == "*"),
+            !verbs.contains("delete"),
             "{resource}: deletion is the garbage collector's job"
         );
     }
-    assert!(
-        grants("", "secrets").is_empty(),
-        "the controller never reads secrets"
+    assert_eq!(
+        grants(role, "kubeflow.org", "notebooks/status"),
+        ["get", "patch"].map(String::from).into()
     );
-    assert_eq!(grants("kubeflow.org", "notebooks/status"), ["get", "patch"]);
+}
+
+fn grants(role: &Value, group: &str, resource: &str) -> BTreeSet<String> {
+    role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| strings(&r["apiGroups"]).iter().any(|g| g == group))
+        .filter(|r| strings(&r["resources"]).iter().any(|x| x == resource))
+        .flat_map(|r| strings(&r["verbs"]))
+        .collect()
+}
+
+/// Every rule of a role as (group, resource) → verbs.
+fn rule_set(role: &Value) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let mut set: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                set.entry((group.clone(), resource))
+                    .or_default()
+                    .extend(strings(&rule["verbs"]));
+            }
+        }
+    }
+    set
+}
+
+fn rules(entries: &[(&str, &str, &[&str])]) -> BTreeMap<(String, String), BTreeSet<String>> {
+    entries
+        .iter()
+        .map(|(group, resource, verbs)| {
+            (
+                ((*group).to_owned(), (*resource).to_owned()),
+                verbs.iter().map(|v| (*v).to_owned()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn rbac_is_least_privilege_everywhere() {
+    let objects = all_objects();
+    let roles: Vec<&(String, Value)> = objects
+        .iter()
+        .filter(|(_, o)| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+        .collect();
+    assert!(roles.len() >= 4);
+    for (file, role) in &roles {
+        let name = &role["metadata"]["name"];
+        assert!(
+            role.get("aggregationRule").is_none(),
+            "{file}: {name} aggregates"
+        );
+        for rule in role["rules"].as_array().unwrap() {
+            assert!(
+                rule.get("nonResourceURLs").is_none(),
+                "{file}: {name}: {rule}"
+            );
+            for field in ["apiGroups", "resources", "verbs"] {
+                assert!(
+                    !strings(&rule[field]).iter().any(|x| x.contains('*')),
+                    "{file}: {name} has a wildcard in {field}: {rule}"
+                );
+            }
+            for resource in strings(&rule["resources"]) {
+                assert!(
+                    resource != "secrets" && !resource.starts_with("secrets/"),
+                    "{file}: {name} grants {resource}"
+                );
+            }
+            for verb in strings(&rule["verbs"]) {
+                assert!(
+                    !["escalate", "bind", "impersonate", "deletecollection"]
+                        .contains(&verb.as_str()),
+                    "{file}: {name} grants {verb}"
+                );
+            }
+        }
+    }
+    let role = |name: &str| {
+        &roles
+            .iter()
+            .find(|(_, r)| r["kind"] == "ClusterRole" && r["metadata"]["name"] == name)
+            .unwrap()
+            .1
+    };
+    assert_eq!(
+        rule_set(role("labforge-proxy")),
+        rules(&[(
+            "networking.istio.io",
+            "virtualservices",
+            &["get", "list", "watch"]
+        )]),
+        "the proxy only reads VirtualServices"
+    );
+    assert_eq!(
+        rule_set(role("labforge-web")),
+        rules(&[
+            (
+                "kubeflow.org",
+                "notebooks",
+                &["get", "list", "watch", "create", "update", "delete"]
+            ),
+            ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+            ("events.k8s.io", "events", &["list", "create", "patch"]),
+            ("", "pods/log", &["get"]),
+            ("", "nodes", &["list"]),
+        ]),
+        "the web app: Notebooks, its access reviews, events, logs, GPU capacity"
+    );
+
+    // Bindings name roles and ServiceAccounts that exist; Deployments run as those accounts.
+    let exists = |kind: &str, namespace: Option<&str>, name: &str| {
+        objects.iter().any(|(_, o)| {
+            o["kind"] == kind
+                && o["metadata"]["name"] == name
+                && o["metadata"]["namespace"].as_str() == namespace
+        })
+    };
+    for (file, binding) in objects
+        .iter()
+        .filter(|(_, o)| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        let namespace = binding["metadata"]["namespace"].as_str();
+        let role_ref = &binding["roleRef"];
+        let role_kind = role_ref["kind"].as_str().unwrap();
+        let role_ns = if role_kind == "Role" { namespace } else { None };
+        assert!(
+            exists(role_kind, role_ns, role_ref["name"].as_str().unwrap()),
+            "{file}: {role_ref} does not exist"
+        );
+        for subject in binding["subjects"].as_array().unwrap() {
+            assert_eq!(subject["kind"], "ServiceAccount", "{file}");
+            assert!(
+                exists(
+                    "ServiceAccount",
+                    subject["namespace"].as_str(),
+                    subject["name"].as_str().unwrap()
+                ),
+                "{file}: {subject} does not exist"
+            );
+        }
+    }
+    for (file, deployment) in objects.iter().filter(|(_, o)| o["kind"] == "Deployment") {
+        let account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{file}: no serviceAccountName"));
+        assert!(
+            exists(
+                "ServiceAccount",
+                deployment["metadata"]["namespace"].as_str(),
+                account
+            ),
+            "{file}: ServiceAccount {account}"
+        );
+    }
+}
+
+fn deployments() -> Vec<(String, Value)> {
+    all_objects()
+        .into_iter()
+        .filter(|(_, o)| o["kind"] == "Deployment")
+        .collect()
+}
+
+fn deployment_container<'a>(objects: &'a [Value], name: &str) -> &'a Value {
+    &find(objects, "Deployment", name).unwrap()["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn env_value(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .map(str::to_owned)
+}
+
+/// The value after `flag` in the container's args.
+fn flag_value(container: &Value, flag: &str) -> Option<String> {
+    let args = strings(&container["args"]);
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).cloned()
+}
+
+#[test]
+fn deployments_are_hardened_probed_and_reachable_through_their_services() {
+    let objects: Vec<Value> = all_objects().into_iter().map(|(_, o)| o).collect();
+    let deployments = deployments();
+    assert_eq!(deployments.len(), 3, "controller, proxy, web app");
+    for (file, deployment) in &deployments {
+        let name = deployment["metadata"]["name"].as_str().unwrap();
+        let at = format!("{file}: {name}");
+        assert!(
+            deployment["spec"]["replicas"].as_i64().unwrap() >= 2,
+            "{at}: replicas"
+        );
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{at}");
+        assert!(
+            pod["securityContext"]["runAsUser"].as_i64().unwrap() > 0,
+            "{at}"
+        );
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{at}"
+        );
+        assert!(
+            pod.get("hostNetwork").is_none() && pod.get("hostPID").is_none(),
+            "{at}"
+        );
+        let selector = &deployment["spec"]["selector"]["matchLabels"];
+        for (key, value) in selector.as_object().unwrap() {
+            assert_eq!(
+                &deployment["spec"]["template"]["metadata"]["labels"][key], value,
+                "{at}"
+            );
+        }
+        let containers = pod["containers"].as_array().unwrap();
+        for container in containers {
+            let security = &container["securityContext"];
+            assert_eq!(security["readOnlyRootFilesystem"], true, "{at}");
+            assert_eq!(security["allowPrivilegeEscalation"], false, "{at}");
+            assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"], "{at}");
+            assert!(
+                security.get("privileged").is_none_or(|p| p == false),
+                "{at}"
+            );
+            let resources = &container["resources"];
+            for key in ["cpu", "memory"] {
+                assert!(
+                    resources["requests"][key].is_string(),
+                    "{at}: requests.{key}"
+                );
+            }
+            assert!(
+                resources["limits"]["memory"].is_string(),
+                "{at}: limits.memory"
+            );
+            let ports: BTreeSet<String> = container["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["name"].as_str().unwrap().to_owned())
+                .collect();
+            for probe in ["livenessProbe", "readinessProbe"] {
+                let get = &container[probe]["httpGet"];
+                assert!(get["path"].is_string(), "{at}: {probe}");
+                assert!(
+                    ports.contains(get["port"].as_str().unwrap_or_default()),
+                    "{at}: {probe} port {} is no named container port",
+                    get["port"]
+                );
+            }
+        }
+        // Mounted volumes exist, and ConfigMaps they name are in deploy/.
+        let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+        for container in containers {
+            for mount in container["volumeMounts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                let volume = volumes
+                    .iter()
+                    .find(|v| v["name"] == mount["name"])
+                    .unwrap_or_else(|| panic!("{at}: volume {}", mount["name"]));
+                assert_eq!(mount["readOnly"], true, "{at}: mounts are read-only");
+                if let Some(name) = volume["configMap"]["name"].as_str() {
+                    assert!(
+                        find(&objects, "ConfigMap", name).is_some(),
+                        "{at}: ConfigMap {name}"
+                    );
+                }
+            }
+        }
+    }
+
+    // Each Service selects a Deployment in its namespace, on ports that Deployment names.
+    for service in objects.iter().filter(|o| o["kind"] == "Service") {
+        let name = &service["metadata"]["name"];
+        let selector = service["spec"]["selector"].as_object().unwrap();
+        let target = deployments
+            .iter()
+            .map(|(_, d)| d)
+            .find(|d| {
+                d["metadata"]["namespace"] == service["metadata"]["namespace"]
+                    && selector
+                        .iter()
+                        .all(|(k, v)| &d["spec"]["template"]["metadata"]["labels"][k] == v)
+            })
+            .unwrap_or_else(|| panic!("Service {name} selects no Deployment"));
+        let ports: Vec<&Value> = target["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["ports"].as_array().unwrap())
+            .collect();
+        for port in service["spec"]["ports"].as_array().unwrap() {
+            assert!(
+                ports.iter().any(|p| p["name"] == port["targetPort"]),
+                "Service {name}: targetPort {}",
+                port["targetPort"]
+            );
+        }
+    }
+
+    // What the issue asks of the proxy and the web app, precisely.
+    let base = build(&deploy_dir());
+    let proxy = deployment_container(&base, "labforge-proxy");
+    let port = |container: &Value, name: &str| {
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["containerPort"]
+            .as_i64()
+            .unwrap()
+    };
+    assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(port(proxy, "http-admin"), 8081);
+    assert_eq!(port(proxy, "http"), 8000);
+    assert_eq!(flag_value(proxy, "--listen").unwrap(), "0.0.0.0:8000");
+    assert_eq!(flag_value(proxy, "--admin-addr").unwrap(), "0.0.0.0:8081");
+    let proxy_service = find(&base, "Service", "labforge-proxy").unwrap();
+    let service_port = |service: &Value, target: &str| {
+        service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["targetPort"] == target)
+            .unwrap()["port"]
+            .as_i64()
+            .unwrap()
+    };
+    assert_eq!(service_port(proxy_service, "http"), 80);
+    assert_eq!(service_port(proxy_service, "http-admin"), 8081);
+    for object in &base {
+        if object["kind"] == "Service" {
+            assert!(
+                object["spec"]["type"].is_null() || object["spec"]["type"] == "ClusterIP",
+                "{}: trusts a header, so only the auth proxy may reach it",
+                object["metadata"]["name"]
+            );
+        }
+    }
+    let web = deployment_container(&base, "labforge-web");
+    assert_eq!(web["readinessProbe"]["httpGet"]["path"], "/api/healthz");
+    assert_eq!(
+        flag_value(web, "--listen").unwrap(),
+        format!("0.0.0.0:{}", port(web, "http"))
+    );
+}
+
+/// The web app's spawner configuration is what `labforge web --spawner-config` reads, mounted where
+/// the flag points.
+#[test]
+fn the_spawner_configmap_is_a_valid_spawner_config_at_the_flags_path() {
+    let base = build(&deploy_dir());
+    let web = find(&base, "Deployment", "labforge-web").unwrap();
+    let container = &web["spec"]["template"]["spec"]["containers"][0];
+    let path = PathBuf::from(flag_value(container, "--spawner-config").unwrap());
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| path.starts_with(m["mountPath"].as_str().unwrap()))
+        .expect("--spawner-config lies in a mounted volume");
+    let volume = web["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let config_map = find(
+        &base,
+        "ConfigMap",
+        volume["configMap"]["name"].as_str().unwrap(),
+    )
+    .unwrap();
+    let key = path
+        .strip_prefix(mount["mountPath"].as_str().unwrap())
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let json = config_map["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("the ConfigMap has no key {key}"));
+    let config: labforge_web::config::SpawnerConfig = serde_json::from_str(json).unwrap();
+    use labforge_web::model::ServerType;
+    for server_type in [ServerType::Jupyter, ServerType::Vscode] {
+        assert!(
+            config.default_image(server_type).is_some(),
+            "{server_type:?}"
+        );
+    }
+    assert!(!config.gpu_vendors.is_empty());
+}
+
+fn help(subcommand: &str) -> String {
+    let output = crate::labforge()
+        .args([subcommand, "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "labforge {subcommand} --help");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Whether `text` names `flag` as a whole word (`--admin` is not `--admin-addr`).
+fn names_flag(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + flag.len()..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '-')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+#[test]
+fn every_flag_and_variable_the_deployments_pass_is_accepted_by_the_binary() {
+    // The check below is meaningful: clap parses values before it answers --help.
+    let refused = crate::labforge()
+        .args(["proxy", "--listen", "not-an-address", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success(),
+        "a bad value is refused before --help"
+    );
+
+    for (file, deployment) in deployments() {
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
+            assert!(
+                container.get("command").is_none(),
+                "{file}: the image's entrypoint is labforge"
+            );
+            let args = strings(&container["args"]);
+            let subcommand = &args[0];
+            let text = help(subcommand);
+            for arg in &args[1..] {
+                if let Some(flag) = arg.strip_prefix("--") {
+                    let flag = format!("--{}", flag.split('=').next().unwrap());
+                    assert!(
+                        names_flag(&text, &flag),
+                        "{file}: `labforge {subcommand} --help` does not know {flag}"
+                    );
+                }
+            }
+            for env in container["env"].as_array().cloned().unwrap_or_default() {
+                let name = env["name"].as_str().unwrap();
+                assert!(
+                    text.contains(name),
+                    "{file}: `labforge {subcommand} --help` does not name {name}"
+                );
+            }
+            // The whole argument list parses (values included).
+            let output = crate::labforge()
+                .args(&args)
+                .arg("--help")
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "{file}: labforge {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
+
+/// The VirtualService the controller writes for `crds/samples/jupyterlab.yaml` (alice/jupyter),
+/// rendered by the binary with the controller Deployment's environment.
+fn rendered_notebook_virtual_service() -> Value {
+    let base = build(&deploy_dir());
+    let controller = deployment_container(&base, "labforge-notebook-controller");
+    let mut render = crate::labforge();
+    render
+        .args(["render", "-f"])
+        .arg(labforge_tests::repo_root().join("crds/samples/jupyterlab.yaml"))
+        .env_remove("ISTIO_GATEWAY")
+        .env_remove("ISTIO_HOST")
+        .env_remove("CLUSTER_DOMAIN");
+    for env in controller["env"].as_array().unwrap() {
+        if let Some(value) = env["value"].as_str() {
+            render.env(env["name"].as_str().unwrap(), value);
+        }
+    }
+    let output = render.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_yaml_ng::Deserializer::from_str(std::str::from_utf8(&output.stdout).unwrap())
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .find(|d| d["kind"] == "VirtualService")
+        .expect("render yields a VirtualService")
+}
+
+/// The proxy Deployment's route table, from the web app's route and a notebook's: the notebook's
+/// prefix wins over `/` whichever is older, the web app is open to every signed-in user, a notebook
+/// only to those the Deployment names (none by default).
+#[test]
+fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
+    let base = build(&deploy_dir());
+    let proxy = deployment_container(&base, "labforge-proxy");
+    let args = strings(&proxy["args"]);
+    let values = |flag: &str| -> Vec<String> {
+        args.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].clone())
+            .collect()
+    };
+    let gateway = GatewayFilter(flag_value(proxy, "--gateway"));
+    let mut access = StaticAccess::with_members(
+        values("--admin").iter().map(String::as_str),
+        values("--member").iter().map(String::as_str),
+    )
+    .unwrap();
+    access.shared = values("--shared-namespace").into_iter().collect();
+
+    let web_service = find(&base, "Service", "labforge-web").unwrap();
+    let web_destination = format!(
+        "{}.{}.svc.cluster.local:{}",
+        web_service["metadata"]["name"].as_str().unwrap(),
+        web_service["metadata"]["namespace"].as_str().unwrap(),
+        web_service["spec"]["ports"][0]["port"]
+    );
+    for (web_created, notebook_created) in [
+        ("2020-01-01T00:00:00Z", "2030-01-01T00:00:00Z"),
+        ("2030-01-01T00:00:00Z", "2020-01-01T00:00:00Z"),
+    ] {
+        let mut web: Value = documents(WEB_ROUTE).remove(0);
+        web["metadata"]["creationTimestamp"] = web_created.into();
+        let mut notebook = rendered_notebook_virtual_service();
+        notebook["metadata"]["creationTimestamp"] = notebook_created.into();
+        let virtual_services: Vec<labforge_crds::VirtualService> = [web, notebook]
+            .into_iter()
+            .map(|v| serde_json::from_value(v).unwrap())
+            .collect();
+        let (table, skipped) = RouteTable::build(&virtual_services, &gateway, &Activity::default());
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(
+            table.virtual_service_count(),
+            2,
+            "both are bound to the proxy's gateway"
+        );
+        let method = http::Method::GET;
+        let headers = http::HeaderMap::new();
+        let lookup = |path: &str| {
+            let found = table
+                .lookup(&RequestView {
+                    host: "labforge.example.com",
+                    path,
+                    method: &method,
+                    headers: &headers,
+                })
+                .unwrap_or_else(|| panic!("{path} has no route"));
+            (
+                found.rule.destinations[0].authority.clone(),
+                found.rule.namespaces.clone(),
+            )
+        };
+        for path in [
+            "/",
+            "/api/config",
+            "/notebooks/alice/jupyter",
+            "/static/app.js",
+        ] {
+            let (destination, namespaces) = lookup(path);
+            assert_eq!(destination, web_destination, "{path}");
+            let anyone = Identity {
+                user: "anyone@example.com".into(),
+            };
+            assert_eq!(
+                authorize(Some(&anyone), &namespaces, &access),
+                Decision::Allow,
+                "{path}"
+            );
+            assert_eq!(
+                authorize(None, &namespaces, &access),
+                Decision::Unauthenticated
+            );
+        }
+        let (destination, namespaces) = lookup("/notebook/alice/jupyter/lab");
+        assert_eq!(destination, "jupyter.alice.svc.cluster.local:80");
+        let alice = Identity {
+            user: "alice@example.com".into(),
+        };
+        assert_eq!(
+            authorize(Some(&alice), &namespaces, &access),
+            Decision::Forbidden,
+            "membership is given by --member, none by default"
+        );
+    }
+}
+
+/// A child process killed when the test ends, its standard error kept for failure messages.
+struct Running {
+    child: std::process::Child,
+    name: String,
+    log: PathBuf,
+}
+
+impl Running {
+    fn log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        format!("labforge {} said:\n{text}", self.name)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `labforge <args>` with the container's arguments and environment, addresses moved to loopback.
+fn start(
+    container: &Value,
+    replace: &[(&str, String)],
+    extra: &[String],
+    kubeconfig: &Path,
+) -> Running {
+    let mut args = strings(&container["args"]);
+    for (flag, value) in replace {
+        let at = args.iter().position(|a| a == flag).unwrap() + 1;
+        args[at] = value.clone();
+    }
+    args.extend_from_slice(extra);
+    let log = kubeconfig.with_file_name(format!("{}.log", args[0]));
+    let mut command = crate::labforge();
+    command
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("KUBECONFIG", kubeconfig)
+        .env("LABFORGE_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    for env in container["env"].as_array().unwrap() {
+        command.env(
+            env["name"].as_str().unwrap(),
+            env["value"].as_str().unwrap(),
+        );
+    }
+    Running {
+        child: command.spawn().unwrap(),
+        name: args[0].clone(),
+        log,
+    }
+}
+
+/// Polls `url` until it answers 200; fails at once with its log when a process exits.
+async fn until_ok(url: &str, user: Option<&str>, processes: &mut [&mut Running]) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for process in processes.iter_mut() {
+            if let Some(status) = process.child.try_wait().unwrap() {
+                panic!("{} exited ({status}); {}", process.name, process.log());
+            }
+        }
+        if let Some((200, body)) = get(url, user).await {
+            return body;
+        }
+        if std::time::Instant::now() > deadline {
+            let logs: Vec<String> = processes.iter().map(|p| p.log()).collect();
+            panic!("{url} did not answer 200 within 30 s; {}", logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get(url: &str, user: Option<&str>) -> Option<(u16, String)> {
+    let mut request = reqwest::Client::new().get(url);
+    if let Some(user) = user {
+        request = request.header("kubeflow-userid", user);
+    }
+    let response = request.send().await.ok()?;
+    let status = response.status().as_u16();
+    Some((status, response.text().await.ok()?))
+}
+
+/// Without Istio: the overlay's objects apply to an API server (the fake, with the overlay's
+/// VirtualService CRD in place of Istio's); the web app and the proxy, started with their
+/// Deployments' arguments and environment, answer their probes; and a signed-in request to the
+/// proxy reaches the web app through the web route, which answers with the ConfigMap's catalog.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        extra_crds: vec![labforge_tests::repo_root().join(NO_ISTIO_CRD)],
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
+    let client = server.client();
+    let mut objects = build(&deploy_dir().join("overlays/no-istio"));
+    // kubectl's order: namespaces and CRDs first.
+    objects.sort_by_key(|o| match o["kind"].as_str().unwrap() {
+        "Namespace" => 0,
+        "CustomResourceDefinition" => 1,
+        _ => 2,
+    });
+    for object in &objects {
+        let api_version = object["apiVersion"].as_str().unwrap();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap());
+        let (resource, _) = kube::discovery::pinned_kind(&client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("{gvk:?}: {e}"));
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let dynamic: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+        api.create(&PostParams::default(), &dynamic)
+            .await
+            .unwrap_or_else(|e| panic!("creating {:?}: {e}", identity(object)));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
+             cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let base = build(&deploy_dir());
+    let spawner = dir.path().join("spawner.json");
+    std::fs::write(
+        &spawner,
+        find(&base, "ConfigMap", "labforge-web-spawner").unwrap()["data"]["spawner.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let free = || labforge_tests::tools::free_port().unwrap();
+    let (web_port, proxy_port, admin_port) = (free(), free(), free());
+
+    let web_container = deployment_container(&base, "labforge-web");
+    let mut web = start(
+        web_container,
+        &[
+            ("--listen", format!("127.0.0.1:{web_port}")),
+            ("--spawner-config", spawner.display().to_string()),
+        ],
+        &[],
+        &kubeconfig,
+    );
+    let proxy_container = deployment_container(&base, "labforge-proxy");
+    let mut proxy = start(
+        proxy_container,
+        &[
+            ("--listen", format!("127.0.0.1:{proxy_port}")),
+            ("--admin-addr", format!("127.0.0.1:{admin_port}")),
+        ],
+        // What cluster DNS does for the web app's Service.
+        &[
+            "--upstream".into(),
+            format!("labforge-web.kubeflow.svc.cluster.local:80=127.0.0.1:{web_port}"),
+        ],
+        &kubeconfig,
+    );
+
+    let probe = |container: &Value, probe: &str, port: u16| {
+        format!(
+            "http://127.0.0.1:{port}{}",
+            container[probe]["httpGet"]["path"].as_str().unwrap()
+        )
+    };
+    for (container, port) in [(web_container, web_port), (proxy_container, admin_port)] {
+        for kind in ["livenessProbe", "readinessProbe"] {
+            until_ok(
+                &probe(container, kind, port),
+                None,
+                &mut [&mut web, &mut proxy],
+            )
+            .await;
+        }
+    }
+
+    let through_proxy = format!("http://127.0.0.1:{proxy_port}/api/config");
+    let body = until_ok(
+        &through_proxy,
+        Some("alice@example.com"),
+        &mut [&mut web, &mut proxy],
+    )
+    .await;
+    let config: Value = serde_json::from_str(&body).unwrap();
+    let images: Vec<&str> = config["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["image"].as_str().unwrap())
+        .collect();
+    assert!(
+        images.contains(&"kubeflownotebookswg/jupyter-scipy:v1.9.0"),
+        "{config}"
+    );
+    let (status, _) = get(&through_proxy, None).await.unwrap();
+    assert_eq!(status, 401, "no user header, no entry");
 }
