@@ -575,7 +575,10 @@ async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?;
-    serve(client, options).await?;
+    tokio::select! {
+        result = serve(client, options) => result?,
+        () = stop_signal() => tracing::info!("stopping"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -599,9 +602,24 @@ async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
     let running = labforge_proxy::start(options, routes).await?;
     tokio::select! {
         () = running.wait() => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+        () = stop_signal() => tracing::info!("stopping"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Ctrl-C, or SIGTERM (what Kubernetes and podman send to stop a container's first process).
+async fn stop_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
@@ -786,9 +804,7 @@ async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "web app serving");
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(stop_signal())
         .await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -875,11 +891,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         "  Ctrl-C stops labforge; running notebooks keep running and are adopted at the next start."
     );
     println!();
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
+    stop_signal().await;
     tracing::info!("stopping");
     drop(running);
     Ok(ExitCode::SUCCESS)
