@@ -24,8 +24,10 @@ test: setup images lint agent
 setup:
 	scripts/setup
 
+## The notebook images, each rebuilt only when its recipe changed.
 images: setup
 	images/build jupyterlab $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))
+	images/build codeserver $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))
 
 build: agent
 	$(CARGO) build --bin labforge
