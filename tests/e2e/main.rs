@@ -19,6 +19,7 @@ mod proxy;
 mod s3_cache;
 mod save;
 mod ui;
+mod vscode;
 mod web_cluster;
 
 /// The labforge binary built for this test run.

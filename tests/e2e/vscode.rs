@@ -1,0 +1,242 @@
+//! The code-server (VSCode in the browser) image from `images/build codeserver`, as a notebook of
+//! `labforge up`: created through the API, opened in Chromium through the proxy (which rewrites the
+//! notebook prefix to `/`), with a workspace file read in the editor and a command run in the
+//! integrated terminal over its websocket; the proxy's activity shows in the notebook's view.
+
+use crate::need;
+use labforge_tests::embedded::LabforgeUp;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Removes the namespace's containers and volumes, and the image pulled from this run's registry,
+/// however the test ends.
+struct Cleanup {
+    namespace: String,
+    image: Option<String>,
+}
+
+impl Cleanup {
+    fn names(args: &[&str]) -> Vec<String> {
+        Command::new("podman")
+            .args(args)
+            .output()
+            .map(|out| {
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let prefix = format!("labforge-{}-", self.namespace);
+        for name in Self::names(&["ps", "-a", "--format", "{{.Names}}"]) {
+            if name.starts_with(&prefix) {
+                let _ = Command::new("podman")
+                    .args(["rm", "-f", "-t", "0", &name])
+                    .output();
+            }
+        }
+        for name in Self::names(&["volume", "ls", "--format", "{{.Name}}"]) {
+            if name.starts_with(&prefix) {
+                let _ = Command::new("podman")
+                    .args(["volume", "rm", "-f", &name])
+                    .output();
+            }
+        }
+        // The reference names this run's registry port, so no one else uses it; without this,
+        // every run would leave a copy of the image's tag behind in podman's storage.
+        if let Some(image) = &self.image {
+            let _ = Command::new("podman").args(["rmi", image]).output();
+        }
+    }
+}
+
+/// `podman exec` in the notebook's container, as the image's user.
+fn exec(container: &str, script: &str) -> String {
+    let out = Command::new("podman")
+        .args(["exec", container, "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podman exec {container} {script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
+    crate::init_crypto();
+    let agent = need(labforge_tests::agent::agent_binary());
+    let dir = tempfile::tempdir().unwrap();
+    let up = need(
+        LabforgeUp::start(
+            Path::new(env!("CARGO_BIN_EXE_labforge")),
+            &dir.path().join("data"),
+            &agent,
+        )
+        .await,
+    );
+    let user = format!("vscode-{:x}", std::process::id());
+    let mut cleanup = Cleanup {
+        namespace: user.clone(),
+        image: None,
+    };
+    let image = need(labforge_tests::push_layout(
+        "codeserver",
+        &up.registry,
+        "labforge/codeserver:latest",
+    ));
+    cleanup.image = Some(image.clone());
+    let added = need(up.user_command(&["add", &user]));
+    let password = added.rsplit(' ').next().unwrap().trim().to_owned();
+
+    // labforge's server closes a keep-alive connection after 30 s without a request (its header
+    // read timeout), and the browser session takes about that long: a pooled connection reused
+    // just as the server closes it fails the request, so none is kept that long.
+    let http = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let login = http
+        .post(format!("{}/api/login", up.url))
+        .json(&json!({"username": user, "password": password}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200, "login of {user}");
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(cookie.starts_with("labforge_session="), "{cookie}");
+
+    let notebook_api = format!("{}/api/namespaces/{user}/notebooks", up.url);
+    let created = http
+        .post(&notebook_api)
+        .header("cookie", &cookie)
+        .json(&json!({
+            "name": "code",
+            "serverType": "vscode",
+            "image": image,
+            "cpuLimit": "2",
+            "memoryLimit": "2Gi",
+        }))
+        .send()
+        .await
+        .unwrap();
+    let status = created.status();
+    let body = created.text().await.unwrap();
+    assert_eq!(status, 201, "{body}");
+
+    // Ready once code-server answers on `/` in the container (the route's rewrite target); the
+    // first start pulls the image from the local registry.
+    let started = Instant::now();
+    let get_notebook = || async {
+        let response = http
+            .get(format!("{notebook_api}/code"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.json::<Value>().await.unwrap()
+    };
+    let view = loop {
+        let view = get_notebook().await;
+        if view["notebook"]["state"] == "ready" {
+            break view;
+        }
+        if started.elapsed() > Duration::from_secs(240) {
+            let events = http
+                .get(format!("{notebook_api}/code/events"))
+                .header("cookie", &cookie)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            panic!(
+                "not ready within 240 s: {view}\nevents: {events}\nlog:\n{}",
+                up.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    eprintln!("create -> code-server ready: {:?}", started.elapsed());
+    assert_eq!(view["notebook"]["serverType"], "vscode", "{view}");
+    let url = format!("{}/notebook/{user}/code/", up.url);
+
+    // code-server runs with `--auth none`: the proxy is what keeps others out.
+    let anonymous = reqwest::Client::new().get(&url).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+
+    let container = format!("labforge-{user}-code");
+    exec(
+        &container,
+        "echo hello-from-workspace > /home/jovyan/hello.txt",
+    );
+    assert_eq!(exec(&container, "id -u").trim(), "1000");
+
+    let before_browser = jiff::Timestamp::now();
+    let screenshot = need(labforge_tests::artifacts_dir()).join("vscode-notebook.png");
+    let browsed = Instant::now();
+    let printed = need(labforge_tests::browser::run_script(
+        "open-vscode.mjs",
+        &[
+            "--cookie",
+            &cookie,
+            "--open",
+            "hello.txt",
+            "--expect",
+            "hello-from-workspace",
+            "--run",
+            "echo vscode-$((6*7)) > /home/jovyan/from-terminal.txt",
+            "--terminal-creates",
+            "from-terminal.txt",
+            "--terminal-expect",
+            "vscode-42",
+            "--screenshot",
+            &screenshot.to_string_lossy(),
+            &url,
+        ],
+    ));
+    eprintln!("{printed}browser session: {:?}", browsed.elapsed());
+    assert!(printed.contains("vscode: ok"), "{printed}");
+    assert!(
+        screenshot.metadata().unwrap().len() > 10_000,
+        "empty screenshot"
+    );
+
+    // What the terminal ran, it ran in the notebook's container, as jovyan.
+    assert_eq!(
+        exec(
+            &container,
+            "cat /home/jovyan/from-terminal.txt; stat -c %u /home/jovyan/from-terminal.txt"
+        ),
+        "vscode-42\n1000\n"
+    );
+
+    // The proxy saw the session (websocket reads count): the view reports it as activity.
+    let view = get_notebook().await;
+    let last_activity: jiff::Timestamp = view["notebook"]["lastActivity"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no lastActivity after the browser session: {view}"))
+        .parse()
+        .unwrap();
+    assert!(
+        last_activity >= before_browser - jiff::SignedDuration::from_secs(1),
+        "lastActivity {last_activity} predates the browser session ({before_browser})"
+    );
+}
