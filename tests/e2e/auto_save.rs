@@ -134,12 +134,7 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
         )
         .await,
     );
-    let password = need(up.user_command(&["add", &user_name]))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .trim()
-        .to_owned();
+    let password = need(up.add_user(&user_name));
     let user = Session::sign_in(&up, &user_name, &password).await;
     let ns = user_name.as_str();
     let notebooks = format!("/api/namespaces/{ns}/notebooks");

@@ -174,9 +174,8 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         .admin_password
         .clone()
         .expect("admin password printed on first start");
-    let password_of = |out: String| out.rsplit(' ').next().unwrap().trim().to_owned();
-    let alice_password = password_of(need(up.user_command(&["add", &alice])));
-    let bob_password = password_of(need(up.user_command(&["add", &bob])));
+    let alice_password = need(up.add_user(&alice));
+    let bob_password = need(up.add_user(&bob));
     let listed = need(up.user_command(&["list"]));
     assert!(
         listed.contains(&alice) && listed.contains("admin\tadmin"),

@@ -101,26 +101,9 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         &up.registry,
         "labforge/jupyterlab:latest",
     ));
-    let password = need(up.user_command(&["add", &user]))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .trim()
-        .to_owned();
+    let password = need(up.add_user(&user));
     let http = reqwest::Client::new();
-    let login = http
-        .post(format!("{}/api/login", up.url))
-        .json(&json!({"username": user, "password": password}))
-        .send()
-        .await
-        .unwrap();
-    let cookie = login.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let cookie = need(up.sign_in(&user, &password).await);
 
     // Only the vendor with devices on this machine is offered.
     let config: Value = http

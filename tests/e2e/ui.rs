@@ -25,9 +25,8 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         &up.registry,
         "labforge/jupyterlab:latest",
     ));
-    let password = |out: String| out.rsplit(' ').next().unwrap().trim().to_owned();
-    let alice_password = password(need(up.user_command(&["add", &alice])));
-    let bob_password = password(need(up.user_command(&["add", &bob])));
+    let alice_password = need(up.add_user(&alice));
+    let bob_password = need(up.add_user(&bob));
 
     let screenshots = need(labforge_tests::artifacts_dir());
     let config = dir.path().join("ui.json");
@@ -81,19 +80,7 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     // The progress bar reached the digest the registry holds.
     let (_, images) = {
         let http = reqwest::Client::new();
-        let login = http
-            .post(format!("{}/api/login", up.url))
-            .json(&json!({"username": alice, "password": alice_password}))
-            .send()
-            .await
-            .unwrap();
-        let cookie = login.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_owned();
+        let cookie = need(up.sign_in(&alice, &alice_password).await);
         let images: Value = http
             .get(format!("{}/api/namespaces/{alice}/images", up.url))
             .header("cookie", cookie)

@@ -95,8 +95,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         "labforge/codeserver:latest",
     ));
     cleanup.image = Some(image.clone());
-    let added = need(up.user_command(&["add", &user]));
-    let password = added.rsplit(' ').next().unwrap().trim().to_owned();
+    let password = need(up.add_user(&user));
 
     // labforge's server closes a keep-alive connection after 30 s without a request (its header
     // read timeout), and the browser session takes about that long: a pooled connection reused
@@ -105,21 +104,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         .pool_idle_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let login = http
-        .post(format!("{}/api/login", up.url))
-        .json(&json!({"username": user, "password": password}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(login.status(), 200, "login of {user}");
-    let cookie = login.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    assert!(cookie.starts_with("labforge_session="), "{cookie}");
+    let cookie = need(up.sign_in(&user, &password).await);
 
     let notebook_api = format!("{}/api/namespaces/{user}/notebooks", up.url);
     let created = http

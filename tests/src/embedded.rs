@@ -237,3 +237,43 @@ impl Drop for RemoveNotebooksOnDrop {
         }
     }
 }
+
+impl LabforgeUp {
+    /// `labforge user add NAME`; returns the password it printed (once).
+    pub fn add_user(&self, name: &str) -> Result<String, SupportError> {
+        let printed = self.user_command(&["add", name])?;
+        printed
+            .split_whitespace()
+            .last()
+            .map(str::to_owned)
+            .ok_or_else(|| SupportError::Command {
+                command: format!("labforge user add {name}"),
+                detail: format!("no password printed: {printed:?}"),
+            })
+    }
+
+    /// Signs in through the API; returns the session cookie (`labforge_session=…`).
+    pub async fn sign_in(&self, user: &str, password: &str) -> Result<String, SupportError> {
+        let failed = |detail: String| SupportError::Command {
+            command: format!("POST {}/api/login as {user}", self.url),
+            detail,
+        };
+        let response = reqwest::Client::new()
+            .post(format!("{}/api/login", self.url))
+            .json(&serde_json::json!({"username": user, "password": password}))
+            .send()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(failed(format!("HTTP {}", response.status())));
+        }
+        response
+            .headers()
+            .get(reqwest::header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .filter(|c| c.starts_with("labforge_session="))
+            .map(str::to_owned)
+            .ok_or_else(|| failed("no session cookie".into()))
+    }
+}
