@@ -462,8 +462,10 @@ async fn admin_endpoints_serve_kubeflow_metrics_and_readiness() {
                 .text()
                 .await
                 .ok()?;
-            text.contains(r#"notebook_create_total{namespace="alice"} 1"#)
-                .then_some(text)
+            // The gauge is set by the reconcile after the create: wait for both.
+            (text.contains(r#"notebook_create_total{namespace="alice"} 1"#)
+                && text.contains(r#"notebook_running{namespace="alice"}"#))
+            .then_some(text)
         },
     )
     .await;
