@@ -293,9 +293,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let proxy = labforge_proxy::start(
         ProxyOptions {
             listen: options.listen,
-            admin: "127.0.0.1:0"
-                .parse()
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             gateway: GatewayFilter(Some(builder_config.gateway.clone())),
             identity: auth.clone(),
             access: auth.clone(),
