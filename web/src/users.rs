@@ -18,8 +18,9 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant, SystemTime};
 
 pub const SESSION_COOKIE: &str = "labforge_session";
-/// A session ends after this long without a request.
-const SESSION_IDLE: Duration = Duration::from_secs(12 * 3600);
+/// A session ends this long after sign-in (not extended by use: the proxy checks sessions on
+/// every request, and a read lock keeps that cheap).
+const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserError {
@@ -74,10 +75,14 @@ fn hash_password(password: &str) -> Result<String, UserError> {
         .map_err(|e| UserError::Hash(e.to_string()))
 }
 
+/// Inode and mtime of the users file.
+type FileStamp = (u64, SystemTime);
+
 /// The users file, re-read when it changes on disk.
 pub struct Users {
     path: PathBuf,
-    cache: RwLock<(Option<SystemTime>, Vec<User>)>,
+    /// The file's identity when read (it is replaced by rename on every write), and its users.
+    cache: RwLock<(Option<FileStamp>, Vec<User>)>,
 }
 
 impl Users {
@@ -90,10 +95,11 @@ impl Users {
         Ok(users)
     }
 
-    fn modified(&self) -> Option<SystemTime> {
-        std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .ok()
+    fn modified(&self) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(&self.path).ok()?;
+        // The inode changes with every rename-replace, even within one mtime tick.
+        Some((meta.ino(), meta.modified().ok()?))
     }
 
     /// Re-reads the file if it changed since the last read.
@@ -130,8 +136,10 @@ impl Users {
         self.cache.read().map(|c| c.1.clone()).unwrap_or_default()
     }
 
+    /// One user (the proxy asks on every request: only the match is copied).
     pub fn get(&self, name: &str) -> Option<User> {
-        self.list().into_iter().find(|u| u.name == name)
+        let cache = self.cache.read().ok()?;
+        cache.1.iter().find(|u| u.name == name).cloned()
     }
 
     fn write(&self, users: &[User]) -> Result<(), UserError> {
@@ -231,7 +239,7 @@ impl Users {
     }
 }
 
-/// Signed-in sessions: token → user name and last use.
+/// Signed-in sessions: token → user name and sign-in time.
 #[derive(Default)]
 pub struct Sessions {
     map: RwLock<HashMap<String, (String, Instant)>>,
@@ -242,7 +250,7 @@ impl Sessions {
         let token = random_token(32)?;
         if let Ok(mut map) = self.map.write() {
             let now = Instant::now();
-            map.retain(|_, (_, used)| now.duration_since(*used) < SESSION_IDLE);
+            map.retain(|_, (_, started)| now.duration_since(*started) < SESSION_LIFETIME);
             map.insert(token.clone(), (user.to_owned(), now));
         }
         Ok(token)
@@ -256,8 +264,8 @@ impl Sessions {
 
     pub fn user(&self, token: &str) -> Option<String> {
         let map = self.map.read().ok()?;
-        let (user, used) = map.get(token)?;
-        (used.elapsed() < SESSION_IDLE).then(|| user.clone())
+        let (user, started) = map.get(token)?;
+        (started.elapsed() < SESSION_LIFETIME).then(|| user.clone())
     }
 
     /// Ends every session of `user` (removed users).
@@ -287,10 +295,14 @@ pub struct LocalAuth {
 }
 
 impl LocalAuth {
-    /// The signed-in user a request carries, if the user still exists.
+    /// The signed-in user a request carries, if the user still exists: a user removed with
+    /// `labforge user remove` loses their sessions at once (one `stat` of the file per request).
     pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
         let token = session_token(headers)?;
         let name = self.sessions.user(token)?;
+        if let Err(err) = self.users.refresh() {
+            tracing::warn!(error = %err, "re-reading the users file");
+        }
         self.users.get(&name)
     }
 }
@@ -361,6 +373,16 @@ mod tests {
         assert!(auth.is_member("alice", "alice"));
         assert!(!auth.is_member("alice", "bob"));
         auth.sessions.end(&token);
+        assert!(auth.identify(&headers).is_none());
+
+        // Removed by another process (the CLI): the session no longer identifies anyone.
+        let token = auth.sessions.start("alice").unwrap();
+        headers.insert(
+            http::header::COOKIE,
+            format!("{SESSION_COOKIE}={token}").parse().unwrap(),
+        );
+        assert_eq!(auth.identify(&headers).unwrap().user, "alice");
+        Users::open(dir.path()).unwrap().remove("alice").unwrap();
         assert!(auth.identify(&headers).is_none());
     }
 }
