@@ -339,28 +339,23 @@ impl Store {
 
     pub fn add_saved_image(&self, image: SavedImage) -> Result<(), StoreError> {
         let namespace = image.namespace.clone();
-        let mut state = self.lock();
-        let mut images = state.saved.get(&namespace).cloned().unwrap_or_default();
-        images.push(image);
-        let path = self
-            .dir
-            .join("saved-images")
-            .join(format!("{namespace}.json"));
-        write_atomically(
-            &path,
-            &serde_json::to_vec_pretty(&images).unwrap_or_default(),
-        )?;
-        state.saved.insert(namespace.clone(), images);
-        drop(state);
-        self.notify(Change::SavedImages { namespace });
-        Ok(())
+        self.change_saved_images(&namespace, |images| images.push(image))
     }
 
     /// Forgets a saved image (pruned from its registry).
     pub fn remove_saved_image(&self, namespace: &str, image: &str) -> Result<(), StoreError> {
+        self.change_saved_images(namespace, |images| images.retain(|i| i.image != image))
+    }
+
+    /// Changes the saved-image records of `namespace`: written, then kept, then announced.
+    fn change_saved_images(
+        &self,
+        namespace: &str,
+        change: impl FnOnce(&mut Vec<SavedImage>),
+    ) -> Result<(), StoreError> {
         let mut state = self.lock();
         let mut images = state.saved.get(namespace).cloned().unwrap_or_default();
-        images.retain(|i| i.image != image);
+        change(&mut images);
         let path = self
             .dir
             .join("saved-images")
@@ -430,6 +425,33 @@ mod tests {
         let next = reopened.create(notebook("bob", "lab")).unwrap();
         assert_eq!(next.metadata.resource_version.as_deref(), Some("3"));
         reopened.delete("alice", "lab").unwrap();
+
+        // Saved images: newest first, removable, kept across a reopen.
+        let image = |tag: &str| SavedImage {
+            image: format!("registry.local/alice/lab:{tag}"),
+            digest: format!("sha256:{tag}"),
+            notebook: "lab".into(),
+            namespace: "alice".into(),
+            base: String::new(),
+            layer_bytes: 1,
+            files_changed: 1,
+            files_deleted: 0,
+            created: String::new(),
+            summary: None,
+        };
+        reopened.add_saved_image(image("v1")).unwrap();
+        reopened.add_saved_image(image("v2")).unwrap();
+        reopened.add_saved_image(image("v3")).unwrap();
+        reopened
+            .remove_saved_image("alice", "registry.local/alice/lab:v2")
+            .unwrap();
+        let tags: Vec<String> = Store::open(dir.path())
+            .unwrap()
+            .saved_images("alice")
+            .into_iter()
+            .map(|i| i.digest)
+            .collect();
+        assert_eq!(tags, ["sha256:v3", "sha256:v1"]);
         assert!(
             Store::open(dir.path())
                 .unwrap()
