@@ -47,28 +47,10 @@ async fn save(user: &Session, ns: &str, name: &str, tag: &str) -> Value {
         )
         .await;
     assert_eq!(code, 202, "{started}");
-    let events = user
-        .http
-        .get(format!(
-            "{}/api/namespaces/{ns}/saves/{}",
-            user.base,
-            started["id"].as_str().unwrap()
-        ))
-        .header("cookie", &user.cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let last: Value = serde_json::from_str(
-        events
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .next_back()
-            .unwrap(),
-    )
-    .unwrap();
+    let (events, mut progress) = user
+        .save_progress(ns, started["id"].as_str().unwrap())
+        .await;
+    let last = progress.pop().unwrap();
     assert_eq!(last["phase"], "done", "{events}");
     last
 }

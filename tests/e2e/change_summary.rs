@@ -6,12 +6,10 @@
 //! running JupyterLab notebook, saved through the agent, is named in its save's summary.
 
 use crate::need;
-use crate::save::{inspect, save, succeeded, wheel};
+use crate::save::{inspect, notebook_with_agent, save, succeeded, wheel};
 use labforge_tests::Registry;
-use labforge_tests::notebook::JupyterLab;
 use serde_json::Value;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 const SITE: &str = "opt/conda/lib/python3.11/site-packages";
@@ -315,21 +313,9 @@ async fn a_commit_on_a_base_names_the_packages_and_files_it_changed() {
 async fn a_pip_install_in_a_running_notebook_is_named_in_its_save_summary() {
     let registry = need(Registry::start().await);
     let host = registry.host();
-    let agent = need(labforge_tests::agent::agent_binary());
     let workspace = tempfile::tempdir().unwrap();
-    fs::set_permissions(workspace.path(), fs::Permissions::from_mode(0o777)).unwrap();
     wheel(workspace.path(), "labforge_summary_probe", "1.0", "probe");
-    let agent_mount = format!("{}:/.labforge/agent:ro", agent.parent().unwrap().display());
-    let workspace_mount = format!("{}:/home/jovyan", workspace.path().display());
-    let notebook = need(
-        JupyterLab::start_with(
-            &registry,
-            "alice",
-            "summary",
-            &["-v", &agent_mount, "-v", &workspace_mount],
-        )
-        .await,
-    );
+    let notebook = notebook_with_agent(&registry, "summary", workspace.path()).await;
     let container = notebook.container();
     // A package of the image the notebook's server does not use.
     let removed_version = need(container.exec(&[

@@ -79,6 +79,26 @@ impl Session {
         self.call(reqwest::Method::PATCH, path, Some(body)).await
     }
 
+    /// Follows save `id` to its end: the stream's text and each progress event.
+    pub async fn save_progress(&self, ns: &str, id: &str) -> (String, Vec<Value>) {
+        let events = self
+            .http
+            .get(format!("{}/api/namespaces/{ns}/saves/{id}", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let progress = events
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        (events, progress)
+    }
+
     pub async fn wait_state(&self, ns: &str, name: &str, want: &str, timeout: Duration) -> Value {
         let path = format!("/api/namespaces/{ns}/notebooks/{name}");
         let deadline = Instant::now() + timeout;
@@ -397,25 +417,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         409,
         "one save at a time"
     );
-    let events = a
-        .http
-        .get(format!(
-            "{}/api/namespaces/{alice}/saves/{}",
-            up.url,
-            save["id"].as_str().unwrap()
-        ))
-        .header("cookie", &a.cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let progress: Vec<Value> = events
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let (events, progress) = a.save_progress(&alice, save["id"].as_str().unwrap()).await;
     let last = progress.last().unwrap();
     assert_eq!(last["phase"], "done", "{events}");
     let digest = last["digest"].as_str().unwrap().to_owned();

@@ -276,26 +276,36 @@ with zipfile.ZipFile(path, "w") as z:
     file
 }
 
+/// JupyterLab as notebook `alice/<name>`, with the save agent mounted read-only where labforge
+/// mounts it and `workspace` (made writable for jovyan) as its home.
+pub(crate) async fn notebook_with_agent(
+    registry: &Registry,
+    name: &str,
+    workspace: &std::path::Path,
+) -> JupyterLab {
+    let agent = need(labforge_tests::agent::agent_binary());
+    fs::set_permissions(workspace, fs::Permissions::from_mode(0o777)).unwrap();
+    let agent_mount = format!("{}:/.labforge/agent:ro", agent.parent().unwrap().display());
+    let workspace_mount = format!("{}:/home/jovyan", workspace.display());
+    need(
+        JupyterLab::start_with(
+            registry,
+            "alice",
+            name,
+            &["-v", &agent_mount, "-v", &workspace_mount],
+        )
+        .await,
+    )
+}
+
 #[tokio::test]
 async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
     let registry = need(Registry::start().await);
     let host = registry.host();
-    let agent = need(labforge_tests::agent::agent_binary());
     let workspace = tempfile::tempdir().unwrap();
-    fs::set_permissions(workspace.path(), fs::Permissions::from_mode(0o777)).unwrap();
     wheel(workspace.path(), "labforge_probe", "1.0", "first");
     wheel(workspace.path(), "labforge_second", "2.0", "second");
-    let agent_mount = format!("{}:/.labforge/agent:ro", agent.parent().unwrap().display());
-    let workspace_mount = format!("{}:/home/jovyan", workspace.path().display());
-    let notebook = need(
-        JupyterLab::start_with(
-            &registry,
-            "alice",
-            "env",
-            &["-v", &agent_mount, "-v", &workspace_mount],
-        )
-        .await,
-    );
+    let notebook = notebook_with_agent(&registry, "env", workspace.path()).await;
     let container = notebook.container();
     need(container.exec(&[
         "pip",

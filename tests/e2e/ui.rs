@@ -78,20 +78,16 @@ async fn users_work_through_the_web_ui_in_a_browser() {
             .contains("JupyterLab")
     );
     // The progress bar reached the digest the registry holds.
-    let (_, images) = {
-        let http = reqwest::Client::new();
-        let cookie = need(up.sign_in(&alice, &alice_password).await);
-        let images: Value = http
-            .get(format!("{}/api/namespaces/{alice}/images", up.url))
-            .header("cookie", cookie)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        ((), images)
-    };
+    let cookie = need(up.sign_in(&alice, &alice_password).await);
+    let images: Value = reqwest::Client::new()
+        .get(format!("{}/api/namespaces/{alice}/images", up.url))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let saved = &images["images"]
         .as_array()
         .unwrap()
