@@ -715,7 +715,9 @@ async fn watch_namespace(
         let ns = ns.clone();
         async move {
             match change {
-                Ok(Change::Notebook { namespace, .. }) if namespace == ns => {
+                Ok(Change::Notebook { namespace, .. } | Change::Status { namespace, .. })
+                    if namespace == ns =>
+                {
                     Some(Ok(notebooks_event(&state, &ns).await))
                 }
                 // Lagged behind: send the whole list again.

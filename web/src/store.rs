@@ -40,9 +40,23 @@ pub enum StoreError {
 /// What changed; subscribers re-read what they need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    Notebook { namespace: String, name: String },
-    Event { namespace: String, name: String },
-    SavedImages { namespace: String },
+    /// Its spec or metadata changed (what the runtime acts on).
+    Notebook {
+        namespace: String,
+        name: String,
+    },
+    /// Only its status changed (the runtime's own report: views follow it, the runtime does not).
+    Status {
+        namespace: String,
+        name: String,
+    },
+    Event {
+        namespace: String,
+        name: String,
+    },
+    SavedImages {
+        namespace: String,
+    },
 }
 
 type Key = (String, String);
@@ -250,15 +264,18 @@ impl Store {
         if updated.spec != current.spec {
             updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
         }
+        let status_only = updated.spec == current.spec && updated.metadata == current.metadata;
         state.version += 1;
         updated.metadata.resource_version = Some(state.version.to_string());
         let bytes = serde_json::to_vec_pretty(&updated).unwrap_or_default();
         write_atomically(&self.notebook_path(namespace, name), &bytes)?;
         state.notebooks.insert(key, updated.clone());
         drop(state);
-        self.notify(Change::Notebook {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
+        let (namespace, name) = (namespace.to_owned(), name.to_owned());
+        self.notify(if status_only {
+            Change::Status { namespace, name }
+        } else {
+            Change::Notebook { namespace, name }
         });
         Ok(updated)
     }
@@ -419,11 +436,23 @@ mod tests {
         assert!(changes.try_recv().is_ok());
         assert!(changes.try_recv().is_ok());
         assert!(changes.try_recv().is_err());
+        // A status written by the runtime is announced as such, so the runtime does not wake on it.
+        let reported = store
+            .update("alice", "lab", |nb| nb.status = Some(Default::default()))
+            .unwrap();
+        assert_eq!(
+            changes.try_recv().unwrap(),
+            Change::Status {
+                namespace: "alice".into(),
+                name: "lab".into()
+            }
+        );
+        let updated = reported;
 
         let reopened = Store::open(dir.path()).unwrap();
         assert_eq!(reopened.get("alice", "lab"), Some(updated));
         let next = reopened.create(notebook("bob", "lab")).unwrap();
-        assert_eq!(next.metadata.resource_version.as_deref(), Some("3"));
+        assert_eq!(next.metadata.resource_version.as_deref(), Some("4"));
         reopened.delete("alice", "lab").unwrap();
 
         // Saved images: newest first, removable, kept across a reopen.
