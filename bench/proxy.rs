@@ -180,7 +180,7 @@ fn start_labforge(dir: &Path, routes: &Routes) -> Running {
     let child = Command::new(env!("CARGO_BIN_EXE_labforge"))
         .args(["proxy", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
-        .args(["--member", &format!("bench={USER}")])
+        .args(["--access", "static", "--member", &format!("bench={USER}")])
         .arg("--routes-file")
         .arg(&file)
         .env("LABFORGE_LOG", "error")

@@ -13,6 +13,7 @@ use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_notebook_controller::service::{LeaderElection, ServeOptions, serve};
 use labforge_proxy::authz::{StaticAccess, TrustedHeader};
+use labforge_proxy::review::{ReviewCache, ReviewedAccess};
 use labforge_proxy::routes::GatewayFilter;
 use labforge_proxy::server::TlsFiles;
 use labforge_proxy::{ProxyOptions, RoutesFrom};
@@ -171,10 +172,15 @@ pub struct ProxyArgs {
     /// Prefix of the user header's value to strip (e.g. `accounts.google.com:`).
     #[arg(long, env = "USERID_PREFIX", default_value = "")]
     pub user_prefix: String,
-    /// A user who reaches every notebook; repeatable.
+    /// Who reaches a namespace's notebooks: whom Kubernetes RBAC lets get Notebooks there (a
+    /// SubjectAccessReview, cached briefly), or only those named by --admin and --member.
+    #[arg(long, value_enum, default_value_t = ProxyAccess::SubjectAccessReview)]
+    pub access: ProxyAccess,
+    /// With `--access static`: a user who reaches every notebook; repeatable.
     #[arg(long = "admin")]
     pub admins: Vec<String>,
-    /// `<namespace>=<user>`: the user reaches the namespace's notebooks; repeatable.
+    /// With `--access static`: `<namespace>=<user>`, the user reaches the namespace's notebooks;
+    /// repeatable.
     #[arg(long = "member")]
     pub members: Vec<String>,
     /// A namespace whose routes every authenticated user reaches (the dashboard's); repeatable.
@@ -197,10 +203,25 @@ pub struct ProxyArgs {
     pub tls_key: Option<PathBuf>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProxyAccess {
+    SubjectAccessReview,
+    Static,
+}
+
+/// The proxy's options; with `--access subject-access-review`, `access` is a placeholder that
+/// [`proxy`] replaces once it has a Kubernetes client.
 impl TryFrom<&ProxyArgs> for ProxyOptions {
     type Error = anyhow::Error;
 
     fn try_from(args: &ProxyArgs) -> anyhow::Result<Self> {
+        if args.access == ProxyAccess::SubjectAccessReview
+            && !(args.admins.is_empty() && args.members.is_empty())
+        {
+            anyhow::bail!(
+                "--admin and --member need --access static (with subject-access-review, Kubernetes RBAC decides)"
+            );
+        }
         let header = http::HeaderName::from_bytes(args.user_header.to_ascii_lowercase().as_bytes())
             .with_context(|| format!("--user-header {:?}", args.user_header))?;
         let mut access = StaticAccess::with_members(
@@ -572,9 +593,7 @@ async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?;
+    let client = kubernetes_client().await?;
     tokio::select! {
         result = serve(client, options) => result?,
         () = stop_signal() => tracing::info!("stopping"),
@@ -590,12 +609,19 @@ async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
+    let options = match args.access {
+        ProxyAccess::Static => options,
+        ProxyAccess::SubjectAccessReview => ProxyOptions {
+            access: std::sync::Arc::new(ReviewedAccess::new(
+                kubernetes_client().await?,
+                args.shared_namespaces.iter().cloned().collect(),
+                ReviewCache::default(),
+            )),
+            ..options
+        },
+    };
     let routes = if args.routes_files.is_empty() {
-        RoutesFrom::Kubernetes(
-            kube::Client::try_default()
-                .await
-                .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?,
-        )
+        RoutesFrom::Kubernetes(kubernetes_client().await?)
     } else {
         RoutesFrom::Files(args.routes_files.clone())
     };
@@ -605,6 +631,12 @@ async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
         () = stop_signal() => tracing::info!("stopping"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn kubernetes_client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")
 }
 
 /// Ctrl-C, or SIGTERM (what Kubernetes and podman send to stop a container's first process).
@@ -787,9 +819,7 @@ async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
             defaults: Default::default(),
         }
     });
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (kubeconfig or in-cluster)")?;
+    let client = kubernetes_client().await?;
     let app = labforge_web::cluster::router(
         client,
         labforge_proxy::authz::TrustedHeader {
@@ -900,6 +930,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use labforge_proxy::authz::Answer;
 
     fn parse(args: &[&str]) -> CommitArgs {
         let mut argv = vec![
@@ -924,6 +955,8 @@ mod tests {
     #[test]
     fn proxy_arguments_become_options() {
         let options = ProxyOptions::try_from(&parse_proxy(&[
+            "--access",
+            "static",
             "--admin",
             "root@x",
             "--member",
@@ -936,9 +969,10 @@ mod tests {
             options.gateway,
             GatewayFilter(Some("kubeflow/kubeflow-gateway".into()))
         );
-        assert!(options.access.is_admin("root@x"));
-        assert!(options.access.is_member("alice@x", "alice"));
-        assert!(!options.access.is_member("alice@x", "bob"));
+        let may_use = |user, ns| matches!(options.access.may_use(user, ns), Answer::Now(true));
+        assert!(may_use("root@x", "bob"));
+        assert!(may_use("alice@x", "alice"));
+        assert!(!may_use("alice@x", "bob"));
         assert!(options.access.is_shared("kubeflow"));
         assert!(!options.access.is_shared("alice"));
         assert_eq!(
@@ -953,7 +987,9 @@ mod tests {
     #[test]
     fn malformed_proxy_arguments_are_refused() {
         for bad in [
-            &["--member", "alice"][..],
+            &["--access", "static", "--member", "alice"][..],
+            &["--member", "alice=alice@x"],
+            &["--admin", "root@x"],
             &["--upstream", "nowhere"],
             &["--user-header", "bad header"],
         ] {

@@ -9,10 +9,14 @@
 //!
 //! Both halves are traits so the deployment decides: in a cluster the user comes from a header
 //! the auth proxy in front sets (`kubeflow-userid`), in single-machine mode from labforge's own
-//! session cookie; membership from a static map today, a SubjectAccessReview-backed cache later.
+//! session cookie; membership from a static map ([`StaticAccess`]), labforge's local users, or
+//! Kubernetes RBAC through SubjectAccessReviews ([`crate::review::ReviewedAccess`]), which is why
+//! an answer may come later.
 
 use http::{HeaderMap, HeaderName};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 
 /// An authenticated user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,10 +65,26 @@ impl IdentitySource for TrustedHeader {
 
 /// Who may use which namespace.
 pub trait NamespaceAccess: Send + Sync {
-    fn is_admin(&self, user: &str) -> bool;
-    fn is_member(&self, user: &str, namespace: &str) -> bool;
+    /// Whether `user` may reach routes into `namespace`: its members and admins may.
+    fn may_use(&self, user: &str, namespace: &str) -> Answer;
     /// Routes into this namespace are open to every authenticated user.
     fn is_shared(&self, namespace: &str) -> bool;
+}
+
+/// An access answer: known at once (a static map, a cached review) or once someone was asked, so
+/// the common case costs no allocation.
+pub enum Answer {
+    Now(bool),
+    Later(Pin<Box<dyn Future<Output = bool> + Send>>),
+}
+
+impl Answer {
+    pub async fn resolve(self) -> bool {
+        match self {
+            Answer::Now(allowed) => allowed,
+            Answer::Later(pending) => pending.await,
+        }
+    }
 }
 
 /// Membership from configuration: `--admin <user>`, `--member <namespace>=<user>` and
@@ -101,6 +121,16 @@ impl StaticAccess {
         }
         Ok(access)
     }
+
+    pub fn is_admin(&self, user: &str) -> bool {
+        self.admins.contains(user)
+    }
+
+    pub fn is_member(&self, user: &str, namespace: &str) -> bool {
+        self.members
+            .get(namespace)
+            .is_some_and(|users| users.contains(user))
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -108,14 +138,8 @@ impl StaticAccess {
 pub struct BadMember(pub String);
 
 impl NamespaceAccess for StaticAccess {
-    fn is_admin(&self, user: &str) -> bool {
-        self.admins.contains(user)
-    }
-
-    fn is_member(&self, user: &str, namespace: &str) -> bool {
-        self.members
-            .get(namespace)
-            .is_some_and(|users| users.contains(user))
+    fn may_use(&self, user: &str, namespace: &str) -> Answer {
+        Answer::Now(self.is_admin(user) || self.is_member(user, namespace))
     }
 
     fn is_shared(&self, namespace: &str) -> bool {
@@ -133,9 +157,9 @@ pub enum Decision {
     Forbidden,
 }
 
-/// Whether `identity` may use a route guarded by `namespaces`: an admin always, anyone else only
-/// as a member of every namespace that is not shared.
-pub fn authorize(
+/// Whether `identity` may use a route guarded by `namespaces`: only if it may use every one of
+/// them that is not shared.
+pub async fn authorize(
     identity: Option<&Identity>,
     namespaces: &[String],
     access: &dyn NamespaceAccess,
@@ -143,16 +167,12 @@ pub fn authorize(
     let Some(identity) = identity else {
         return Decision::Unauthenticated;
     };
-    let allowed = access.is_admin(&identity.user)
-        || namespaces
-            .iter()
-            .filter(|ns| !access.is_shared(ns))
-            .all(|ns| access.is_member(&identity.user, ns));
-    if allowed {
-        Decision::Allow
-    } else {
-        Decision::Forbidden
+    for namespace in namespaces.iter().filter(|ns| !access.is_shared(ns)) {
+        if !access.may_use(&identity.user, namespace).resolve().await {
+            return Decision::Forbidden;
+        }
     }
+    Decision::Allow
 }
 
 #[cfg(test)]
@@ -164,8 +184,8 @@ mod tests {
         Identity { user: name.into() }
     }
 
-    #[test]
-    fn owner_members_and_admins_reach_a_notebook_nobody_else_does() {
+    #[tokio::test]
+    async fn owner_members_and_admins_reach_a_notebook_nobody_else_does() {
         let mut access = StaticAccess::with_members(
             ["root@example.com"],
             [
@@ -178,44 +198,46 @@ mod tests {
         access.shared.insert("kubeflow".into());
         let decide = |who: Option<&str>, ns: &[&str]| {
             let ns: Vec<String> = ns.iter().map(|n| n.to_string()).collect();
-            authorize(who.map(user).as_ref(), &ns, &access)
+            let who = who.map(user);
+            let access = &access;
+            async move { authorize(who.as_ref(), &ns, access).await }
         };
         assert_eq!(
-            decide(Some("alice@example.com"), &["alice"]),
+            decide(Some("alice@example.com"), &["alice"]).await,
             Decision::Allow
         );
         assert_eq!(
-            decide(Some("carol@example.com"), &["alice"]),
+            decide(Some("carol@example.com"), &["alice"]).await,
             Decision::Allow
         );
         assert_eq!(
-            decide(Some("root@example.com"), &["alice"]),
+            decide(Some("root@example.com"), &["alice"]).await,
             Decision::Allow
         );
         assert_eq!(
-            decide(Some("bob@example.com"), &["alice"]),
+            decide(Some("bob@example.com"), &["alice"]).await,
             Decision::Forbidden
         );
         assert_eq!(
-            decide(Some("ALICE@example.com"), &["alice"]),
+            decide(Some("ALICE@example.com"), &["alice"]).await,
             Decision::Forbidden
         );
-        assert_eq!(decide(None, &["alice"]), Decision::Unauthenticated);
+        assert_eq!(decide(None, &["alice"]).await, Decision::Unauthenticated);
         // bob's VirtualService leading to alice's service needs both namespaces.
         assert_eq!(
-            decide(Some("bob@example.com"), &["alice", "bob"]),
+            decide(Some("bob@example.com"), &["alice", "bob"]).await,
             Decision::Forbidden
         );
         assert_eq!(
-            decide(Some("root@example.com"), &["alice", "bob"]),
+            decide(Some("root@example.com"), &["alice", "bob"]).await,
             Decision::Allow
         );
         // The shared namespace: any authenticated user, still nobody anonymous.
         assert_eq!(
-            decide(Some("bob@example.com"), &["kubeflow"]),
+            decide(Some("bob@example.com"), &["kubeflow"]).await,
             Decision::Allow
         );
-        assert_eq!(decide(None, &["kubeflow"]), Decision::Unauthenticated);
+        assert_eq!(decide(None, &["kubeflow"]).await, Decision::Unauthenticated);
     }
 
     #[test]

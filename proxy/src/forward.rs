@@ -166,7 +166,7 @@ impl Forwarder {
             })
             .ok_or(ProxyError::NoRoute)?;
         let rule = found.rule.clone();
-        match authorize(Some(&identity), &rule.namespaces, self.access.as_ref()) {
+        match authorize(Some(&identity), &rule.namespaces, self.access.as_ref()).await {
             Decision::Allow => {}
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),

@@ -4,7 +4,7 @@
 //! Data flow: a route source (Kubernetes watch of VirtualServices, YAML files, or records pushed
 //! by the embedded web app) → [`source::RouteStore`] rebuilds an immutable [`routes::RouteTable`]
 //! and swaps it in → each request is normalized ([`normalize`]), identified and authorized
-//! ([`authz`]), matched with Istio's semantics and forwarded ([`forward`]) over a per-thread
+//! ([`authz`]; in a cluster by SubjectAccessReview, [`review`]), matched with Istio's semantics and forwarded ([`forward`]) over a per-thread
 //! HTTP/1.1 connection pool ([`upstream`]), websockets tunnelled; successful responses and websocket traffic update the route's
 //! [`activity`], which the admin endpoint ([`admin`]) serves to the culler.
 //!
@@ -19,6 +19,7 @@ pub mod forward;
 pub mod metrics;
 pub mod normalize;
 pub mod respond;
+pub mod review;
 pub mod routes;
 pub mod server;
 pub mod source;

@@ -4,7 +4,7 @@
 //! pass only flags and variables the real binary accepts; and the proxy and the web app, started
 //! with their Deployments' arguments against the fake API server, serve the no-Istio path.
 
-use kube::api::{Api, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use labforge_proxy::activity::Activity;
 use labforge_proxy::authz::{Decision, Identity, StaticAccess, authorize};
 use labforge_proxy::routes::{GatewayFilter, RequestView, RouteTable};
@@ -611,12 +611,15 @@ fn rbac_is_least_privilege_everywhere() {
     };
     assert_eq!(
         rule_set(role("labforge-proxy")),
-        rules(&[(
-            "networking.istio.io",
-            "virtualservices",
-            &["get", "list", "watch"]
-        )]),
-        "the proxy only reads VirtualServices"
+        rules(&[
+            (
+                "networking.istio.io",
+                "virtualservices",
+                &["get", "list", "watch"]
+            ),
+            ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+        ]),
+        "the proxy reads VirtualServices and asks RBAC who may open a notebook"
     );
     assert_eq!(
         rule_set(role("labforge-web")),
@@ -1030,9 +1033,9 @@ fn rendered_notebook_virtual_service() -> Value {
 
 /// The proxy Deployment's route table, from the web app's route and a notebook's: the notebook's
 /// prefix wins over `/` whichever is older, the web app is open to every signed-in user, a notebook
-/// only to those the Deployment names (none by default).
-#[test]
-fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
+/// is guarded by its namespace, which RBAC decides (the Deployment names no one).
+#[tokio::test]
+async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
     let base = build(&deploy_dir());
     let proxy = deployment_container(&base, "labforge-proxy");
     let args = strings(&proxy["args"]);
@@ -1043,12 +1046,19 @@ fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
             .collect()
     };
     let gateway = GatewayFilter(flag_value(proxy, "--gateway"));
-    let mut access = StaticAccess::with_members(
-        values("--admin").iter().map(String::as_str),
-        values("--member").iter().map(String::as_str),
-    )
-    .unwrap();
-    access.shared = values("--shared-namespace").into_iter().collect();
+    assert_eq!(
+        flag_value(proxy, "--access"),
+        None,
+        "RBAC decides who opens a notebook (a SubjectAccessReview, the default)"
+    );
+    for flag in ["--admin", "--member"] {
+        assert!(values(flag).is_empty(), "{flag} is for --access static");
+    }
+    // Nobody is anybody's member: what the shared namespaces alone open.
+    let access = StaticAccess {
+        shared: values("--shared-namespace").into_iter().collect(),
+        ..StaticAccess::default()
+    };
 
     let web_service = find(&base, "Service", "labforge-web").unwrap();
     let web_destination = format!(
@@ -1104,12 +1114,12 @@ fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 user: "anyone@example.com".into(),
             };
             assert_eq!(
-                authorize(Some(&anyone), &namespaces, &access),
+                authorize(Some(&anyone), &namespaces, &access).await,
                 Decision::Allow,
                 "{path}"
             );
             assert_eq!(
-                authorize(None, &namespaces, &access),
+                authorize(None, &namespaces, &access).await,
                 Decision::Unauthenticated
             );
         }
@@ -1118,10 +1128,11 @@ fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
         let alice = Identity {
             user: "alice@example.com".into(),
         };
+        assert_eq!(namespaces, ["alice"]);
         assert_eq!(
-            authorize(Some(&alice), &namespaces, &access),
+            authorize(Some(&alice), &namespaces, &access).await,
             Decision::Forbidden,
-            "membership is given by --member, none by default"
+            "a notebook's namespace is not shared"
         );
     }
 }
@@ -1215,8 +1226,10 @@ async fn get(url: &str, user: Option<&str>) -> Option<(u16, String)> {
 
 /// Without Istio: the overlay's objects apply to an API server (the fake, with the overlay's
 /// VirtualService CRD in place of Istio's); the web app and the proxy, started with their
-/// Deployments' arguments and environment, answer their probes; and a signed-in request to the
-/// proxy reaches the web app through the web route, which answers with the ConfigMap's catalog.
+/// Deployments' arguments and environment, answer their probes; a signed-in request to the
+/// proxy reaches the web app through the web route, which answers with the ConfigMap's catalog;
+/// and a notebook's route opens to whom the API server's SubjectAccessReviews allow, one review
+/// per user and namespace.
 #[tokio::test(flavor = "multi_thread")]
 async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
     crate::init_crypto();
@@ -1274,6 +1287,12 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
     .unwrap();
     let free = || labforge_tests::tools::free_port().unwrap();
     let (web_port, proxy_port, admin_port) = (free(), free(), free());
+    let notebook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let notebook_addr = notebook.local_addr().unwrap();
+    let notebook_task = tokio::spawn(async move {
+        let app = axum::Router::new().fallback(|| async { "the notebook" });
+        axum::serve(notebook, app).await.unwrap();
+    });
 
     let web_container = deployment_container(&base, "labforge-web");
     let mut web = start(
@@ -1292,10 +1311,12 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
             ("--listen", format!("127.0.0.1:{proxy_port}")),
             ("--admin-addr", format!("127.0.0.1:{admin_port}")),
         ],
-        // What cluster DNS does for the web app's Service.
+        // What cluster DNS does for the web app's Service and the notebook's.
         &[
             "--upstream".into(),
             format!("labforge-web.kubeflow.svc.cluster.local:80=127.0.0.1:{web_port}"),
+            "--upstream".into(),
+            format!("jupyter.alice.svc.cluster.local:80={notebook_addr}"),
         ],
         &kubeconfig,
     );
@@ -1337,4 +1358,64 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
     );
     let (status, _) = get(&through_proxy, None).await.unwrap();
     assert_eq!(status, 401, "no user header, no entry");
+
+    // RBAC as the API server answers it: alice in her namespace, root everywhere.
+    let reviews = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let asked = reviews.clone();
+    server.set_access_rule(move |spec| {
+        let user = spec["user"].as_str().unwrap_or_default();
+        let attributes = &spec["resourceAttributes"];
+        let namespace = attributes["namespace"].as_str().unwrap_or_default();
+        asked.lock().unwrap().push(format!("{user} {namespace}"));
+        attributes["group"] == "kubeflow.org"
+            && attributes["resource"] == "notebooks"
+            && attributes["verb"] == "get"
+            && (user == "root@example.com" || (user == "alice@example.com" && namespace == "alice"))
+    });
+    let notebook_route = rendered_notebook_virtual_service();
+    let version = notebook_route["apiVersion"].as_str().unwrap();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "networking.istio.io",
+            version.rsplit('/').next().unwrap(),
+            "VirtualService",
+        ),
+        "virtualservices",
+    );
+    Api::<DynamicObject>::namespaced_with(client.clone(), "alice", &resource)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(notebook_route).unwrap(),
+        )
+        .await
+        .unwrap();
+    let lab = format!("http://127.0.0.1:{proxy_port}/notebook/alice/jupyter/lab");
+    let body = until_ok(&lab, Some("alice@example.com"), &mut [&mut web, &mut proxy]).await;
+    assert_eq!(body, "the notebook");
+    for (user, expected) in [
+        ("alice@example.com", 200),
+        ("root@example.com", 200),
+        ("bob@example.com", 403),
+        ("bob@example.com", 403),
+    ] {
+        let (status, _) = get(&lab, Some(user)).await.unwrap();
+        assert_eq!(status, expected, "{user}");
+    }
+    let notebook_reviews: Vec<String> = reviews
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.ends_with(" alice"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        notebook_reviews,
+        [
+            "alice@example.com alice",
+            "root@example.com alice",
+            "bob@example.com alice"
+        ],
+        "one review per user and namespace; answers are cached"
+    );
+    notebook_task.abort();
 }

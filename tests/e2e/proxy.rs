@@ -14,7 +14,8 @@ use kube::api::{
 use labforge_crds::VirtualService;
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::builders::virtual_service;
-use labforge_proxy::authz::{StaticAccess, TrustedHeader};
+use labforge_proxy::authz::{NamespaceAccess, StaticAccess, TrustedHeader};
+use labforge_proxy::review::{ReviewCache, ReviewedAccess};
 use labforge_proxy::routes::GatewayFilter;
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_tests::Registry;
@@ -36,23 +37,44 @@ const BOB: &str = "bob@example.com";
 const ROOT: &str = "root@example.com";
 
 /// alice owns namespace alice and shares it with carol; bob owns bob; root is an admin.
+fn static_access() -> Arc<dyn NamespaceAccess> {
+    Arc::new(
+        StaticAccess::with_members(
+            [ROOT],
+            [
+                &*format!("alice={ALICE}"),
+                &format!("alice={CAROL}"),
+                &format!("bob={BOB}"),
+            ],
+        )
+        .unwrap(),
+    )
+}
+
+/// The same membership as [`static_access`], as RBAC would answer a SubjectAccessReview.
+fn rbac_allows(spec: &Value) -> bool {
+    let user = spec["user"].as_str().unwrap_or_default();
+    let attributes = &spec["resourceAttributes"];
+    let namespace = attributes["namespace"].as_str().unwrap_or_default();
+    let may_get_notebooks = attributes["group"] == "kubeflow.org"
+        && attributes["resource"] == "notebooks"
+        && attributes["verb"] == "get";
+    may_get_notebooks
+        && match user {
+            ROOT => true,
+            ALICE | CAROL => namespace == "alice",
+            BOB => namespace == "bob",
+            _ => false,
+        }
+}
+
 fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
     ProxyOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin: "127.0.0.1:0".parse().unwrap(),
         gateway: GatewayFilter(Some("kubeflow/kubeflow-gateway".into())),
         identity: Arc::new(TrustedHeader::default()),
-        access: Arc::new(
-            StaticAccess::with_members(
-                [ROOT],
-                [
-                    &*format!("alice={ALICE}"),
-                    &format!("alice={CAROL}"),
-                    &format!("bob={BOB}"),
-                ],
-            )
-            .unwrap(),
-        ),
+        access: static_access(),
         tls: None,
         upstream_addresses: upstreams,
         threads: 2,
@@ -508,16 +530,94 @@ const PATHS: &[(&str, Lands, &str)] = &[
 
 #[tokio::test]
 async fn authorization_matrix_over_users_and_path_tricks() {
+    authorization_matrix(static_access()).await;
+}
+
+/// The same matrix with access from Kubernetes RBAC (the deployed proxy's default): every case
+/// decides as the static membership does, each user and namespace pair is reviewed once, and a
+/// burst of requests from a new user waits for one shared review.
+#[tokio::test]
+async fn authorization_by_subject_access_review_matches_the_matrix() {
+    init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let reviews = Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let asked = reviews.clone();
+    server.set_access_rule(move |spec| {
+        asked.lock().unwrap().push((
+            spec["user"].as_str().unwrap_or_default().to_owned(),
+            spec["resourceAttributes"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        ));
+        // Slow enough for the burst below to arrive while the first review is under way.
+        std::thread::sleep(Duration::from_millis(50));
+        rbac_allows(spec)
+    });
+    let access = Arc::new(ReviewedAccess::new(
+        server.client(),
+        ["kubeflow".to_owned()].into(),
+        ReviewCache::default(),
+    ));
+    let proxy = authorization_matrix(access).await;
+
+    let mut asked: Vec<(String, String)> = reviews.lock().unwrap().clone();
+    let all = asked.len();
+    asked.sort();
+    asked.dedup();
+    assert_eq!(all, asked.len(), "a pair reviewed twice: {asked:?}");
+    let expected: Vec<(String, String)> = [
+        (ALICE, "alice"),
+        (ALICE, "bob"),
+        (BOB, "alice"),
+        (BOB, "bob"),
+        (CAROL, "alice"),
+        (CAROL, "bob"),
+        (ROOT, "alice"),
+        (ROOT, "bob"),
+    ]
+    .iter()
+    .map(|(u, n)| (u.to_string(), n.to_string()))
+    .collect();
+    assert_eq!(asked, expected);
+
+    let before = reviews.lock().unwrap().len();
+    let burst = (0..20).map(|_| {
+        raw_get(
+            proxy.addr,
+            "/notebook/bob/lab/",
+            &[("kubeflow-userid", "dave@example.com")],
+        )
+    });
+    for (status, body) in futures::future::join_all(burst).await {
+        assert_eq!(status, 403, "{body}");
+    }
+    assert_eq!(
+        reviews.lock().unwrap().len() - before,
+        1,
+        "one review for the burst"
+    );
+}
+
+/// Every user × path trick against two notebooks; the proxy is returned for more checks.
+async fn authorization_matrix(access: Arc<dyn NamespaceAccess>) -> RunningProxy {
     let alice_nb = Upstream::start("alice-lab").await;
     let bob_nb = Upstream::start("bob-lab").await;
-    let proxy = start_proxy(
+    init_crypto();
+    let proxy = labforge_proxy::start(
+        ProxyOptions {
+            access,
+            ..options(HashMap::from([
+                (service_authority("alice", "lab"), alice_nb.addr.to_string()),
+                (service_authority("bob", "lab"), bob_nb.addr.to_string()),
+            ]))
+        },
         RoutesFrom::Pushed,
-        HashMap::from([
-            (service_authority("alice", "lab"), alice_nb.addr.to_string()),
-            (service_authority("bob", "lab"), bob_nb.addr.to_string()),
-        ]),
     )
-    .await;
+    .await
+    .unwrap();
     proxy
         .routes
         .replace_all(vec![notebook_vs("alice", "lab"), notebook_vs("bob", "lab")]);
@@ -589,6 +689,7 @@ async fn authorization_matrix_over_users_and_path_tricks() {
     )
     .await;
     assert_eq!(status, 401);
+    proxy
 }
 
 #[tokio::test]

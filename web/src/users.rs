@@ -10,7 +10,7 @@
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use base64::Engine as _;
 use http::HeaderMap;
-use labforge_proxy::authz::{Identity, IdentitySource, NamespaceAccess};
+use labforge_proxy::authz::{Answer, Identity, IdentitySource, NamespaceAccess};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -314,13 +314,13 @@ impl IdentitySource for LocalAuth {
 }
 
 impl NamespaceAccess for LocalAuth {
-    fn is_admin(&self, user: &str) -> bool {
-        self.users.get(user).is_some_and(|u| u.admin)
-    }
-    fn is_member(&self, user: &str, namespace: &str) -> bool {
-        self.users
-            .get(user)
-            .is_some_and(|u| u.namespace == namespace)
+    /// A user's own namespace, or any for an admin.
+    fn may_use(&self, user: &str, namespace: &str) -> Answer {
+        Answer::Now(
+            self.users
+                .get(user)
+                .is_some_and(|u| u.admin || u.namespace == namespace),
+        )
     }
     fn is_shared(&self, _namespace: &str) -> bool {
         false
@@ -370,8 +370,11 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(auth.identify(&headers).unwrap().user, "alice");
-        assert!(auth.is_member("alice", "alice"));
-        assert!(!auth.is_member("alice", "bob"));
+        let may_use = |ns| matches!(auth.may_use("alice", ns), Answer::Now(true));
+        assert!(may_use("alice"));
+        assert!(!may_use("bob"));
+        auth.users.add("root", true).unwrap();
+        assert!(matches!(auth.may_use("root", "bob"), Answer::Now(true)));
         auth.sessions.end(&token);
         assert!(auth.identify(&headers).is_none());
 

@@ -1,0 +1,152 @@
+//! Namespace access from Kubernetes RBAC, for the proxy deployed in a cluster.
+//!
+//! The question is the one Kubeflow's web apps ask: may this user `get` `notebooks.kubeflow.org`
+//! in the namespace? RBAC then decides: the profile owner and the contributors Kubeflow binds
+//! there, and cluster-wide admins, without a list kept in the proxy's flags. Answers are cached
+//! per user and namespace (allowed for longer than denied, so a new grant works within seconds),
+//! and concurrent requests for one uncached pair share one review: opening JupyterLab fires a
+//! burst of requests that must not become a burst of SubjectAccessReviews.
+
+use crate::authz::{Answer, NamespaceAccess};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::Api;
+use kube::api::PostParams;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// Answers kept at most; past it, expired ones go, and if that is not enough, all of them.
+const MAX_CACHED: usize = 10_000;
+
+/// How long answers are trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReviewCache {
+    pub allowed_for: Duration,
+    pub denied_for: Duration,
+}
+
+impl Default for ReviewCache {
+    fn default() -> Self {
+        Self {
+            allowed_for: Duration::from_secs(30),
+            denied_for: Duration::from_secs(3),
+        }
+    }
+}
+
+/// [`NamespaceAccess`] by SubjectAccessReview.
+pub struct ReviewedAccess {
+    client: kube::Client,
+    shared: BTreeSet<String>,
+    cache: ReviewCache,
+    /// user → namespace → answer (nested so a lookup needs no owned key).
+    answers: Mutex<HashMap<String, HashMap<String, Cached>>>,
+}
+
+struct Cached {
+    asked: Instant,
+    /// Empty while the review is under way; a failed review leaves it empty.
+    answer: Arc<OnceCell<bool>>,
+}
+
+impl ReviewedAccess {
+    pub fn new(client: kube::Client, shared: BTreeSet<String>, cache: ReviewCache) -> Self {
+        Self {
+            client,
+            shared,
+            cache,
+            answers: Mutex::default(),
+        }
+    }
+
+    fn fresh(&self, cached: &Cached, now: Instant) -> bool {
+        match cached.answer.get() {
+            Some(true) => now - cached.asked < self.cache.allowed_for,
+            Some(false) => now - cached.asked < self.cache.denied_for,
+            // In flight: join it. After a failed review it is empty too, and whoever joins runs
+            // the review again.
+            None => true,
+        }
+    }
+}
+
+impl NamespaceAccess for ReviewedAccess {
+    fn may_use(&self, user: &str, namespace: &str) -> Answer {
+        let now = Instant::now();
+        let cell = {
+            let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(cached) = answers.get(user).and_then(|by_ns| by_ns.get(namespace))
+                && self.fresh(cached, now)
+            {
+                match cached.answer.get() {
+                    Some(&allowed) => return Answer::Now(allowed),
+                    None => cached.answer.clone(),
+                }
+            } else {
+                if answers.values().map(HashMap::len).sum::<usize>() >= MAX_CACHED {
+                    answers.retain(|_, by_ns| {
+                        by_ns.retain(|_, cached| self.fresh(cached, now));
+                        !by_ns.is_empty()
+                    });
+                    if answers.values().map(HashMap::len).sum::<usize>() >= MAX_CACHED {
+                        answers.clear();
+                    }
+                }
+                let answer = Arc::new(OnceCell::new());
+                answers.entry(user.to_owned()).or_default().insert(
+                    namespace.to_owned(),
+                    Cached {
+                        asked: now,
+                        answer: answer.clone(),
+                    },
+                );
+                answer
+            }
+        };
+        let client = self.client.clone();
+        let (user, namespace) = (user.to_owned(), namespace.to_owned());
+        Answer::Later(Box::pin(async move {
+            // Fail closed: no answer is no access, and the next request asks again.
+            cell.get_or_try_init(|| review(client, &user, &namespace))
+                .await
+                .copied()
+                .unwrap_or(false)
+        }))
+    }
+
+    fn is_shared(&self, namespace: &str) -> bool {
+        self.shared.contains(namespace)
+    }
+}
+
+async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, kube::Error> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("kubeflow.org".into()),
+                resource: Some("notebooks".into()),
+                verb: Some("get".into()),
+                namespace: Some(namespace.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(client);
+    match api.create(&PostParams::default(), &review).await {
+        Ok(answer) => {
+            let allowed = answer.status.is_some_and(|s| s.allowed);
+            tracing::debug!(user, namespace, allowed, "SubjectAccessReview");
+            Ok(allowed)
+        }
+        Err(err) => {
+            tracing::warn!(user, namespace, error = %err, "SubjectAccessReview failed; access refused");
+            Err(err)
+        }
+    }
+}
