@@ -67,6 +67,9 @@ pub enum Command {
     /// Manage the embedded mode's local users (the data dir `labforge up` uses).
     #[command(subcommand)]
     User(UserCommand),
+    /// Run the ImageBuild reconciler in a cluster: saves running notebooks' environments as
+    /// images (the agent through pods/exec; registry and cache credentials stay here).
+    ImageBuilds(ImageBuildsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -366,6 +369,31 @@ pub struct CommitArgs {
     /// Also compare file contents with the base (reads every file; metadata only by default).
     #[arg(long)]
     pub verify_content: bool,
+    #[command(flatten)]
+    pub storage: StorageArgs,
+    /// Image reference to push, e.g. `registry.example.com/team/env:v1`.
+    #[arg(long)]
+    pub target: String,
+    /// Layer compression.
+    #[arg(long, value_enum, default_value = "zstd")]
+    pub compression: CompressionArg,
+    /// Compression level (zstd 1-22, default 3; gzip 0-9, default 6).
+    #[arg(long)]
+    pub level: Option<i32>,
+    /// Image user (`uid[:gid]` or name).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Image command; repeat for each argument.
+    #[arg(long = "cmd")]
+    pub cmd: Vec<String>,
+    /// Print no progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Where saves push and cache, shared by `build commit` and `image-builds`.
+#[derive(Debug, Args)]
+pub struct StorageArgs {
     /// Cache blobs and indexes in this directory.
     #[arg(long, conflicts_with = "cache_s3")]
     pub cache_dir: Option<PathBuf>,
@@ -382,15 +410,6 @@ pub struct CommitArgs {
     /// Filled from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY by `run`, not by clap.
     #[arg(skip)]
     pub s3_credentials: Option<Secret<(String, String)>>,
-    /// Image reference to push, e.g. `registry.example.com/team/env:v1`.
-    #[arg(long)]
-    pub target: String,
-    /// Layer compression.
-    #[arg(long, value_enum, default_value = "zstd")]
-    pub compression: CompressionArg,
-    /// Compression level (zstd 1-22, default 3; gzip 0-9, default 6).
-    #[arg(long)]
-    pub level: Option<i32>,
     /// Registry (`host[:port]`) to reach over plain HTTP; repeatable.
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
@@ -401,18 +420,62 @@ pub struct CommitArgs {
     /// Filled from LABFORGE_REGISTRY_PASSWORD by `run`, not by clap.
     #[arg(skip)]
     pub registry_password: Option<Secret<String>>,
-    /// Image user (`uid[:gid]` or name).
-    #[arg(long)]
-    pub user: Option<String>,
-    /// Image command; repeat for each argument.
-    #[arg(long = "cmd")]
-    pub cmd: Vec<String>,
     /// Directory for the staged layer (default: the system temp dir).
     #[arg(long)]
     pub scratch_dir: Option<PathBuf>,
-    /// Print no progress bar.
-    #[arg(long)]
-    pub quiet: bool,
+}
+
+impl StorageArgs {
+    /// Reads the secrets from the environment (never from flags).
+    fn with_secrets(mut self) -> Self {
+        self.registry_password = env_var("LABFORGE_REGISTRY_PASSWORD").map(Secret);
+        self.s3_credentials = env_var("AWS_ACCESS_KEY_ID")
+            .zip(env_var("AWS_SECRET_ACCESS_KEY"))
+            .map(Secret);
+        self
+    }
+
+    fn registry(&self) -> anyhow::Result<RegistryOptions> {
+        let credentials = match (&self.registry_user, &self.registry_password) {
+            (Some(user), Some(Secret(password))) => Some((user.clone(), password.clone())),
+            (None, None) => None,
+            (Some(_), None) => {
+                anyhow::bail!("--registry-user needs LABFORGE_REGISTRY_PASSWORD in the environment")
+            }
+            (None, Some(_)) => {
+                anyhow::bail!("LABFORGE_REGISTRY_PASSWORD is set but --registry-user is not")
+            }
+        };
+        Ok(RegistryOptions {
+            insecure: self.insecure_registries.clone(),
+            credentials,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ImageBuildsArgs {
+    #[command(flatten)]
+    pub storage: StorageArgs,
+}
+
+impl TryFrom<&ImageBuildsArgs> for SaveOptions {
+    type Error = anyhow::Error;
+
+    fn try_from(args: &ImageBuildsArgs) -> anyhow::Result<Self> {
+        Ok(SaveOptions {
+            compression: Compression::default(),
+            cache: blob_cache(&args.storage)?,
+            created_by: "labforge ImageBuild".into(),
+            registry: args.storage.registry()?,
+            runtime: RuntimeConfig::default(),
+            scratch_dir: args
+                .storage
+                .scratch_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
+        })
+    }
 }
 
 impl TryFrom<&CommitArgs> for ChangeSource {
@@ -439,7 +502,7 @@ impl TryFrom<&CommitArgs> for ChangeSource {
     }
 }
 
-fn blob_cache(args: &CommitArgs) -> anyhow::Result<Option<BlobCache>> {
+fn blob_cache(args: &StorageArgs) -> anyhow::Result<Option<BlobCache>> {
     if let Some(dir) = &args.cache_dir {
         return Ok(Some(BlobCache::Dir(dir.clone())));
     }
@@ -488,16 +551,6 @@ impl TryFrom<&CommitArgs> for SaveOptions {
                 anyhow::bail!("--level {level} is out of range for {kind:?} compression")
             }
         };
-        let credentials = match (&args.registry_user, &args.registry_password) {
-            (Some(user), Some(Secret(password))) => Some((user.clone(), password.clone())),
-            (None, None) => None,
-            (Some(_), None) => {
-                anyhow::bail!("--registry-user needs LABFORGE_REGISTRY_PASSWORD in the environment")
-            }
-            (None, Some(_)) => {
-                anyhow::bail!("LABFORGE_REGISTRY_PASSWORD is set but --registry-user is not")
-            }
-        };
         let created_by = match (&args.root, &args.container) {
             (Some(root), _) => format!("labforge build commit --root {}", root.display()),
             (_, Some(container)) => format!("labforge build commit --container {container}"),
@@ -505,18 +558,19 @@ impl TryFrom<&CommitArgs> for SaveOptions {
         };
         Ok(SaveOptions {
             compression,
-            cache: blob_cache(args)?,
+            cache: blob_cache(&args.storage)?,
             created_by,
-            registry: RegistryOptions {
-                insecure: args.insecure_registries.clone(),
-                credentials,
-            },
+            registry: args.storage.registry()?,
             runtime: RuntimeConfig {
                 user: args.user.clone(),
                 cmd: args.cmd.clone(),
                 ..Default::default()
             },
-            scratch_dir: args.scratch_dir.clone().unwrap_or_else(std::env::temp_dir),
+            scratch_dir: args
+                .storage
+                .scratch_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
         })
     }
 }
@@ -524,11 +578,12 @@ impl TryFrom<&CommitArgs> for SaveOptions {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Build(BuildCommand::Commit(mut args)) => {
-            args.registry_password = env_var("LABFORGE_REGISTRY_PASSWORD").map(Secret);
-            args.s3_credentials = env_var("AWS_ACCESS_KEY_ID")
-                .zip(env_var("AWS_SECRET_ACCESS_KEY"))
-                .map(Secret);
+            args.storage = args.storage.with_secrets();
             build_commit(&args).await
+        }
+        Command::ImageBuilds(mut args) => {
+            args.storage = args.storage.with_secrets();
+            image_builds(&args).await
         }
         Command::Render(args) => render(&args),
         Command::Controller(args) => controller(&args).await,
@@ -630,6 +685,21 @@ async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
         () = running.wait() => {}
         () = stop_signal() => tracing::info!("stopping"),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn image_builds(args: &ImageBuildsArgs) -> anyhow::Result<ExitCode> {
+    let options = match SaveOptions::try_from(args) {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("labforge: error: {err:#}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let client = kubernetes_client().await?;
+    let context = std::sync::Arc::new(labforge_image_builds::Context::new(client, options));
+    // The reconciler stops on SIGTERM and Ctrl-C itself (`shutdown_on_signal`).
+    labforge_image_builds::run(context).await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -1023,9 +1093,9 @@ mod tests {
     #[test]
     fn secrets_from_the_environment_never_show_in_debug_output() {
         let mut args = parse(&["--cache-s3", "s3://bucket/prefix"]);
-        args.registry_user = Some("alice".into());
-        args.registry_password = Some(Secret("registry-pa55".into()));
-        args.s3_credentials = Some(Secret(("AKID".into(), "s3-s3cret".into())));
+        args.storage.registry_user = Some("alice".into());
+        args.storage.registry_password = Some(Secret("registry-pa55".into()));
+        args.storage.s3_credentials = Some(Secret(("AKID".into(), "s3-s3cret".into())));
         let shown = format!("{args:?}");
         assert!(
             shown.contains("alice") && shown.contains("<redacted>"),
@@ -1047,8 +1117,8 @@ mod tests {
     #[test]
     fn user_without_password_is_refused() {
         let mut args = parse(&[]);
-        args.registry_user = Some("alice".into());
-        args.registry_password = None;
+        args.storage.registry_user = Some("alice".into());
+        args.storage.registry_password = None;
         let err = SaveOptions::try_from(&args).unwrap_err();
         assert!(
             err.to_string().contains("LABFORGE_REGISTRY_PASSWORD"),

@@ -61,6 +61,7 @@ impl std::fmt::Debug for S3CacheConfig {
     }
 }
 
+#[derive(Clone)]
 pub struct S3Cache {
     client: Client,
     bucket: String,
@@ -313,6 +314,7 @@ impl S3Cache {
 
 /// Where saved layers, baseline indexes and change-set records are cached: S3 for clusters, a
 /// local directory for one machine. Keys look like `blobs/sha256/<hex>`.
+#[derive(Clone)]
 pub enum BlobCache {
     S3(S3Cache),
     Dir(PathBuf),

@@ -61,7 +61,7 @@ pub enum SaveError {
 }
 
 /// How to save.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct SaveOptions {
     pub compression: Compression,
     pub registry: RegistryOptions,

@@ -5,15 +5,23 @@
 //! compression, caching and push never know which it was. The container path exists so that
 //! credentials stay outside the notebook: the agent inside only reads files and writes to stdout.
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::Api;
+use kube::api::{AttachParams, AttachedProcess};
 use labforge_snapshot::protocol::ChangeSetHeader;
 use labforge_snapshot::{
     BaselineIndex, ScanError, ScanOptions, WriteError, scan, write_change_set,
 };
+use std::future::Future;
 use std::io::{self, BufReader, Read, Write};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::io::SyncIoBridge;
 
 /// Where the agent is mounted inside notebook containers.
 pub const AGENT_PATH: &str = "/.labforge/agent/labforge-agent";
@@ -34,6 +42,12 @@ pub enum SourceError {
     Agent { container: String, message: String },
     #[error("the change-set stream: {0}")]
     Stream(#[source] io::Error),
+    #[error("exec into pod {pod}: {source}")]
+    Exec {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// A root to save.
@@ -50,6 +64,33 @@ pub enum ChangeSource {
         ignore: Vec<String>,
         verify_content: bool,
     },
+    /// A container of a Kubernetes pod, through `pods/exec` and the agent the pod's init
+    /// container copied to [`AGENT_PATH`]. The agent runs as the container's user, so a file that
+    /// user cannot read is reported by path instead of saved.
+    Pod {
+        pod: PodContainer,
+        ignore: Vec<String>,
+        verify_content: bool,
+    },
+}
+
+/// A container in a pod, with the client to reach it.
+#[derive(Clone)]
+pub struct PodContainer {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+impl std::fmt::Debug for PodContainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} container {}",
+            self.namespace, self.pod, self.container
+        )
+    }
 }
 
 /// A change set being produced: its header, and the tar to read.
@@ -65,6 +106,14 @@ enum Completion {
         child: Child,
         container: String,
         stderr: JoinHandle<String>,
+    },
+    Exec {
+        /// Kept until the end: dropping it ends the exec's streams.
+        _process: AttachedProcess,
+        status: Pin<Box<dyn Future<Output = Option<Status>> + Send>>,
+        stderr: tokio::task::JoinHandle<String>,
+        runtime: tokio::runtime::Handle,
+        pod: String,
     },
 }
 
@@ -86,15 +135,35 @@ impl RunningChangeSet {
                 let status = child.wait().map_err(SourceError::Stream)?;
                 let message = stderr.join().unwrap_or_default();
                 if status.success() {
-                    for line in message.lines() {
-                        tracing::warn!("{line}");
-                    }
+                    warn_each(&message);
                     Ok(())
                 } else {
                     Err(SourceError::Agent {
                         container,
-                        message: agent_message(&message, status),
+                        message: agent_message(&message, &status.to_string()),
                     })
+                }
+            }
+            Completion::Exec {
+                _process,
+                status,
+                stderr,
+                runtime,
+                pod,
+            } => {
+                let (status, message) = runtime.block_on(async move {
+                    let status = status.await;
+                    (status, stderr.await.unwrap_or_default())
+                });
+                match status {
+                    Some(status) if status.status.as_deref() == Some("Success") => {
+                        warn_each(&message);
+                        Ok(())
+                    }
+                    status => Err(SourceError::Agent {
+                        container: pod,
+                        message: agent_message(&message, &exec_failure(status)),
+                    }),
                 }
             }
         }
@@ -112,11 +181,41 @@ impl RunningChangeSet {
                 let _ = child.kill();
                 let _ = child.wait();
             }
+            // Dropping the process closes the websocket; the kubelet ends the exec.
+            Completion::Exec { .. } => {}
         }
     }
 }
 
-fn agent_message(stderr: &str, status: std::process::ExitStatus) -> String {
+/// Lines the agent wrote to stderr while succeeding: files it could not read, and the like.
+fn warn_each(stderr: &str) {
+    for line in stderr.lines() {
+        tracing::warn!("{line}");
+    }
+}
+
+/// How an exec ended without success, from the `Status` the API server sent.
+fn exec_failure(status: Option<Status>) -> String {
+    let Some(status) = status else {
+        return "the exec ended without an exit status".into();
+    };
+    let code = status
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.as_ref())
+        .and_then(|causes| {
+            causes
+                .iter()
+                .find(|c| c.reason.as_deref() == Some("ExitCode"))
+        })
+        .and_then(|c| c.message.clone());
+    match code {
+        Some(code) => format!("exit status: {code}"),
+        None => status.message.unwrap_or_else(|| "failed".into()),
+    }
+}
+
+fn agent_message(stderr: &str, status: &str) -> String {
     let text = stderr
         .lines()
         .map(|l| l.trim_start_matches("labforge-agent: "))
@@ -174,7 +273,125 @@ pub fn start(
             &baseline,
             parent,
         ),
+        ChangeSource::Pod {
+            pod,
+            ignore,
+            verify_content,
+        } => start_exec(pod, ignore, *verify_content, &baseline, parent),
     }
+}
+
+/// The agent's command line: scan the root, the baseline index arriving on stdin.
+fn agent_command(parent: &str, ignore: &[String], verify_content: bool) -> Vec<String> {
+    let mut command = vec![
+        AGENT_PATH.to_owned(),
+        "scan".into(),
+        "--parent".into(),
+        parent.to_owned(),
+    ];
+    for path in ignore {
+        command.extend(["--ignore".to_owned(), path.clone()]);
+    }
+    if verify_content {
+        command.push("--verify-content".into());
+    }
+    command
+}
+
+/// The agent through the Kubernetes API: the same streams as `podman exec`, over a websocket.
+/// Runs on a blocking thread and drives the exec on the runtime that thread came from.
+fn start_exec(
+    target: &PodContainer,
+    ignore: &[String],
+    verify_content: bool,
+    baseline: &BaselineIndex,
+    parent: &str,
+) -> Result<RunningChangeSet, SourceError> {
+    let name = format!("{}/{}", target.namespace, target.pod);
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|err| SourceError::Stream(io::Error::other(format!("no async runtime: {err}"))))?;
+    let pods: Api<Pod> = Api::namespaced(target.client.clone(), &target.namespace);
+    let params = AttachParams::default()
+        .container(target.container.clone())
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .max_stdin_buf_size(1 << 20)
+        .max_stdout_buf_size(1 << 20);
+    let mut process = runtime
+        .block_on(pods.exec(
+            &target.pod,
+            agent_command(parent, ignore, verify_content),
+            &params,
+        ))
+        .map_err(|source| SourceError::Exec {
+            pod: name.clone(),
+            source,
+        })?;
+    let missing = |what: &str| SourceError::Stream(io::Error::other(format!("exec has no {what}")));
+    let stdin = process.stdin().ok_or_else(|| missing("stdin"))?;
+    let stdout = process.stdout().ok_or_else(|| missing("stdout"))?;
+    let mut stderr_pipe = process.stderr().ok_or_else(|| missing("stderr"))?;
+    let status = process.take_status().ok_or_else(|| missing("status"))?;
+    // Drained all along: the exec stops relaying every stream when one pipe is full.
+    let stderr = runtime.spawn(async move {
+        let mut text = String::new();
+        let _ = stderr_pipe.read_to_string(&mut text).await;
+        text
+    });
+    // Ends the exec and says why, with what the agent wrote to stderr.
+    let failed =
+        |process: AttachedProcess, stderr: tokio::task::JoinHandle<String>, why: String| {
+            drop(process);
+            let said = runtime.block_on(stderr).unwrap_or_default();
+            SourceError::Agent {
+                container: name.clone(),
+                message: if said.trim().is_empty() {
+                    why
+                } else {
+                    agent_message(&said, &why)
+                },
+            }
+        };
+    let mut writer = io::BufWriter::with_capacity(
+        1 << 20,
+        SyncIoBridge::new_with_handle(stdin, runtime.clone()),
+    );
+    let sent = serde_json::to_writer(&mut writer, baseline)
+        .map_err(io::Error::from)
+        .and_then(|()| writer.flush());
+    // The agent reads the index to its end: close stdin.
+    let closed = match writer.into_inner() {
+        Ok(bridge) => runtime.block_on(bridge.into_inner().shutdown()),
+        Err(err) => Err(err.into_error()),
+    };
+    if let Err(err) = sent.and(closed) {
+        return Err(failed(
+            process,
+            stderr,
+            format!("sending the baseline index: {err}"),
+        ));
+    }
+    let mut reader = BufReader::with_capacity(
+        1 << 20,
+        SyncIoBridge::new_with_handle(stdout, runtime.clone()),
+    );
+    let header = match ChangeSetHeader::read_line(&mut reader) {
+        Ok(header) => header,
+        Err(err) => return Err(failed(process, stderr, err.to_string())),
+    };
+    let completion = Completion::Exec {
+        _process: process,
+        status: Box::pin(status),
+        stderr,
+        runtime,
+        pod: name,
+    };
+    Ok(RunningChangeSet {
+        header,
+        tar: Box::new(reader),
+        completion,
+    })
 }
 
 fn start_agent(
@@ -187,15 +404,9 @@ fn start_agent(
 ) -> Result<RunningChangeSet, SourceError> {
     let mut command = Command::new(engine);
     // As root inside the container (not privileged): files only root can read get saved too.
-    command.args([
-        "exec", "-i", "--user", "0", container, AGENT_PATH, "scan", "--parent", parent,
-    ]);
-    for path in ignore {
-        command.args(["--ignore", path]);
-    }
-    if verify_content {
-        command.arg("--verify-content");
-    }
+    command
+        .args(["exec", "-i", "--user", "0", container])
+        .args(agent_command(parent, ignore, verify_content));
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -220,7 +431,9 @@ fn start_agent(
         SourceError::Agent {
             container: container.to_owned(),
             message: match status {
-                Ok(status) if !message.trim().is_empty() => agent_message(&message, status),
+                Ok(status) if !message.trim().is_empty() => {
+                    agent_message(&message, &status.to_string())
+                }
                 _ => fallback,
             },
         }

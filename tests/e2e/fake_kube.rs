@@ -948,3 +948,89 @@ async fn fake_kube_streaming_list_watch_and_bookmarks() {
         other => panic!("expected a bookmark, got {other:?}"),
     }
 }
+
+/// `pods/exec` speaks remotecommand as kube-client expects it: stdin reaches the process and
+/// its close ends it, stdout and stderr arrive on their channels, a non-zero exit is a Failure
+/// status with the code; a pod that does not exist is 404 and a refused container an error.
+#[tokio::test]
+async fn pod_exec_relays_streams_and_the_exit_code() {
+    use kube::api::AttachParams;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "shell"},
+        "spec": {"containers": [{"name": "main", "image": "debian"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    server.set_exec_runner(|request| {
+        (request.container.as_deref() == Some("main")).then(|| {
+            let mut command = std::process::Command::new(&request.command[0]);
+            command.args(&request.command[1..]);
+            command
+        })
+    });
+    let params = AttachParams::default().container("main").stdin(true);
+    let mut process = pods
+        .exec(
+            "shell",
+            ["sh", "-c", "tr a-z A-Z; echo to stderr >&2; exit 3"],
+            &params,
+        )
+        .await
+        .unwrap();
+    let mut stdin = process.stdin().unwrap();
+    let mut stdout = process.stdout().unwrap();
+    let mut stderr = process.stderr().unwrap();
+    let status = process.take_status().unwrap();
+    stdin.write_all(b"hello exec\n").await.unwrap();
+    stdin.shutdown().await.unwrap();
+    let (mut out, mut err) = (String::new(), String::new());
+    let (read_out, read_err, status) = tokio::join!(
+        stdout.read_to_string(&mut out),
+        stderr.read_to_string(&mut err),
+        status
+    );
+    read_out.unwrap();
+    read_err.unwrap();
+    assert_eq!(out, "HELLO EXEC\n");
+    assert_eq!(err, "to stderr\n");
+    let status = status.expect("a status");
+    assert_eq!(status.status.as_deref(), Some("Failure"));
+    assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"));
+    let causes = status.details.unwrap().causes.unwrap();
+    assert_eq!(causes[0].reason.as_deref(), Some("ExitCode"));
+    assert_eq!(causes[0].message.as_deref(), Some("3"));
+
+    let mut ok = pods
+        .exec(
+            "shell",
+            ["true"],
+            &AttachParams::default().container("main"),
+        )
+        .await
+        .unwrap();
+    let status = ok.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"));
+
+    let missing = pods
+        .exec("nope", ["true"], &AttachParams::default())
+        .await
+        .err()
+        .expect("no such pod");
+    assert!(missing.to_string().contains("not found"), "{missing}");
+    let refused = pods
+        .exec(
+            "shell",
+            ["true"],
+            &AttachParams::default().container("other"),
+        )
+        .await
+        .err()
+        .expect("a container that is not running");
+    assert!(refused.to_string().contains("not running"), "{refused}");
+}

@@ -14,6 +14,7 @@ mod deploy;
 mod embedded;
 mod fake_kube;
 mod gpus;
+mod image_builds;
 mod notebook_image;
 mod proxy;
 mod s3_cache;

@@ -38,6 +38,7 @@ pub(crate) struct App {
     pub store: Arc<Store>,
     pub stats: Mutex<Stats>,
     pub access_rule: RwLock<Arc<AccessRule>>,
+    pub exec_runner: RwLock<super::exec::SharedRunner>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub address: String,
 }
@@ -58,14 +59,22 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
 }
 
-async fn handle(
-    State(app): State<Arc<App>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    match route(&app, &method, &uri, &headers, &body) {
+async fn handle(State(app): State<Arc<App>>, mut request: axum::extract::Request) -> Response {
+    let method = request.method().clone();
+    let uri = request.uri().clone();
+    let answer = match exec_target(&uri) {
+        Some((namespace, pod)) if matches!(method, Method::GET | Method::POST) => {
+            super::exec::serve(&app, &namespace, &pod, &uri, &mut request)
+        }
+        _ => {
+            let (parts, body) = request.into_parts();
+            match axum::body::to_bytes(body, BODY_LIMIT).await {
+                Ok(body) => route(&app, &method, &uri, &parts.headers, &body),
+                Err(err) => Err(ApiError::bad_request(format!("reading the body: {err}"))),
+            }
+        }
+    };
+    match answer {
         Ok(response) => response,
         Err(error) => {
             if matches!(error.code, 400 | 422) {
@@ -74,6 +83,17 @@ async fn handle(
             tracing::debug!(%method, %uri, code = error.code, message = %error.message, "fake kube rejected a request");
             error.into_response()
         }
+    }
+}
+
+/// `(namespace, pod)` of `/api/v1/namespaces/{namespace}/pods/{pod}/exec`.
+fn exec_target(uri: &Uri) -> Option<(String, String)> {
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    match segments.as_slice() {
+        ["api", "v1", "namespaces", namespace, "pods", pod, "exec"] => {
+            Some((namespace.to_string(), pod.to_string()))
+        }
+        _ => None,
     }
 }
 

@@ -6,7 +6,8 @@
 //! depends on: one global resourceVersion, list + watch (resume, bookmarks, 410 Expired on a
 //! compacted resourceVersion), create/update/patch/server-side apply with no-op writes left free,
 //! status subresources, finalizers, ownerReference cascades, label and field selectors, and
-//! Kubernetes `Status` errors. Validation is strict: a field the schema does not declare is an
+//! Kubernetes `Status` errors, and `pods/<name>/exec` over remotecommand's websocket protocol with
+//! a runner the test sets standing in for the kubelet. Validation is strict: a field the schema does not declare is an
 //! error, so a typo in an object builder fails a test instead of being pruned silently.
 //!
 //! Main types: [`FakeApiServer`] (start, client, write accounting) and [`SchemaSet`] (the same
@@ -20,6 +21,7 @@
 mod apply;
 mod catalog;
 mod discovery;
+mod exec;
 mod http;
 mod patch;
 mod schema;
@@ -33,6 +35,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+pub use exec::ExecRequest;
 pub use schema::{FieldError, SchemaSet};
 
 /// Failures to start the fake server or load its schemas.
@@ -145,6 +148,7 @@ impl FakeApiServer {
             store: Arc::new(store::Store::new(schemas, options.watch_history)),
             stats: Mutex::new(http::Stats::default()),
             access_rule: RwLock::new(Arc::new(|_: &serde_json::Value| true)),
+            exec_runner: RwLock::new(None),
             shutdown: shutdown_rx.clone(),
             address: address.to_string(),
         });
@@ -224,6 +228,20 @@ impl FakeApiServer {
             .access_rule
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::new(f);
+    }
+
+    /// Sets how `pods/<name>/exec` runs: `f` turns the request into a process on this machine
+    /// (`podman exec -i <container> …`, the kubelet's part), or refuses it with `None`. Without
+    /// a runner, exec is refused. The pod must exist.
+    pub fn set_exec_runner(
+        &self,
+        f: impl Fn(&ExecRequest) -> Option<std::process::Command> + Send + Sync + 'static,
+    ) {
+        *self
+            .app
+            .exec_runner
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(f));
     }
 
     /// Forgets the kept watch history, as an etcd compaction would: watches resuming from an

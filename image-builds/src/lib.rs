@@ -1,0 +1,617 @@
+//! The ImageBuild reconciler: "save this notebook's environment as an image" in a cluster.
+//!
+//! An ImageBuild names a Notebook and a target image. The reconciler finds the notebook's running
+//! pod, execs the agent the pod's init container put there (through the API server, so nothing
+//! privileged and no node access), and runs the same [`labforge_builder::save::save`] as
+//! `labforge build commit`: it holds the registry and cache credentials, the notebook never sees
+//! them. Progress is written to the ImageBuild's status about once a second; the end is an
+//! Event and a final status (digest, layer, cache hit, or the error).
+//!
+//! A build is done once: Succeeded and Failed are final. A build found Running with no worker in
+//! this process was cut off by a restart and is started again; that is safe because a save writes
+//! its tag only after every blob is in.
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use labforge_builder::layer::Compression;
+use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, Saved, save};
+use labforge_builder::source::{ChangeSource, PodContainer};
+use labforge_crds::Notebook;
+use labforge_crds::imagebuild::{
+    ImageBuild, ImageBuildPhase, ImageBuildProgress, ImageBuildStatus, LayerCompression,
+};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The field manager of the status this reconciler writes.
+pub const FIELD_MANAGER: &str = "labforge-image-builds";
+
+/// How often a running build's progress is written to its status.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("ImageBuild has no namespace")]
+    MissingNamespace,
+    #[error("reading {what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the status of ImageBuild {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What the reconciler shares between builds.
+pub struct Context {
+    pub client: Client,
+    /// Registry, cache and scratch settings; each build sets its compression.
+    pub save_options: SaveOptions,
+    recorder: Recorder,
+    /// UIDs of the builds this process is running.
+    running: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(client: Client, save_options: SaveOptions) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            save_options,
+            running: Mutex::default(),
+        }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Where a build saves from and to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SaveTarget {
+    pub pod: String,
+    pub container: String,
+    /// The image the container runs, by digest when the kubelet reported one.
+    pub base: String,
+}
+
+/// Decides what to save for `build`, given its Notebook and that notebook's pod; the error is
+/// the message the failed build shows.
+pub fn save_target(
+    build: &ImageBuild,
+    notebook: Option<&Notebook>,
+    pod: Option<&Pod>,
+) -> Result<SaveTarget, String> {
+    let name = &build.spec.notebook;
+    let notebook = notebook.ok_or_else(|| format!("notebook {name} does not exist"))?;
+    if notebook.is_stopped() {
+        return Err(format!(
+            "notebook {name} is stopped: start it, then save its environment"
+        ));
+    }
+    let container = notebook
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.containers.first())
+        .map(|c| c.name.clone())
+        .ok_or_else(|| format!("notebook {name} has no container"))?;
+    let pod_name = format!("{name}-0");
+    let pod = pod.ok_or_else(|| format!("notebook {name} has no pod {pod_name} yet"))?;
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending");
+    if phase != "Running" {
+        return Err(format!(
+            "notebook {name} is not running (pod {pod_name} is {phase})"
+        ));
+    }
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == container))
+        .and_then(|c| c.image.clone())
+        .ok_or_else(|| format!("pod {pod_name} has no container {container}"))?;
+    let image_id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|statuses| statuses.iter().find(|s| s.name == container))
+        .map(|s| s.image_id.clone())
+        .unwrap_or_default();
+    Ok(SaveTarget {
+        pod: pod_name,
+        container,
+        base: pinned(&image, &image_id),
+    })
+}
+
+/// `image` pinned to the digest in the kubelet's `imageID` (`…@sha256:…`), so a tag moved since
+/// the pod started does not change the base; `image` itself without one.
+fn pinned(image: &str, image_id: &str) -> String {
+    let Some((_, digest)) = image_id.rsplit_once('@') else {
+        return image.to_owned();
+    };
+    if !digest.starts_with("sha256:") {
+        return image.to_owned();
+    }
+    let without_digest = image.split_once('@').map_or(image, |(name, _)| name);
+    // A tag is a ':' after the last '/' (a ':' before it is a registry port).
+    let name = match without_digest.rsplit_once('/') {
+        Some((path, last)) => match last.split_once(':') {
+            Some((repository, _tag)) => format!("{path}/{repository}"),
+            None => without_digest.to_owned(),
+        },
+        None => without_digest
+            .split_once(':')
+            .map_or(without_digest, |(n, _)| n)
+            .to_owned(),
+    };
+    format!("{name}@{digest}")
+}
+
+/// The status of a build that ended.
+pub fn finished_status(
+    started: Option<Time>,
+    result: &Result<Saved, String>,
+    now: jiff::Timestamp,
+) -> ImageBuildStatus {
+    match result {
+        Ok(saved) => ImageBuildStatus {
+            phase: ImageBuildPhase::Succeeded,
+            progress: None,
+            image_digest: Some(saved.image.manifest_digest.to_string()),
+            layer_digest: saved.layer.as_ref().map(|l| l.digest.to_string()),
+            layer_size: saved
+                .layer
+                .as_ref()
+                .map(|l| i64::try_from(l.size).unwrap_or(i64::MAX)),
+            cache_hit: Some(saved.cache == CacheOutcome::Hit),
+            start_time: started,
+            completion_time: Some(Time(now)),
+            message: Some(match &saved.cache {
+                CacheOutcome::Unavailable(why) => format!(
+                    "saved {} (files {}); the cache was unavailable: {why}",
+                    saved.image.reference,
+                    saved.summary.files.compact()
+                ),
+                _ => format!(
+                    "saved {} (files {})",
+                    saved.image.reference,
+                    saved.summary.files.compact()
+                ),
+            }),
+        },
+        Err(message) => ImageBuildStatus {
+            phase: ImageBuildPhase::Failed,
+            start_time: started,
+            completion_time: Some(Time(now)),
+            message: Some(message.clone()),
+            ..ImageBuildStatus::default()
+        },
+    }
+}
+
+/// A save's progress as the status shows it.
+fn progress_of(progress: &SaveProgress, last: &ImageBuildProgress) -> ImageBuildProgress {
+    let mut next = last.clone();
+    match progress {
+        SaveProgress::Indexing { .. } => next.stage = "indexing".into(),
+        SaveProgress::Scanning { entries } => {
+            next.stage = "scanning".into();
+            next.files_scanned = i64::try_from(*entries).unwrap_or(i64::MAX);
+        }
+        SaveProgress::Scanned(header) => {
+            next.stage = "writing".into();
+            next.files_scanned = i64::try_from(header.scanned).unwrap_or(i64::MAX);
+        }
+        SaveProgress::Writing { bytes, .. } => {
+            next.stage = "writing".into();
+            next.bytes_written = i64::try_from(*bytes).unwrap_or(i64::MAX);
+        }
+        SaveProgress::Uploading { layer_bytes } => {
+            next.stage = "uploading".into();
+            next.bytes_uploaded = i64::try_from(*layer_bytes).unwrap_or(i64::MAX);
+        }
+        SaveProgress::CacheUnavailable(_) => {}
+    }
+    next
+}
+
+pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = build.namespace().ok_or(Error::MissingNamespace)?;
+    let status = build.status.clone().unwrap_or_default();
+    if matches!(
+        status.phase,
+        ImageBuildPhase::Succeeded | ImageBuildPhase::Failed
+    ) {
+        return Ok(Action::await_change());
+    }
+    let uid = build.uid().unwrap_or_default();
+    if ctx.running().contains(&uid) {
+        return Ok(Action::await_change());
+    }
+    let notebook_name = &build.spec.notebook;
+    let notebook = Api::<Notebook>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(notebook_name)
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("Notebook {namespace}/{notebook_name}"),
+            source,
+        })?;
+    let pod = match &notebook {
+        Some(_) => Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(&format!("{notebook_name}-0"))
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("Pod {namespace}/{notebook_name}-0"),
+                source,
+            })?,
+        None => None,
+    };
+    let restarted = status.phase == ImageBuildPhase::Running;
+    match save_target(&build, notebook.as_ref(), pod.as_ref()) {
+        Err(message) => {
+            let failed = finished_status(
+                status.start_time,
+                &Err(message.clone()),
+                jiff::Timestamp::now(),
+            );
+            write_status(&ctx, &build, &failed).await?;
+            publish(&ctx, &build, EventType::Warning, "SaveFailed", message).await;
+        }
+        Ok(target) => {
+            let running = ImageBuildStatus {
+                phase: ImageBuildPhase::Running,
+                progress: Some(ImageBuildProgress {
+                    stage: "starting".into(),
+                    ..ImageBuildProgress::default()
+                }),
+                start_time: Some(Time(jiff::Timestamp::now())),
+                message: Some(if restarted {
+                    format!(
+                        "saving {} again: the builder restarted while saving",
+                        target.base
+                    )
+                } else {
+                    format!("saving on {}", target.base)
+                }),
+                ..ImageBuildStatus::default()
+            };
+            write_status(&ctx, &build, &running).await?;
+            ctx.running().insert(uid);
+            tokio::spawn(run_build(build, target, running.start_time, ctx));
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// Runs one save to its end and writes how it ended.
+async fn run_build(
+    build: Arc<ImageBuild>,
+    target: SaveTarget,
+    started: Option<Time>,
+    ctx: Arc<Context>,
+) {
+    let namespace = build.namespace().unwrap_or_default();
+    let (report, mut reports) = tokio::sync::watch::channel(ImageBuildProgress {
+        stage: "starting".into(),
+        ..ImageBuildProgress::default()
+    });
+    let publisher = {
+        let (ctx, build) = (ctx.clone(), build.clone());
+        tokio::spawn(async move {
+            while reports.changed().await.is_ok() {
+                let progress = reports.borrow_and_update().clone();
+                let patch = serde_json::json!({"status": {"progress": progress}});
+                if let Err(err) = status_patch(&ctx, &build, &patch).await {
+                    tracing::warn!(error = %err, "writing progress");
+                }
+                tokio::time::sleep(PROGRESS_EVERY).await;
+            }
+        })
+    };
+    let source = ChangeSource::Pod {
+        pod: PodContainer {
+            client: ctx.client.clone(),
+            namespace: namespace.clone(),
+            pod: target.pod.clone(),
+            container: target.container.clone(),
+        },
+        ignore: Vec::new(),
+        verify_content: false,
+    };
+    let options = SaveOptions {
+        compression: match build.spec.compression {
+            Some(LayerCompression::Gzip) => Compression::Gzip { level: 6 },
+            Some(LayerCompression::Zstd) | None => ctx.save_options.compression,
+        },
+        created_by: format!(
+            "labforge ImageBuild {namespace}/{} of notebook {}",
+            build.name_any(),
+            build.spec.notebook
+        ),
+        ..ctx.save_options.clone()
+    };
+    let on_progress = move |progress: SaveProgress| {
+        report.send_modify(|last| *last = progress_of(&progress, last));
+    };
+    let result = save(
+        &source,
+        Some(&target.base),
+        &build.spec.target_image,
+        &options,
+        on_progress,
+    )
+    .await
+    .map_err(|err| error_chain(&err));
+    publisher.abort();
+    let status = finished_status(started, &result, jiff::Timestamp::now());
+    match &result {
+        Ok(saved) => {
+            tracing::info!(build = %build.name_any(), digest = %saved.image.manifest_digest, "saved");
+            let note = status.message.clone().unwrap_or_default();
+            publish(&ctx, &build, EventType::Normal, "Saved", note).await;
+        }
+        Err(message) => {
+            tracing::warn!(build = %build.name_any(), error = %message, "save failed");
+            publish(
+                &ctx,
+                &build,
+                EventType::Warning,
+                "SaveFailed",
+                message.clone(),
+            )
+            .await;
+        }
+    }
+    // Retried a few times: a lost final status would leave the build Running until a restart.
+    for attempt in 1..=5 {
+        match write_status(&ctx, &build, &status).await {
+            Ok(()) => break,
+            Err(err) => {
+                tracing::warn!(error = %err, attempt, "writing the final status");
+                tokio::time::sleep(Duration::from_secs(attempt)).await;
+            }
+        }
+    }
+    ctx.running().remove(&build.uid().unwrap_or_default());
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+async fn write_status(
+    ctx: &Context,
+    build: &ImageBuild,
+    status: &ImageBuildStatus,
+) -> Result<(), Error> {
+    // A merge patch keeps fields it does not name: name every one, so nothing of an earlier
+    // phase (the progress of a finished build) lingers.
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        for field in [
+            "progress",
+            "imageDigest",
+            "layerDigest",
+            "layerSize",
+            "cacheHit",
+            "startTime",
+            "completionTime",
+            "message",
+        ] {
+            fields.entry(field).or_insert(serde_json::Value::Null);
+        }
+    }
+    status_patch(ctx, build, &serde_json::json!({ "status": value })).await
+}
+
+async fn status_patch(
+    ctx: &Context,
+    build: &ImageBuild,
+    patch: &serde_json::Value,
+) -> Result<(), Error> {
+    let namespace = build.namespace().ok_or(Error::MissingNamespace)?;
+    let name = build.name_any();
+    Api::<ImageBuild>::namespaced(ctx.client.clone(), &namespace)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Status { name, source })
+}
+
+async fn publish(ctx: &Context, build: &ImageBuild, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Save".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &build.object_ref(&())).await {
+        tracing::warn!(error = %err, "publishing an event");
+    }
+}
+
+/// Retries a failed reconcile after a pause (reads and status writes are the only failures).
+pub fn error_policy(_build: Arc<ImageBuild>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the reconciler until the process is asked to stop.
+pub async fn run(ctx: Arc<Context>) {
+    let builds: Api<ImageBuild> = Api::all(ctx.client.clone());
+    Controller::new(builds, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn notebook(stopped: bool) -> Notebook {
+        let mut annotations = serde_json::Map::new();
+        if stopped {
+            annotations.insert(
+                "kubeflow-resource-stopped".into(),
+                "2026-01-01T00:00:00Z".into(),
+            );
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "Notebook",
+            "metadata": {"name": "lab", "namespace": "alice", "annotations": annotations},
+            "spec": {"template": {"spec": {"containers": [{"name": "lab", "image": "jupyter:v1"}]}}},
+        }))
+        .unwrap()
+    }
+
+    fn pod(phase: &str, image_id: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "lab-0", "namespace": "alice"},
+            "spec": {"containers": [
+                {"name": "sidecar", "image": "proxy:1"},
+                {"name": "lab", "image": "registry.example.com:5000/team/jupyter:v1"},
+            ]},
+            "status": {"phase": phase, "containerStatuses": [{
+                "name": "lab", "image": "jupyter:v1", "imageID": image_id, "ready": true,
+                "restartCount": 0
+            }]},
+        }))
+        .unwrap()
+    }
+
+    fn build() -> ImageBuild {
+        ImageBuild::new(
+            "save",
+            labforge_crds::imagebuild::ImageBuildSpec {
+                notebook: "lab".into(),
+                target_image: "registry.example.com/alice/lab:saved".into(),
+                compression: None,
+            },
+        )
+    }
+
+    #[test]
+    fn the_running_notebook_container_is_saved_on_the_image_it_runs() {
+        let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let target = save_target(
+            &build(),
+            Some(&notebook(false)),
+            Some(&pod(
+                "Running",
+                &format!("registry.example.com:5000/team/jupyter@{digest}"),
+            )),
+        )
+        .unwrap();
+        assert_eq!(
+            target,
+            SaveTarget {
+                pod: "lab-0".into(),
+                container: "lab".into(),
+                base: format!("registry.example.com:5000/team/jupyter@{digest}"),
+            }
+        );
+        let unpinned = save_target(&build(), Some(&notebook(false)), Some(&pod("Running", "")));
+        assert_eq!(
+            unpinned.unwrap().base,
+            "registry.example.com:5000/team/jupyter:v1"
+        );
+    }
+
+    #[test]
+    fn a_build_that_cannot_start_says_why() {
+        let missing = save_target(&build(), None, None).unwrap_err();
+        assert_eq!(missing, "notebook lab does not exist");
+        let stopped = save_target(&build(), Some(&notebook(true)), None).unwrap_err();
+        assert!(stopped.starts_with("notebook lab is stopped"), "{stopped}");
+        let no_pod = save_target(&build(), Some(&notebook(false)), None).unwrap_err();
+        assert_eq!(no_pod, "notebook lab has no pod lab-0 yet");
+        let pending =
+            save_target(&build(), Some(&notebook(false)), Some(&pod("Pending", ""))).unwrap_err();
+        assert_eq!(
+            pending,
+            "notebook lab is not running (pod lab-0 is Pending)"
+        );
+    }
+
+    #[test]
+    fn images_are_pinned_to_the_digest_the_kubelet_reports() {
+        let digest = "sha256:aaaa";
+        for (image, expected) in [
+            ("jupyter", "jupyter@sha256:aaaa"),
+            ("jupyter:v1", "jupyter@sha256:aaaa"),
+            (
+                "host:5000/team/jupyter:v1",
+                "host:5000/team/jupyter@sha256:aaaa",
+            ),
+            (
+                "host:5000/team/jupyter",
+                "host:5000/team/jupyter@sha256:aaaa",
+            ),
+            ("host/jupyter@sha256:bbbb", "host/jupyter@sha256:aaaa"),
+        ] {
+            assert_eq!(
+                pinned(image, &format!("docker-pullable://x@{digest}")),
+                expected
+            );
+        }
+        assert_eq!(pinned("jupyter:v1", ""), "jupyter:v1");
+        assert_eq!(
+            pinned("jupyter:v1", "sha256:aaaa"),
+            "jupyter:v1",
+            "an image id, no repo digest"
+        );
+    }
+
+    #[test]
+    fn a_finished_status_drops_progress_and_a_failure_keeps_its_message() {
+        let failed = finished_status(
+            None,
+            &Err("registry down".into()),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(failed.phase, ImageBuildPhase::Failed);
+        assert_eq!(failed.message.as_deref(), Some("registry down"));
+        assert!(failed.progress.is_none() && failed.image_digest.is_none());
+        assert!(failed.completion_time.is_some());
+    }
+}
