@@ -51,7 +51,8 @@ pub enum Command {
     /// Run the Kubernetes notebook controller (kubeconfig or in-cluster credentials).
     ///
     /// Reads Kubeflow's environment: ISTIO_GATEWAY, ISTIO_HOST, CLUSTER_DOMAIN, USE_ISTIO,
-    /// ADD_FSGROUP, ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD.
+    /// ADD_FSGROUP, ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD; and LABFORGE_AGENT_IMAGE,
+    /// the save agent's image an init container copies into each notebook pod.
     Controller(ControllerArgs),
     /// Run the notebook proxy: routes from Istio VirtualServices (a Kubernetes watch, or
     /// --routes-file), every request authenticated and authorized per notebook.
@@ -455,6 +456,12 @@ impl StorageArgs {
 
 #[derive(Debug, Args)]
 pub struct ImageBuildsArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub admin_addr: std::net::SocketAddr,
+    /// This process in the Events it records (defaults to none).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
     #[command(flatten)]
     pub storage: StorageArgs,
 }
@@ -697,7 +704,27 @@ async fn image_builds(args: &ImageBuildsArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let client = kubernetes_client().await?;
-    let context = std::sync::Arc::new(labforge_image_builds::Context::new(client, options));
+    let mut registry = prometheus_client::registry::Registry::default();
+    let context = std::sync::Arc::new(labforge_image_builds::Context::new(
+        client,
+        options,
+        args.identity.clone(),
+        &mut registry,
+    ));
+    let listener = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
+    let admin = labforge_notebook_controller::admin::router(
+        labforge_notebook_controller::admin::AdminState {
+            registry: std::sync::Arc::new(registry),
+            ready: std::sync::Arc::new(true.into()),
+        },
+    );
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, admin).await {
+            tracing::error!(error = %err, "admin endpoint");
+        }
+    });
     // The reconciler stops on SIGTERM and Ctrl-C itself (`shutdown_on_signal`).
     labforge_image_builds::run(context).await;
     Ok(ExitCode::SUCCESS)

@@ -26,9 +26,15 @@ use labforge_crds::Notebook;
 use labforge_crds::imagebuild::{
     ImageBuild, ImageBuildPhase, ImageBuildProgress, ImageBuildStatus, LayerCompression,
 };
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The field manager of the status this reconciler writes.
 pub const FIELD_MANAGER: &str = "labforge-image-builds";
@@ -54,26 +60,83 @@ pub enum Error {
     },
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `succeeded` or `failed`.
+    pub result: String,
+}
+
+/// What the reconciler exports in Prometheus format.
+pub struct Metrics {
+    pub finished: Family<ResultLabels, Counter>,
+    pub running: Gauge,
+    pub duration: Histogram,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            finished: Family::default(),
+            running: Gauge::default(),
+            // 1 s to about 17 min.
+            duration: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+        };
+        registry.register(
+            "labforge_image_builds",
+            "ImageBuilds finished, by result",
+            metrics.finished.clone(),
+        );
+        registry.register(
+            "labforge_image_builds_running",
+            "ImageBuilds being saved by this process",
+            metrics.running.clone(),
+        );
+        registry.register(
+            "labforge_image_build_duration_seconds",
+            "Time from start to the final status of an ImageBuild",
+            metrics.duration.clone(),
+        );
+        metrics
+    }
+
+    fn count(&self, succeeded: bool) {
+        let result = if succeeded { "succeeded" } else { "failed" };
+        self.finished
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+}
+
 /// What the reconciler shares between builds.
 pub struct Context {
     pub client: Client,
     /// Registry, cache and scratch settings; each build sets its compression.
     pub save_options: SaveOptions,
+    pub metrics: Metrics,
     recorder: Recorder,
     /// UIDs of the builds this process is running.
     running: Mutex<HashSet<String>>,
 }
 
 impl Context {
-    pub fn new(client: Client, save_options: SaveOptions) -> Self {
+    /// `instance` names this process in the Events it records.
+    pub fn new(
+        client: Client,
+        save_options: SaveOptions,
+        instance: Option<String>,
+        registry: &mut Registry,
+    ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
+            instance,
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             save_options,
+            metrics: Metrics::register(registry),
             running: Mutex::default(),
         }
     }
@@ -280,6 +343,7 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
                 jiff::Timestamp::now(),
             );
             write_status(&ctx, &build, &failed).await?;
+            ctx.metrics.count(false);
             publish(&ctx, &build, EventType::Warning, "SaveFailed", message).await;
         }
         Ok(target) => {
@@ -302,6 +366,7 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
             };
             write_status(&ctx, &build, &running).await?;
             ctx.running().insert(uid);
+            ctx.metrics.running.inc();
             tokio::spawn(run_build(build, target, running.start_time, ctx));
         }
     }
@@ -316,6 +381,7 @@ async fn run_build(
     ctx: Arc<Context>,
 ) {
     let namespace = build.namespace().unwrap_or_default();
+    let clock = Instant::now();
     let (report, mut reports) = tokio::sync::watch::channel(ImageBuildProgress {
         stage: "starting".into(),
         ..ImageBuildProgress::default()
@@ -398,6 +464,9 @@ async fn run_build(
         }
     }
     ctx.running().remove(&build.uid().unwrap_or_default());
+    ctx.metrics.running.dec();
+    ctx.metrics.duration.observe(clock.elapsed().as_secs_f64());
+    ctx.metrics.count(result.is_ok());
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

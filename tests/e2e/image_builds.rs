@@ -1,8 +1,9 @@
 //! The ImageBuild reconciler end to end: a real JupyterLab container (podman) stands in for the
 //! notebook's pod, the fake API server relays `pods/exec` to it the way a kubelet would (as the
-//! container's user, not root), and the reconciler saves through it to the real registry:
-//! progress in the status, the final digest, a saved image that imports what was installed, and
-//! clear failures for a notebook that does not exist and a registry that cannot be reached.
+//! container's user, not root), and `labforge image-builds` saves through it to the real
+//! registry: killed mid-build and started again, it finishes the build; the status shows the
+//! progress and the final digest, the saved image imports what was installed, and a notebook
+//! that does not exist or a registry that cannot be reached fail clearly.
 
 use crate::controller::eventually;
 use crate::need;
@@ -10,18 +11,81 @@ use crate::save::{notebook_with_agent, wheel};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use labforge_builder::cache::BlobCache;
-use labforge_builder::image::RuntimeConfig;
-use labforge_builder::layer::Compression;
-use labforge_builder::registry::RegistryOptions;
-use labforge_builder::save::SaveOptions;
 use labforge_crds::Notebook;
 use labforge_crds::imagebuild::{ImageBuild, ImageBuildPhase, ImageBuildSpec};
 use labforge_tests::Registry;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use serde_json::json;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// `labforge image-builds` against `server`, killed when dropped.
+struct Reconciler {
+    child: std::process::Child,
+    admin: u16,
+}
+
+impl Reconciler {
+    fn start(server: &FakeApiServer, dir: &Path, registry: &str) -> Reconciler {
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+                 users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
+                 cluster: fake\n    user: fake\ncurrent-context: fake\n",
+                server.url()
+            ),
+        )
+        .unwrap();
+        let admin = need(labforge_tests::tools::free_port());
+        let child = crate::labforge()
+            .args([
+                "image-builds",
+                "--admin-addr",
+                &format!("127.0.0.1:{admin}"),
+            ])
+            .args([
+                "--insecure-registry",
+                registry,
+                "--insecure-registry",
+                "127.0.0.1:9",
+            ])
+            .arg("--cache-dir")
+            .arg(dir.join("cache"))
+            .arg("--scratch-dir")
+            .arg(dir)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("LABFORGE_LOG", "labforge_image_builds=info")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Reconciler { child, admin }
+    }
+
+    async fn metrics(&self) -> String {
+        eventually(
+            "the reconciler's /metrics",
+            Duration::from_secs(20),
+            || async {
+                let response = reqwest::get(format!("http://127.0.0.1:{}/metrics", self.admin))
+                    .await
+                    .ok()?;
+                response.text().await.ok()
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Reconciler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 fn image_build(name: &str, notebook: &str, target: &str) -> ImageBuild {
     ImageBuild::new(
@@ -34,10 +98,15 @@ fn image_build(name: &str, notebook: &str, target: &str) -> ImageBuild {
     )
 }
 
-/// Polls `name` until it is Succeeded or Failed, recording every phase and stage seen.
-async fn finished(builds: &Api<ImageBuild>, name: &str, seen: &Mutex<Vec<String>>) -> ImageBuild {
+/// Polls `name` until `done` holds for its phase, recording every phase, stage and message seen.
+async fn until(
+    builds: &Api<ImageBuild>,
+    name: &str,
+    seen: &Mutex<Vec<String>>,
+    done: impl Fn(&ImageBuildPhase) -> bool,
+) -> ImageBuild {
     eventually(
-        &format!("ImageBuild {name} to finish"),
+        &format!("ImageBuild {name}"),
         Duration::from_secs(180),
         || async {
             let build = builds.get(name).await.ok()?;
@@ -47,18 +116,25 @@ async fn finished(builds: &Api<ImageBuild>, name: &str, seen: &Mutex<Vec<String>
                 .as_ref()
                 .map(|p| p.stage.clone())
                 .unwrap_or_default();
+            let entry = format!(
+                "{:?} {stage} {}",
+                status.phase,
+                status.message.clone().unwrap_or_default()
+            );
             let mut seen = seen.lock().unwrap();
-            let entry = format!("{:?} {stage}", status.phase);
             if seen.last() != Some(&entry) {
                 seen.push(entry);
             }
-            matches!(
-                status.phase,
-                ImageBuildPhase::Succeeded | ImageBuildPhase::Failed
-            )
-            .then_some(build)
+            done(&status.phase).then_some(build)
         },
     )
+    .await
+}
+
+async fn finished(builds: &Api<ImageBuild>, name: &str, seen: &Mutex<Vec<String>>) -> ImageBuild {
+    until(builds, name, seen, |phase| {
+        matches!(phase, ImageBuildPhase::Succeeded | ImageBuildPhase::Failed)
+    })
     .await
 }
 
@@ -125,35 +201,29 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     let program = podman.command().get_program().to_owned();
     let execs = Arc::new(Mutex::new(Vec::new()));
     let seen_execs = execs.clone();
+    // The first exec lingers, so the reconciler can be killed while it saves.
+    let first = Arc::new(AtomicBool::new(true));
     server.set_exec_runner(move |request| {
         seen_execs.lock().unwrap().push(request.clone());
         let running = request.pod == "env-0" && request.container.as_deref() == Some("env");
         running.then(|| {
-            let mut command = std::process::Command::new(&program);
+            let delay = if first.swap(false, Ordering::SeqCst) {
+                "5"
+            } else {
+                "0"
+            };
+            let mut command = std::process::Command::new("sh");
             command
+                .args(["-c", &format!("sleep {delay}; exec \"$0\" \"$@\"")])
+                .arg(&program)
                 .args(["exec", "-i", &container_name])
                 .args(&request.command);
             command
         })
     });
 
-    let cache = tempfile::tempdir().unwrap();
-    let scratch = tempfile::tempdir().unwrap();
-    let options = SaveOptions {
-        compression: Compression::default(),
-        registry: RegistryOptions {
-            insecure: vec![host.clone(), "127.0.0.1:9".into()],
-            credentials: None,
-        },
-        cache: Some(BlobCache::Dir(cache.path().to_owned())),
-        runtime: RuntimeConfig::default(),
-        scratch_dir: scratch.path().to_owned(),
-        created_by: "labforge ImageBuild".into(),
-    };
-    let reconciler = tokio::spawn(labforge_image_builds::run(Arc::new(
-        labforge_image_builds::Context::new(client.clone(), options),
-    )));
-
+    let dir = tempfile::tempdir().unwrap();
+    let reconciler = Reconciler::start(&server, dir.path(), &host);
     let builds: Api<ImageBuild> = Api::namespaced(client.clone(), "alice");
     let target = format!("{host}/alice/env:from-cluster");
     builds
@@ -164,21 +234,24 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
         .await
         .unwrap();
     let seen = Mutex::new(Vec::new());
+    until(&builds, "save-1", &seen, |phase| {
+        *phase == ImageBuildPhase::Running
+    })
+    .await;
+    eventually("the agent's exec", Duration::from_secs(20), || async {
+        (!execs.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    drop(reconciler);
+    let reconciler = Reconciler::start(&server, dir.path(), &host);
     let build = finished(&builds, "save-1", &seen).await;
+    let seen = seen.into_inner().unwrap();
     let status = build.status.unwrap();
-    assert_eq!(
-        status.phase,
-        ImageBuildPhase::Succeeded,
-        "{:?}",
-        status.message
-    );
+    assert_eq!(status.phase, ImageBuildPhase::Succeeded, "{seen:?}");
     assert!(
-        seen.lock()
-            .unwrap()
-            .iter()
-            .any(|s| s.starts_with("Running")),
-        "the status showed the build running: {:?}",
-        seen.lock().unwrap()
+        seen.iter()
+            .any(|s| s.contains("the builder restarted while saving")),
+        "the restart shows in the status: {seen:?}"
     );
     assert!(
         status.progress.is_none(),
@@ -188,8 +261,8 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     let digest = status.image_digest.unwrap();
     assert!(status.layer_digest.is_some() && status.layer_size.unwrap() > 0);
     let executed = execs.lock().unwrap().clone();
-    assert_eq!(executed.len(), 1, "{executed:?}");
-    assert_eq!(executed[0].command[0], "/.labforge/agent/labforge-agent");
+    assert_eq!(executed.len(), 2, "one cut off, one finished: {executed:?}");
+    assert_eq!(executed[1].command[0], "/.labforge/agent/labforge-agent");
 
     // The registry has it under the tag, by the digest the status gives, one layer more.
     let inspect = |image: &str| -> serde_json::Value {
@@ -287,5 +360,12 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     assert!(message.contains("127.0.0.1:9"), "{message}");
     assert!(failed.image_digest.is_none());
     need(container.exec(&["true"]));
-    reconciler.abort();
+    let metrics = reconciler.metrics().await;
+    for line in [
+        "labforge_image_builds_total{result=\"succeeded\"} 1",
+        "labforge_image_builds_total{result=\"failed\"} 2",
+        "labforge_image_builds_running 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 }
