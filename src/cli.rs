@@ -121,6 +121,11 @@ pub struct WebArgs {
     /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
     #[arg(long)]
     pub spawner_config: Option<std::path::PathBuf>,
+    /// Registry (`host[:port][/path]`) saved environments are pushed to, as
+    /// `<registry>/<namespace>/<notebook>:<tag>`, by the ImageBuild reconciler; without it the
+    /// web app offers no saving.
+    #[arg(long, env = "LABFORGE_SAVE_REGISTRY")]
+    pub save_registry: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -924,6 +929,7 @@ async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
             prefix: args.user_prefix.clone(),
         },
         spawner,
+        args.save_registry.clone(),
     )
     .await;
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -54,6 +54,9 @@ pub struct ImageBuildStatus {
     pub phase: ImageBuildPhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ImageBuildProgress>,
+    /// The image the notebook ran, which the new layer goes on (by digest when known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_image: Option<String>,
     /// Digest of the pushed manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_digest: Option<String>,

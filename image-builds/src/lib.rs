@@ -238,6 +238,7 @@ fn pinned(image: &str, image_id: &str) -> String {
 /// The status of a build that ended.
 pub fn finished_status(
     started: Option<Time>,
+    base: Option<&str>,
     result: &Result<Saved, String>,
     now: jiff::Timestamp,
 ) -> ImageBuildStatus {
@@ -245,6 +246,7 @@ pub fn finished_status(
         Ok(saved) => ImageBuildStatus {
             phase: ImageBuildPhase::Succeeded,
             progress: None,
+            base_image: base.map(str::to_owned),
             image_digest: Some(saved.image.manifest_digest.to_string()),
             layer_digest: saved.layer.as_ref().map(|l| l.digest.to_string()),
             layer_size: saved
@@ -269,6 +271,7 @@ pub fn finished_status(
         },
         Err(message) => ImageBuildStatus {
             phase: ImageBuildPhase::Failed,
+            base_image: base.map(str::to_owned),
             start_time: started,
             completion_time: Some(Time(now)),
             message: Some(message.clone()),
@@ -339,6 +342,7 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
         Err(message) => {
             let failed = finished_status(
                 status.start_time,
+                None,
                 &Err(message.clone()),
                 jiff::Timestamp::now(),
             );
@@ -353,6 +357,7 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
                     stage: "starting".into(),
                     ..ImageBuildProgress::default()
                 }),
+                base_image: Some(target.base.clone()),
                 start_time: Some(Time(jiff::Timestamp::now())),
                 message: Some(if restarted {
                     format!(
@@ -434,7 +439,7 @@ async fn run_build(
     .await
     .map_err(|err| error_chain(&err));
     publisher.abort();
-    let status = finished_status(started, &result, jiff::Timestamp::now());
+    let status = finished_status(started, Some(&target.base), &result, jiff::Timestamp::now());
     match &result {
         Ok(saved) => {
             tracing::info!(build = %build.name_any(), digest = %saved.image.manifest_digest, "saved");
@@ -494,6 +499,7 @@ async fn write_status(
     if let Some(fields) = value.as_object_mut() {
         for field in [
             "progress",
+            "baseImage",
             "imageDigest",
             "layerDigest",
             "layerSize",
@@ -675,6 +681,7 @@ mod tests {
     fn a_finished_status_drops_progress_and_a_failure_keeps_its_message() {
         let failed = finished_status(
             None,
+            Some("jupyter@sha256:aaaa"),
             &Err("registry down".into()),
             jiff::Timestamp::UNIX_EPOCH,
         );

@@ -633,8 +633,13 @@ fn rbac_is_least_privilege_everywhere() {
             ("events.k8s.io", "events", &["list", "create", "patch"]),
             ("", "pods/log", &["get"]),
             ("", "nodes", &["list"]),
+            (
+                "labforge.dev",
+                "imagebuilds",
+                &["get", "list", "watch", "create"]
+            ),
         ]),
-        "the web app: Notebooks, its access reviews, events, logs, GPU capacity"
+        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, saves"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

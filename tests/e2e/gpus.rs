@@ -215,7 +215,8 @@ async fn in_a_cluster_only_vendors_some_node_has_are_offered() {
     ]))
     .unwrap();
     let app =
-        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner).await;
+        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner, None)
+            .await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

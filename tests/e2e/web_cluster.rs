@@ -63,7 +63,8 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
     });
     let spawner = labforge_web::embedded::default_spawner("registry.example.com");
     let app =
-        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner).await;
+        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner, None)
+            .await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -196,7 +197,7 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
             .is_some()
     );
 
-    // Saves need the ImageBuild reconciler in a cluster: a clear answer, not a hang.
+    // Without a registry to save to, saving is not offered: a clear answer, not a hang.
     let (status, answer) = api
         .call(
             Some(ALICE),
@@ -226,5 +227,165 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
             .then_some(())
     })
     .await;
+    serving.abort();
+}
+
+/// Saves in a cluster: the web app writes an ImageBuild (target under --save-registry, owned by
+/// the notebook), refuses a second one while the first runs, follows the build's status as the
+/// save's progress stream until it ends, and lists the succeeded build as a saved image.
+#[tokio::test]
+async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
+    use labforge_crds::imagebuild::ImageBuild;
+
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        extra_crds: vec![labforge_tests::repo_root().join("crds/imagebuilds.labforge.dev.yaml")],
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
+    server.set_access_rule(|spec| {
+        spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
+    });
+    let spawner = labforge_web::embedded::default_spawner("registry.example.com");
+    let app = labforge_web::cluster::router(
+        server.client(),
+        TrustedHeader::default(),
+        spawner,
+        Some("registry.example.com/saved/".into()),
+    )
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let api = Client {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+    };
+    let post = |user, path: &'static str, body: Value| {
+        let api = &api;
+        async move {
+            api.call(Some(user), reqwest::Method::POST, path, Some(body))
+                .await
+        }
+    };
+    let (status, _) = post(
+        ALICE,
+        "/api/namespaces/alice/notebooks",
+        json!({"name": "lab"}),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let saves = "/api/namespaces/alice/notebooks/lab/saves";
+    let (status, answer) = post(ALICE, saves, json!({"tag": "no spaces"})).await;
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (422, Some("tag")),
+        "{answer}"
+    );
+    assert_eq!(post(BOB, saves, json!({"tag": "v1"})).await.0, 403);
+
+    let (status, started) = post(ALICE, saves, json!({"tag": "v1"})).await;
+    assert_eq!(status, 202, "{started}");
+    assert_eq!(started["target"], "registry.example.com/saved/alice/lab:v1");
+    assert_eq!(started["phase"], "queued");
+    let id = started["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("lab-save-"), "{id}");
+    let builds: Api<ImageBuild> = Api::namespaced(server.client(), "alice");
+    let build = builds.get(&id).await.unwrap();
+    assert_eq!(build.spec.notebook, "lab");
+    assert_eq!(
+        build.metadata.owner_references.unwrap()[0].kind,
+        "Notebook",
+        "deleting the notebook deletes its builds"
+    );
+    let (status, busy) = post(ALICE, saves, json!({"tag": "v2"})).await;
+    assert_eq!(status, 409, "{busy}");
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+
+    // Follow it while the reconciler (played here by status writes) moves it along.
+    let follow = format!("{base}/api/namespaces/alice/saves/{id}");
+    let stream = tokio::spawn(async move {
+        reqwest::Client::new()
+            .get(follow)
+            .header("kubeflow-userid", ALICE)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    let set_status = |status: Value| {
+        let builds = builds.clone();
+        let id = id.clone();
+        async move {
+            builds
+                .patch_status(
+                    &id,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({ "status": status })),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set_status(json!({"phase": "Running", "progress": {"stage": "writing",
+        "filesScanned": 100, "bytesWritten": 2048, "bytesUploaded": 0}}))
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set_status(
+        json!({"phase": "Succeeded", "progress": null, "baseImage": "jupyter@sha256:0",
+        "imageDigest": "sha256:feed", "layerDigest": "sha256:beef", "layerSize": 4096,
+        "completionTime": "2026-11-22T08:00:00Z", "message": "saved"}),
+    )
+    .await;
+    let text = tokio::time::timeout(Duration::from_secs(10), stream)
+        .await
+        .expect("the stream ends once the build has")
+        .unwrap();
+    let phases: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| serde_json::from_str(d.trim()).unwrap())
+        .collect();
+    let names: Vec<&str> = phases
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.first(), Some(&"queued"), "{text}");
+    assert!(names.contains(&"writing"), "{text}");
+    let last = phases.last().unwrap();
+    assert_eq!(
+        (last["phase"].as_str(), last["digest"].as_str()),
+        (Some("done"), Some("sha256:feed"))
+    );
+
+    let (status, images) = api.get(Some(ALICE), "/api/namespaces/alice/images").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        images["images"][0]["image"],
+        "registry.example.com/saved/alice/lab:v1"
+    );
+    assert_eq!(images["images"][0]["digest"], "sha256:feed");
+    assert_eq!(images["images"][0]["base"], "jupyter@sha256:0");
+    let (status, _) = api
+        .get(Some(ALICE), "/api/namespaces/alice/saves/nope")
+        .await;
+    assert_eq!(status, 404);
+
+    // A stopped notebook cannot be saved.
+    let (status, _) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::PATCH,
+            "/api/namespaces/alice/notebooks/lab",
+            Some(json!({"stopped": true})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, answer) = post(ALICE, saves, json!({"tag": "v3"})).await;
+    assert_eq!(status, 409, "{answer}");
     serving.abort();
 }

@@ -13,7 +13,7 @@ use crate::model::{
     NotebookView, SERVER_TYPE_ANNOTATION, ServerType,
 };
 use crate::runtime::{Engine, container_name};
-use crate::saves::{SaveJobs, StartSaveError};
+use crate::saves::{Saves, StartSaveError};
 use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_token};
 use crate::validate::{FieldError, image_reference, notebook_from_request};
@@ -49,7 +49,7 @@ pub struct ApiState {
     /// Local users (embedded mode); `None` where an auth proxy signs users in.
     pub local_users: Option<Arc<LocalAuth>>,
     /// Saves (embedded mode); `None` in a cluster until the ImageBuild reconciler exists.
-    pub saves: Option<Arc<SaveJobs>>,
+    pub saves: Option<Arc<dyn Saves>>,
     pub config: Arc<SpawnerConfig>,
     /// Where notebook logs come from.
     pub logs: LogSource,
@@ -635,11 +635,12 @@ async fn start_save(
     let Some(saves) = &state.saves else {
         return Err(Failure::new(
             StatusCode::NOT_IMPLEMENTED,
-            "saving environments from the web app needs the embedded mode here: in a cluster, use `labforge build commit`",
+            "saving environments is not set up here: `labforge web` needs --save-registry",
         ));
     };
     let status = saves
         .start(&ns, &name, request.tag.as_deref())
+        .await
         .map_err(|e| match e {
             StartSaveError::BadTag(_) => Failure::field(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -648,6 +649,7 @@ async fn start_save(
             StartSaveError::NotRunning(_) | StartSaveError::Busy(_) => {
                 Failure::new(StatusCode::CONFLICT, e.to_string())
             }
+            StartSaveError::Unavailable(_) => Failure::new(StatusCode::BAD_GATEWAY, e.to_string()),
         })?;
     state
         .backend
@@ -669,12 +671,11 @@ async fn follow_save(
     Path((ns, id)): Path<(String, String)>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     user.may(&state, Verb::Get, &ns).await?;
-    let receiver = state
-        .saves
-        .as_ref()
-        .and_then(|saves| saves.follow(&id))
-        .filter(|r| r.borrow().namespace == ns)
-        .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, format!("no save {id} in {ns}")))?;
+    let receiver = match &state.saves {
+        Some(saves) => saves.follow(&ns, &id).await,
+        None => None,
+    }
+    .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, format!("no save {id} in {ns}")))?;
     let stream = futures::stream::unfold(Some(receiver), |receiver| async move {
         let mut receiver = receiver?;
         let status = receiver.borrow_and_update().clone();

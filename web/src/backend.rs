@@ -439,9 +439,11 @@ impl Backend for KubernetesBackend {
         }
     }
 
-    async fn saved_images(&self, _namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
-        // Saves in a cluster are ImageBuild objects, whose reconciler is not built yet.
-        Ok(Vec::new())
+    async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
+        // Saves in a cluster are ImageBuild objects; the succeeded ones are the saved images.
+        crate::image_builds::saved_images(&self.client, namespace)
+            .await
+            .map_err(|err| BackendError::Unavailable(err.to_string()))
     }
 
     fn changes(&self) -> broadcast::Receiver<Change> {

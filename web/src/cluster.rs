@@ -5,15 +5,18 @@
 use crate::api::{ApiState, LogSource};
 use crate::backend::{KubernetesAccess, KubernetesBackend};
 use crate::config::SpawnerConfig;
+use crate::image_builds::ImageBuildSaves;
 use labforge_proxy::authz::TrustedHeader;
 use std::sync::Arc;
 
 /// The app's routes for a cluster reached through `client`. GPU vendors are offered only when some
-/// node has them in its capacity (read once, at start).
+/// node has them in its capacity (read once, at start). Saves are ImageBuilds pushing under
+/// `save_registry` (`host[/path]`); without it, saving is not offered.
 pub async fn router(
     client: kube::Client,
     header: TrustedHeader,
     mut spawner: SpawnerConfig,
+    save_registry: Option<String>,
 ) -> axum::Router {
     if !spawner.gpu_vendors.is_empty() {
         let found = vendors_on_nodes(&client).await;
@@ -28,7 +31,9 @@ pub async fn router(
             header,
         }),
         local_users: None,
-        saves: None,
+        saves: save_registry.map(|registry| {
+            Arc::new(ImageBuildSaves::new(client.clone(), registry)) as Arc<dyn crate::saves::Saves>
+        }),
         config: Arc::new(spawner),
         logs: LogSource::Kubernetes(client),
         // The proxy's activity reaches the culler, which writes it into the Notebook.

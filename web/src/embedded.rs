@@ -332,7 +332,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         backend: store.clone(),
         access: auth.clone(),
         local_users: Some(auth.clone()),
-        saves: Some(saves),
+        saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
         config: Arc::new(spawner),
         logs: crate::api::LogSource::Engine(engine),
         activity: proxy.activity.clone(),

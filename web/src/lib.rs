@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod config;
 pub mod embedded;
 pub mod gpus;
+pub mod image_builds;
 pub mod model;
 pub mod runtime;
 pub mod saves;

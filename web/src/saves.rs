@@ -23,6 +23,39 @@ pub enum StartSaveError {
     Busy(String),
     #[error("tag {0:?} is not valid: use letters, digits, '_', '.' and '-' (at most 128)")]
     BadTag(String),
+    /// The cluster could not be asked or told (the API server's answer).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Saves as the API starts and follows them: run here by [`SaveJobs`] (embedded mode), or as
+/// ImageBuild objects for the cluster's reconciler ([`crate::image_builds::ImageBuildSaves`]).
+#[async_trait::async_trait]
+pub trait Saves: Send + Sync {
+    /// Starts saving `namespace/name`; returns the save's first status (its id) at once.
+    async fn start(
+        &self,
+        namespace: &str,
+        name: &str,
+        tag: Option<&str>,
+    ) -> Result<SaveStatus, StartSaveError>;
+    /// Follows save `id` of `namespace`; `None` when there is no such save.
+    async fn follow(&self, namespace: &str, id: &str) -> Option<watch::Receiver<SaveStatus>>;
+}
+
+#[async_trait::async_trait]
+impl Saves for SaveJobs {
+    async fn start(
+        &self,
+        namespace: &str,
+        name: &str,
+        tag: Option<&str>,
+    ) -> Result<SaveStatus, StartSaveError> {
+        SaveJobs::start(self, namespace, name, tag)
+    }
+    async fn follow(&self, namespace: &str, id: &str) -> Option<watch::Receiver<SaveStatus>> {
+        SaveJobs::follow(self, id).filter(|r| r.borrow().namespace == namespace)
+    }
 }
 
 /// Where a save is, as the UI shows it.
@@ -94,7 +127,7 @@ pub struct SaveJobs {
     http: reqwest::Client,
 }
 
-fn valid_tag(tag: &str) -> bool {
+pub(crate) fn valid_tag(tag: &str) -> bool {
     let mut chars = tag.chars();
     !tag.is_empty()
         && tag.len() <= 128
