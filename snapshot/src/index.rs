@@ -29,25 +29,148 @@ pub enum EntryKind {
 }
 
 /// What the index knows of one path.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+///
+/// Kept to 40 bytes: an index holds every path of an image (100k and more) in the builder and in
+/// the agent, so the fields most entries lack (link target, device numbers, xattrs, content
+/// digest) share one box. The JSON form (cached indexes, the agent's stdin) is the flat one.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexEntry {
     pub kind: EntryKind,
     /// Permission bits including setuid/setgid/sticky.
     pub mode: u32,
-    pub uid: u64,
-    pub gid: u64,
+    pub uid: u32,
+    pub gid: u32,
     pub size: u64,
     /// Modification time in whole seconds (what tar headers without PAX carry).
     pub mtime: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub link: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<(u32, u32)>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub xattrs: BTreeMap<String, Vec<u8>>,
+    extra: Option<Box<EntryExtra>>,
+}
+
+/// The rarer facts of an entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct EntryExtra {
+    link: Option<PathBuf>,
+    device: Option<(u32, u32)>,
+    xattrs: BTreeMap<String, Vec<u8>>,
+    sha256: Option<String>,
+}
+
+static NO_XATTRS: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+
+impl IndexEntry {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        kind: EntryKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        size: u64,
+        mtime: i64,
+        link: Option<PathBuf>,
+        device: Option<(u32, u32)>,
+        xattrs: BTreeMap<String, Vec<u8>>,
+        sha256: Option<String>,
+    ) -> Self {
+        let extra = EntryExtra {
+            link,
+            device,
+            xattrs,
+            sha256,
+        };
+        Self {
+            kind,
+            mode,
+            uid,
+            gid,
+            size,
+            mtime,
+            extra: (extra != EntryExtra::default()).then(|| Box::new(extra)),
+        }
+    }
+
+    /// A symlink's target.
+    pub fn link(&self) -> Option<&Path> {
+        self.extra.as_ref()?.link.as_deref()
+    }
+
+    /// A device's major and minor numbers.
+    pub fn device(&self) -> Option<(u32, u32)> {
+        self.extra.as_ref()?.device
+    }
+
+    pub fn xattrs(&self) -> &BTreeMap<String, Vec<u8>> {
+        self.extra.as_ref().map_or(&NO_XATTRS, |e| &e.xattrs)
+    }
+
     /// Hex SHA-256 of a regular file's content, for scans that verify content.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sha256: Option<String>,
+    pub fn sha256(&self) -> Option<&str> {
+        self.extra.as_ref()?.sha256.as_deref()
+    }
+}
+
+/// The flat JSON form of an entry, as written.
+#[derive(serde::Serialize)]
+struct EntryOut<'a> {
+    kind: EntryKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    mtime: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    link: Option<&'a Path>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<(u32, u32)>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    xattrs: &'a BTreeMap<String, Vec<u8>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<&'a str>,
+}
+
+/// The flat JSON form of an entry, as read.
+#[derive(serde::Deserialize)]
+struct EntryIn {
+    kind: EntryKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    mtime: i64,
+    #[serde(default)]
+    link: Option<PathBuf>,
+    #[serde(default)]
+    device: Option<(u32, u32)>,
+    #[serde(default)]
+    xattrs: BTreeMap<String, Vec<u8>>,
+    #[serde(default)]
+    sha256: Option<String>,
+}
+
+impl serde::Serialize for IndexEntry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        EntryOut {
+            kind: self.kind,
+            mode: self.mode,
+            uid: self.uid,
+            gid: self.gid,
+            size: self.size,
+            mtime: self.mtime,
+            link: self.link(),
+            device: self.device(),
+            xattrs: self.xattrs(),
+            sha256: self.sha256(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for IndexEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let e = EntryIn::deserialize(deserializer)?;
+        Ok(IndexEntry::new(
+            e.kind, e.mode, e.uid, e.gid, e.size, e.mtime, e.link, e.device, e.xattrs, e.sha256,
+        ))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -322,25 +445,27 @@ impl BaselineIndex {
                 None
             };
             let header = entry.header();
-            let record = IndexEntry {
+            // Linux ids are 32-bit; a layer claiming more gets the overflow id, as the kernel maps it.
+            let id = |n: u64| u32::try_from(n).unwrap_or(65534);
+            let record = IndexEntry::new(
                 kind,
-                mode: header.mode().map_err(io)? & 0o7777,
-                uid: header.uid().map_err(io)?,
-                gid: header.gid().map_err(io)?,
-                size: if kind == EntryKind::File {
+                header.mode().map_err(io)? & 0o7777,
+                id(header.uid().map_err(io)?),
+                id(header.gid().map_err(io)?),
+                if kind == EntryKind::File {
                     entry.size()
                 } else {
                     0
                 },
-                mtime: i64::try_from(header.mtime().map_err(io)?).unwrap_or(i64::MAX),
-                link: match kind {
+                i64::try_from(header.mtime().map_err(io)?).unwrap_or(i64::MAX),
+                match kind {
                     EntryKind::Symlink => entry.link_name().map_err(io)?.map(|l| l.into_owned()),
                     _ => None,
                 },
                 device,
                 xattrs,
                 sha256,
-            };
+            );
             let body = if kind == EntryKind::File {
                 record.size
             } else {
@@ -387,6 +512,42 @@ fn normalize(path: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_are_small_and_keep_their_flat_json_form() {
+        // 100k entries per index, in the builder and in the agent: a regression here costs MiBs.
+        assert_eq!(std::mem::size_of::<IndexEntry>(), 40);
+        let link = IndexEntry::new(
+            EntryKind::Symlink,
+            0o777,
+            0,
+            0,
+            0,
+            1,
+            Some(PathBuf::from("lib64")),
+            None,
+            BTreeMap::new(),
+            None,
+        );
+        let json = serde_json::to_string(&link).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"Symlink","mode":511,"uid":0,"gid":0,"size":0,"mtime":1,"link":"lib64"}"#
+        );
+        assert_eq!(serde_json::from_str::<IndexEntry>(&json).unwrap(), link);
+        let file: IndexEntry = serde_json::from_str(
+            r#"{"kind":"File","mode":420,"uid":1000,"gid":100,"size":3,"mtime":2,
+                "xattrs":{"user.a":[1,2]},"sha256":"ab"}"#,
+        )
+        .unwrap();
+        assert_eq!((file.uid, file.size, file.sha256()), (1000, 3, Some("ab")));
+        assert_eq!(file.xattrs()["user.a"], [1, 2]);
+        assert_eq!(file.link(), None);
+        let plain: IndexEntry =
+            serde_json::from_str(r#"{"kind":"Dir","mode":493,"uid":0,"gid":0,"size":0,"mtime":0}"#)
+                .unwrap();
+        assert!(plain.extra.is_none(), "nothing rare, nothing boxed");
+    }
 
     /// Builds an uncompressed layer from (path, kind, body or link target).
     fn layer(entries: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
@@ -474,7 +635,7 @@ mod tests {
             "dir replaced by a file"
         );
         assert_eq!(
-            index.get(Path::new("usr/lib")).unwrap().link.as_deref(),
+            index.get(Path::new("usr/lib")).unwrap().link(),
             Some(Path::new("lib64"))
         );
         assert_eq!(
@@ -635,7 +796,7 @@ mod tests {
         );
         let metadata = index.get(Path::new("site/a.dist-info/METADATA")).unwrap();
         assert_eq!(
-            metadata.sha256.as_deref(),
+            metadata.sha256(),
             Some(hex::encode(Sha256::digest(body)).as_str()),
             "the observer read 4 bytes; the digest still covers the whole file"
         );

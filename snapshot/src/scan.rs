@@ -390,8 +390,8 @@ fn differs(
         source,
     };
     if meta.mode() & 0o7777 != original.mode
-        || u64::from(meta.uid()) != original.uid
-        || u64::from(meta.gid()) != original.gid
+        || meta.uid() != original.uid
+        || meta.gid() != original.gid
         || meta.mtime() != original.mtime
     {
         return Ok(true);
@@ -400,16 +400,15 @@ fn differs(
         EntryKind::File => {
             meta.len() != original.size
                 || (verify_content
-                    && original.sha256.as_deref().is_some_and(|want| {
+                    && original.sha256().is_some_and(|want| {
                         file_sha256(full).map_err(read).is_ok_and(|h| h != want)
                     }))
         }
         EntryKind::Symlink => {
-            fs::read_link(full).map_err(read)?.as_path()
-                != original.link.as_deref().unwrap_or(Path::new(""))
+            fs::read_link(full).map_err(read)?.as_path() != original.link().unwrap_or(Path::new(""))
         }
         EntryKind::CharDevice | EntryKind::BlockDevice => {
-            Some(device_numbers(meta.rdev())) != original.device
+            Some(device_numbers(meta.rdev())) != original.device()
         }
         EntryKind::Dir | EntryKind::Fifo => false,
     })

@@ -174,11 +174,11 @@ fn base_index_plus_change_layer_equals_index_of_the_changed_tree() {
     let long = format!("{LONG}/{LONG}/{LONG}/file.txt");
     assert_eq!(saved.get(Path::new(&long)).unwrap().size, 4);
     assert_eq!(
-        saved.get(Path::new("long-link")).unwrap().link.as_deref(),
+        saved.get(Path::new("long-link")).unwrap().link(),
         Some(Path::new(&long))
     );
     assert_eq!(
-        saved.get(Path::new("opt/keep/caps.bin")).unwrap().xattrs["user.labforge.test"],
+        saved.get(Path::new("opt/keep/caps.bin")).unwrap().xattrs()["user.labforge.test"],
         b"kept"
     );
     assert_eq!(
