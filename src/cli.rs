@@ -467,6 +467,13 @@ pub struct ImageBuildsArgs {
     /// This process in the Events it records (defaults to none).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Saves at once (each holds its image's index and compression buffers); others wait.
+    #[arg(long, default_value_t = 2)]
+    pub max_builds: usize,
+    /// Builds may only push to `<prefix>/<their namespace>/…` (e.g. `registry.example.com/notebooks`,
+    /// the web app's --save-registry); without it, anywhere the credentials reach.
+    #[arg(long)]
+    pub target_prefix: Option<String>,
     #[command(flatten)]
     pub storage: StorageArgs,
 }
@@ -710,12 +717,15 @@ async fn image_builds(args: &ImageBuildsArgs) -> anyhow::Result<ExitCode> {
     };
     let client = kubernetes_client().await?;
     let mut registry = prometheus_client::registry::Registry::default();
-    let context = std::sync::Arc::new(labforge_image_builds::Context::new(
+    let mut context = labforge_image_builds::Context::new(
         client,
         options,
         args.identity.clone(),
+        args.max_builds,
         &mut registry,
-    ));
+    );
+    context.target_prefix = args.target_prefix.clone();
+    let context = std::sync::Arc::new(context);
     let listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;

@@ -81,6 +81,12 @@ fn run() -> Result<(), String> {
     options.verify_content = args.verify_content;
     let changes = scan(&args.root, &baseline, &options, |_| {}).map_err(|e| e.to_string())?;
     drop(baseline);
+    for path in &changes.unreadable {
+        eprintln!(
+            "labforge-agent: /{}: this user cannot list it; what the image has there is kept as it is",
+            path.display()
+        );
+    }
 
     let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
     ChangeSetHeader::new(&changes, &args.parent)

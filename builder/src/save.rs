@@ -212,26 +212,19 @@ pub async fn save(
         child_index: &child_index_key,
         child_packages: &child_packages_key,
     };
-    let (layer, child_index, child_encoded, child_packages, files) = if unchanged {
+    // Each branch ends with the child index encoded and no index but the baseline in memory: an
+    // index of a 100k-file image is tens of MiB, so two at once would double the peak.
+    let (layer, child_encoded, child_packages, files) = if unchanged {
         running.abandon();
-        (
-            None,
-            baseline,
-            baseline_encoded,
-            packages.clone(),
-            FileTotals::default(),
-        )
+        let encoded = baseline_encoded.unwrap_or_else(|| encode_index(&baseline));
+        drop(baseline);
+        (None, encoded, packages.clone(), FileTotals::default())
     } else if let Some(hit) = cached_change_set(&registry, target, &cache, &keys, &staged).await {
         running.abandon();
         outcome = CacheOutcome::Hit;
-        (
-            Some(hit.layer),
-            Arc::new(hit.index),
-            Some(hit.index_encoded),
-            hit.packages,
-            hit.files,
-        )
+        (Some(hit.layer), hit.index_encoded, hit.packages, hit.files)
     } else {
+        drop(baseline_encoded);
         let written = write_layer(
             running,
             baseline,
@@ -255,17 +248,12 @@ pub async fn save(
             )
             .await;
         let encoded = encode_index(&written.index);
+        drop(written.index);
         cache.put_bytes(&child_index_key, &encoded).await;
         cache
             .put_bytes(&child_packages_key, &written.packages.encode())
             .await;
-        (
-            Some(layer),
-            Arc::new(written.index),
-            Some(encoded),
-            written.packages,
-            files,
-        )
+        (Some(layer), encoded, written.packages, files)
     };
     let summary = summarize(&packages, &child_packages, files);
     for (ecosystem, line) in summary.package_lines() {
@@ -317,7 +305,6 @@ pub async fn save(
             &annotations,
         )
         .await?;
-    let child_encoded = child_encoded.unwrap_or_else(|| encode_index(&child_index));
     cache
         .put_bytes(&index_key(&image.manifest_digest), &child_encoded)
         .await;
@@ -373,6 +360,12 @@ fn encode_index(index: &BaselineIndex) -> Vec<u8> {
 fn decode_index(bytes: &[u8]) -> Option<BaselineIndex> {
     let decoder = zstd::stream::read::Decoder::new(bytes).ok()?;
     serde_json::from_reader(std::io::BufReader::new(decoder)).ok()
+}
+
+/// Whether `bytes` decode as an index, checked as they stream, holding none of it.
+fn index_decodes(bytes: &[u8]) -> bool {
+    zstd::stream::read::Decoder::new(bytes)
+        .is_ok_and(|decoder| BaselineIndex::check_json(std::io::BufReader::new(decoder)).is_ok())
 }
 
 /// What the cache remembers of a saved change set.
@@ -559,7 +552,6 @@ async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
 /// A change set saved before (same key), as the cache remembers it.
 struct CachedChangeSet {
     layer: LayerDescriptor,
-    index: BaselineIndex,
     index_encoded: Vec<u8>,
     packages: PackageSet,
     files: FileTotals,
@@ -578,7 +570,10 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
     let layer = record.descriptor()?;
     let files = record.files?;
     let index_encoded = cache.get_bytes(keys.child_index).await?;
-    let index = decode_index(&index_encoded)?;
+    // Checked to decode, without building it: it is stored again as it is.
+    if !index_decodes(&index_encoded) {
+        return None;
+    }
     let packages = PackageSet::decode(&cache.get_bytes(keys.child_packages).await?)?;
     if !registry.has_blob(target, &layer.digest).await
         && !cache
@@ -589,7 +584,6 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
     }
     Some(CachedChangeSet {
         layer,
-        index,
         index_encoded,
         packages,
         files,

@@ -26,6 +26,9 @@ use tokio_util::io::SyncIoBridge;
 /// Where the agent is mounted inside notebook containers.
 pub const AGENT_PATH: &str = "/.labforge/agent/labforge-agent";
 
+/// How long an exec's exit status may take once its stream is closed.
+const EXEC_STATUS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     #[error(transparent)]
@@ -109,7 +112,7 @@ enum Completion {
     },
     Exec {
         /// Kept until the end: dropping it ends the exec's streams.
-        _process: AttachedProcess,
+        process: AttachedProcess,
         status: Pin<Box<dyn Future<Output = Option<Status>> + Send>>,
         stderr: tokio::task::JoinHandle<String>,
         runtime: tokio::runtime::Handle,
@@ -145,15 +148,27 @@ impl RunningChangeSet {
                 }
             }
             Completion::Exec {
-                _process,
+                process,
                 status,
                 stderr,
                 runtime,
                 pod,
             } => {
+                // Read to its end, the stream is followed by the status at once. Cut short (the
+                // builder failed first), the exec may be stuck on a full pipe nobody reads: it
+                // is dropped after a grace period instead of being waited for.
                 let (status, message) = runtime.block_on(async move {
-                    let status = status.await;
-                    (status, stderr.await.unwrap_or_default())
+                    let status = tokio::time::timeout(EXEC_STATUS_GRACE, status)
+                        .await
+                        .ok()
+                        .flatten();
+                    drop(process);
+                    let message = tokio::time::timeout(EXEC_STATUS_GRACE, stderr)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
+                    (status, message)
                 });
                 match status {
                     Some(status) if status.status.as_deref() == Some("Success") => {
@@ -343,7 +358,12 @@ fn start_exec(
     let failed =
         |process: AttachedProcess, stderr: tokio::task::JoinHandle<String>, why: String| {
             drop(process);
-            let said = runtime.block_on(stderr).unwrap_or_default();
+            // After the drop the stderr pipe may never close: what it said so far, in a grace.
+            let said = runtime
+                .block_on(tokio::time::timeout(EXEC_STATUS_GRACE, stderr))
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
             SourceError::Agent {
                 container: name.clone(),
                 message: if said.trim().is_empty() {
@@ -381,7 +401,7 @@ fn start_exec(
         Err(err) => return Err(failed(process, stderr, err.to_string())),
     };
     let completion = Completion::Exec {
-        _process: process,
+        process,
         status: Box::pin(status),
         stderr,
         runtime,

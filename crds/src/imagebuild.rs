@@ -83,7 +83,15 @@ pub struct ImageBuildProgress {
     /// scanning, writing, uploading, done
     pub stage: String,
     pub files_scanned: i64,
+    /// Entries added or modified, and deleted, once the scan is over.
+    #[serde(default)]
+    pub files_changed: i64,
+    #[serde(default)]
+    pub files_deleted: i64,
     pub bytes_written: i64,
+    /// Content bytes the layer will carry, once the scan is over.
+    #[serde(default)]
+    pub bytes_total: i64,
     pub bytes_uploaded: i64,
 }
 

@@ -116,16 +116,23 @@ pub struct Context {
     pub save_options: SaveOptions,
     pub metrics: Metrics,
     recorder: Recorder,
-    /// UIDs of the builds this process is running.
+    /// UIDs of the builds this process is running (saving, or waiting for a slot).
     running: Mutex<HashSet<String>>,
+    /// Saves at once: each holds an image index and compression buffers in memory.
+    slots: tokio::sync::Semaphore,
+    /// When set, a build may only push to `<prefix>/<its namespace>/…`: the registry credentials
+    /// here are not everybody's to use for any repository.
+    pub target_prefix: Option<String>,
 }
 
 impl Context {
-    /// `instance` names this process in the Events it records.
+    /// `instance` names this process in the Events it records; `max_builds` saves run at once,
+    /// the others wait their turn.
     pub fn new(
         client: Client,
         save_options: SaveOptions,
         instance: Option<String>,
+        max_builds: usize,
         registry: &mut Registry,
     ) -> Self {
         let reporter = Reporter {
@@ -138,6 +145,8 @@ impl Context {
             save_options,
             metrics: Metrics::register(registry),
             running: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(max_builds.max(1)),
+            target_prefix: None,
         }
     }
 
@@ -209,6 +218,24 @@ pub fn save_target(
         container,
         base: pinned(&image, &image_id),
     })
+}
+
+/// Whether `build` may push where it asks, given the reconciler's `prefix`; the error is the
+/// failed build's message.
+pub fn target_allowed(build: &ImageBuild, prefix: Option<&str>) -> Result<(), String> {
+    let Some(prefix) = prefix else {
+        return Ok(());
+    };
+    let namespace = build.namespace().unwrap_or_default();
+    let allowed = format!("{}/{namespace}/", prefix.trim_end_matches('/'));
+    let target = &build.spec.target_image;
+    if target.starts_with(&allowed) && target.len() > allowed.len() {
+        Ok(())
+    } else {
+        Err(format!(
+            "targetImage {target:?} is not under {allowed}: builds of namespace {namespace} push there"
+        ))
+    }
 }
 
 /// `image` pinned to the digest in the kubelet's `imageID` (`…@sha256:…`), so a tag moved since
@@ -290,8 +317,12 @@ fn progress_of(progress: &SaveProgress, last: &ImageBuildProgress) -> ImageBuild
             next.files_scanned = i64::try_from(*entries).unwrap_or(i64::MAX);
         }
         SaveProgress::Scanned(header) => {
+            let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             next.stage = "writing".into();
-            next.files_scanned = i64::try_from(header.scanned).unwrap_or(i64::MAX);
+            next.files_scanned = count(header.scanned);
+            next.files_changed = count(header.changed);
+            next.files_deleted = count(header.deleted);
+            next.bytes_total = count(header.content_bytes);
         }
         SaveProgress::Writing { bytes, .. } => {
             next.stage = "writing".into();
@@ -319,6 +350,22 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
     if ctx.running().contains(&uid) {
         return Ok(Action::await_change());
     }
+    if status.phase == ImageBuildPhase::Running {
+        // Running with no worker here: cut off by a restart, or finished a moment ago and the
+        // cache has not seen it yet. The API server knows which.
+        let name = build.name_any();
+        let fresh = Api::<ImageBuild>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("ImageBuild {namespace}/{name}"),
+                source,
+            })?;
+        let phase = fresh.and_then(|b| b.status).map(|s| s.phase);
+        if phase != Some(ImageBuildPhase::Running) || ctx.running().contains(&uid) {
+            return Ok(Action::await_change());
+        }
+    }
     let notebook_name = &build.spec.notebook;
     let notebook = Api::<Notebook>::namespaced(ctx.client.clone(), &namespace)
         .get_opt(notebook_name)
@@ -338,7 +385,9 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
         None => None,
     };
     let restarted = status.phase == ImageBuildPhase::Running;
-    match save_target(&build, notebook.as_ref(), pod.as_ref()) {
+    let target = target_allowed(&build, ctx.target_prefix.as_deref())
+        .and_then(|()| save_target(&build, notebook.as_ref(), pod.as_ref()));
+    match target {
         Err(message) => {
             let failed = finished_status(
                 status.start_time,
@@ -386,6 +435,8 @@ async fn run_build(
     ctx: Arc<Context>,
 ) {
     let namespace = build.namespace().unwrap_or_default();
+    // Never closed, so acquiring fails only if the semaphore were: then run without a slot.
+    let _slot = ctx.slots.acquire().await.ok();
     let clock = Instant::now();
     let (report, mut reports) = tokio::sync::watch::channel(ImageBuildProgress {
         stage: "starting".into(),
@@ -438,7 +489,15 @@ async fn run_build(
     )
     .await
     .map_err(|err| error_chain(&err));
-    publisher.abort();
+    // The save dropped its progress sender: the publisher writes what it has and ends, before the
+    // final status, which it must not follow.
+    let mut publisher = publisher;
+    if tokio::time::timeout(PROGRESS_EVERY * 5, &mut publisher)
+        .await
+        .is_err()
+    {
+        publisher.abort();
+    }
     let status = finished_status(started, Some(&target.base), &result, jiff::Timestamp::now());
     match &result {
         Ok(saved) => {
@@ -646,6 +705,26 @@ mod tests {
             pending,
             "notebook lab is not running (pod lab-0 is Pending)"
         );
+    }
+
+    #[test]
+    fn builds_push_only_under_their_namespace_when_a_prefix_is_set() {
+        let mut build = build();
+        build.metadata.namespace = Some("alice".into());
+        assert_eq!(target_allowed(&build, None), Ok(()));
+        let prefix = Some("registry.example.com/");
+        build.spec.target_image = "registry.example.com/alice/lab:v1".into();
+        assert_eq!(target_allowed(&build, prefix), Ok(()));
+        for elsewhere in [
+            "registry.example.com/bob/lab:v1",
+            "registry.example.com/alice",
+            "registry.example.com/alice/",
+            "evil.example.com/registry.example.com/alice/lab:v1",
+        ] {
+            build.spec.target_image = elsewhere.into();
+            let refused = target_allowed(&build, prefix).unwrap_err();
+            assert!(refused.contains("registry.example.com/alice/"), "{refused}");
+        }
     }
 
     #[test]

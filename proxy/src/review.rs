@@ -21,6 +21,9 @@ use tokio::sync::OnceCell;
 /// Answers kept at most; past it, expired ones go, and if that is not enough, all of them.
 const MAX_CACHED: usize = 10_000;
 
+/// How long a review may take before the request is refused (and the next one asks again).
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long answers are trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReviewCache {
@@ -122,7 +125,10 @@ impl NamespaceAccess for ReviewedAccess {
     }
 }
 
-async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, kube::Error> {
+/// A review that brought no answer (logged where it failed).
+struct ReviewFailed;
+
+async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, ReviewFailed> {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_owned()),
@@ -138,7 +144,19 @@ async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<boo
         ..Default::default()
     };
     let api: Api<SubjectAccessReview> = Api::all(client);
-    match api.create(&PostParams::default(), &review).await {
+    let params = PostParams::default();
+    let answer = match tokio::time::timeout(REVIEW_TIMEOUT, api.create(&params, &review)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            tracing::warn!(
+                user,
+                namespace,
+                "SubjectAccessReview timed out; access refused"
+            );
+            return Err(ReviewFailed);
+        }
+    };
+    match answer {
         Ok(answer) => {
             let allowed = answer.status.is_some_and(|s| s.allowed);
             tracing::debug!(user, namespace, allowed, "SubjectAccessReview");
@@ -146,7 +164,7 @@ async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<boo
         }
         Err(err) => {
             tracing::warn!(user, namespace, error = %err, "SubjectAccessReview failed; access refused");
-            Err(err)
+            Err(ReviewFailed)
         }
     }
 }

@@ -191,6 +191,38 @@ pub struct BaselineIndex {
     entries: BTreeMap<PathBuf, IndexEntry>,
 }
 
+impl BaselineIndex {
+    /// Checks that `reader` holds an index in its JSON form, entry by entry, keeping none of it:
+    /// for an encoded index that is only passed on.
+    pub fn check_json(reader: impl Read) -> serde_json::Result<()> {
+        struct Entries;
+        impl<'de> serde::Deserialize<'de> for Entries {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_map(Entries)
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("path to entry")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                while map.next_entry::<PathBuf, IndexEntry>()?.is_some() {}
+                Ok(Entries)
+            }
+        }
+        #[derive(serde::Deserialize)]
+        struct Shape {
+            #[serde(rename = "entries")]
+            _entries: Entries,
+        }
+        serde_json::from_reader::<_, Shape>(reader).map(|_| ())
+    }
+}
+
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_WHITEOUT: &str = ".wh..wh..opq";
 
@@ -547,6 +579,23 @@ mod tests {
             serde_json::from_str(r#"{"kind":"Dir","mode":493,"uid":0,"gid":0,"size":0,"mtime":0}"#)
                 .unwrap();
         assert!(plain.extra.is_none(), "nothing rare, nothing boxed");
+    }
+
+    #[test]
+    fn an_encoded_index_is_checked_without_being_kept() {
+        let mut index = BaselineIndex::default();
+        index
+            .apply_layer(0, &layer(&[("a/b.txt", F, "hi")])[..])
+            .unwrap();
+        let json = serde_json::to_vec(&index).unwrap();
+        assert!(BaselineIndex::check_json(&json[..]).is_ok());
+        let cut = &json[..json.len() - 3];
+        assert!(BaselineIndex::check_json(cut).is_err(), "truncated");
+        let wrong = br#"{"entries":{"a":{"kind":"Nope"}}}"#;
+        assert!(
+            BaselineIndex::check_json(&wrong[..]).is_err(),
+            "not an entry"
+        );
     }
 
     /// Builds an uncompressed layer from (path, kind, body or link target).

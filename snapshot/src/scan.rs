@@ -97,6 +97,9 @@ pub struct ChangeSet {
     pub scanned: u64,
     /// Skipped paths that exist (mount points and ignored paths), relative to the root.
     pub skipped: Vec<PathBuf>,
+    /// Directories whose entries the scanning user may not list, relative to the root: what the
+    /// image had below them is kept as it was, neither saved again nor deleted.
+    pub unreadable: Vec<PathBuf>,
 }
 
 impl ChangeSet {
@@ -194,6 +197,8 @@ pub fn scan(
     let record_deleted = |path: &Path, removed: &mut Option<PathBuf>, changes: &mut ChangeSet| {
         if removed.as_deref().is_some_and(|r| path.starts_with(r))
             || skip.iter().any(|s| root.join(path).starts_with(s))
+            // Not seen is not gone: the walk could not list it.
+            || changes.unreadable.iter().any(|u| path.starts_with(u) && path != u)
         {
             return;
         }
@@ -227,6 +232,9 @@ pub fn scan(
         };
         if meta.file_type().is_socket() {
             continue;
+        }
+        if walked.read_children_error.is_some() {
+            changes.unreadable.push(rel.clone());
         }
         while let Some((path, _)) = lower.next_if(|(path, _)| path.as_path() < rel.as_path()) {
             record_deleted(path, &mut removed, &mut changes);

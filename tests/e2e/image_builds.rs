@@ -305,6 +305,41 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
         ])
         .output()
         .unwrap();
+    // The agent ran as jovyan: what it could not list (root's home) is kept, not whited out.
+    let kept = podman
+        .command()
+        .args([
+            "run",
+            "--rm",
+            "--user",
+            "0",
+            "--entrypoint",
+            "/bin/sh",
+            &target,
+        ])
+        .args(["-c", "ls -A /root"])
+        .output()
+        .unwrap();
+    let base_root = podman
+        .command()
+        .args([
+            "run",
+            "--rm",
+            "--user",
+            "0",
+            "--entrypoint",
+            "/bin/sh",
+            notebook.image(),
+        ])
+        .args(["-c", "ls -A /root"])
+        .output()
+        .unwrap();
+    assert!(!base_root.stdout.is_empty(), "the base has files in /root");
+    assert_eq!(
+        String::from_utf8_lossy(&kept.stdout),
+        String::from_utf8_lossy(&base_root.stdout),
+        "/root as the image had it"
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "from-the-cluster",

@@ -48,7 +48,8 @@ pub struct ApiState {
     pub access: Arc<dyn Access>,
     /// Local users (embedded mode); `None` where an auth proxy signs users in.
     pub local_users: Option<Arc<LocalAuth>>,
-    /// Saves (embedded mode); `None` in a cluster until the ImageBuild reconciler exists.
+    /// Saves: run here (embedded mode) or as ImageBuilds (a cluster with `--save-registry`);
+    /// `None` where saving is not set up.
     pub saves: Option<Arc<dyn Saves>>,
     pub config: Arc<SpawnerConfig>,
     /// Where notebook logs come from.

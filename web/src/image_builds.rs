@@ -50,8 +50,10 @@ pub fn save_status(build: &ImageBuild) -> SaveStatus {
         notebook: build.spec.notebook.clone(),
         target: build.spec.target_image.clone(),
         entries_scanned: count(progress.files_scanned),
+        files_changed: count(progress.files_changed),
+        files_deleted: count(progress.files_deleted),
         bytes_written: count(progress.bytes_written),
-        bytes_total: count(progress.bytes_written),
+        bytes_total: count(progress.bytes_total),
         layer_bytes: status
             .layer_size
             .map_or_else(|| count(progress.bytes_uploaded), count),
@@ -181,14 +183,23 @@ impl Saves for ImageBuildSaves {
 
     async fn follow(&self, namespace: &str, id: &str) -> Option<watch::Receiver<SaveStatus>> {
         let builds: Api<ImageBuild> = Api::namespaced(self.client.clone(), namespace);
-        let build = builds.get_opt(id).await.ok()??;
+        let build = match builds.get_opt(id).await {
+            Ok(build) => build?,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading ImageBuild {namespace}/{id}");
+                return None;
+            }
+        };
         let (sender, receiver) = watch::channel(save_status(&build));
         if sender.borrow().finished() {
             return Some(receiver);
         }
         let config = watcher::Config::default().fields(&format!("metadata.name={id}"));
         tokio::spawn(async move {
-            let mut updates = watcher(builds, config).applied_objects().boxed();
+            let mut updates = watcher(builds, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
             loop {
                 tokio::select! {
                     // Nobody follows any more.
