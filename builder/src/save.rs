@@ -617,7 +617,10 @@ async fn write_layer(
         let mut running = running;
         let total = running.header.content_bytes;
         let entries = running.header.changed + running.header.deleted;
-        let mut stream = LayerStream::new(BufWriter::with_capacity(1 << 20, file), compression)?;
+        let mut stream = LayerStream::new(
+            BufWriter::with_capacity(crate::source::STREAM_BUFFER, file),
+            compression,
+        )?;
         // The scan is over, so the baseline is usually ours alone: no copy of the index.
         let mut child = Arc::try_unwrap(baseline).unwrap_or_else(|shared| (*shared).clone());
         let read = {

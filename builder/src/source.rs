@@ -26,6 +26,9 @@ use tokio_util::io::SyncIoBridge;
 /// Where the agent is mounted inside notebook containers.
 pub const AGENT_PATH: &str = "/.labforge/agent/labforge-agent";
 
+/// Read buffer of a change-set stream.
+pub(crate) const STREAM_BUFFER: usize = 256 * 1024;
+
 /// How long an exec's exit status may take once its stream is closed.
 const EXEC_STATUS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -261,7 +264,7 @@ pub fn start(
             let (reader, writer) = io::pipe().map_err(SourceError::Stream)?;
             let root = root.clone();
             let handle = std::thread::spawn(move || -> Result<(), SourceError> {
-                let buffered = io::BufWriter::with_capacity(1 << 20, writer);
+                let buffered = io::BufWriter::with_capacity(STREAM_BUFFER, writer);
                 let (mut out, summary) = write_change_set(&root, &changes, buffered, |_, _| {})?;
                 out.flush().map_err(SourceError::Stream)?;
                 for path in summary.changed_while_writing {
@@ -332,7 +335,7 @@ fn start_exec(
         .stdout(true)
         .stderr(true)
         .max_stdin_buf_size(1 << 20)
-        .max_stdout_buf_size(1 << 20);
+        .max_stdout_buf_size(STREAM_BUFFER);
     let mut process = runtime
         .block_on(pods.exec(
             &target.pod,
@@ -393,7 +396,7 @@ fn start_exec(
         ));
     }
     let mut reader = BufReader::with_capacity(
-        1 << 20,
+        STREAM_BUFFER,
         SyncIoBridge::new_with_handle(stdout, runtime.clone()),
     );
     let header = match ChangeSetHeader::read_line(&mut reader) {
@@ -474,7 +477,8 @@ fn start_agent(
     let Some(stdout) = child.stdout.take() else {
         return Err(failed(child, stderr, "no stdout".into()));
     };
-    let mut reader: BufReader<ChildStdout> = BufReader::with_capacity(1 << 20, stdout);
+    // Pipes move 64 KiB at a time; a larger buffer only adds to the save's peak memory.
+    let mut reader: BufReader<ChildStdout> = BufReader::with_capacity(STREAM_BUFFER, stdout);
     let header = match ChangeSetHeader::read_line(&mut reader) {
         Ok(header) => header,
         Err(err) => return Err(failed(child, stderr, err.to_string())),
