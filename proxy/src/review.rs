@@ -128,21 +128,31 @@ impl NamespaceAccess for ReviewedAccess {
 /// A review that brought no answer (logged where it failed).
 struct ReviewFailed;
 
-async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, ReviewFailed> {
-    let review = SubjectAccessReview {
+/// "May `user` `verb` notebooks.kubeflow.org in `namespace` (every namespace: `None`)?", the
+/// question Kubeflow's web apps ask; the web app asks it too.
+pub fn notebook_access_review(
+    user: &str,
+    verb: &str,
+    namespace: Option<&str>,
+) -> SubjectAccessReview {
+    SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_owned()),
             resource_attributes: Some(ResourceAttributes {
                 group: Some("kubeflow.org".into()),
                 resource: Some("notebooks".into()),
-                verb: Some("get".into()),
-                namespace: Some(namespace.to_owned()),
+                verb: Some(verb.to_owned()),
+                namespace: namespace.map(str::to_owned),
                 ..Default::default()
             }),
             ..Default::default()
         },
         ..Default::default()
-    };
+    }
+}
+
+async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, ReviewFailed> {
+    let review = notebook_access_review(user, "get", Some(namespace));
     let api: Api<SubjectAccessReview> = Api::all(client);
     let params = PostParams::default();
     let answer = match tokio::time::timeout(REVIEW_TIMEOUT, api.create(&params, &review)).await {

@@ -1293,16 +1293,7 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
-             cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
-            server.url()
-        ),
-    )
-    .unwrap();
+    server.write_kubeconfig(&kubeconfig).unwrap();
     let base = build(&deploy_dir());
     let spawner = dir.path().join("spawner.json");
     std::fs::write(

@@ -30,16 +30,7 @@ struct Reconciler {
 impl Reconciler {
     fn start(server: &FakeApiServer, dir: &Path, registry: &str) -> Reconciler {
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-                 users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
-                 cluster: fake\n    user: fake\ncurrent-context: fake\n",
-                server.url()
-            ),
-        )
-        .unwrap();
+        server.write_kubeconfig(&kubeconfig).unwrap();
         let admin = need(labforge_tests::tools::free_port());
         let child = crate::labforge()
             .args([
@@ -265,22 +256,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     assert_eq!(executed[1].command[0], "/.labforge/agent/labforge-agent");
 
     // The registry has it under the tag, by the digest the status gives, one layer more.
-    let inspect = |image: &str| -> serde_json::Value {
-        let out = std::process::Command::new(need(labforge_tests::tools::locate("skopeo")))
-            .args([
-                "inspect",
-                "--tls-verify=false",
-                &format!("docker://{image}"),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let inspect = |image: &str| crate::save::inspect(image, &[]);
     let saved = inspect(&target);
     assert_eq!(saved["Digest"], digest);
     assert_eq!(
@@ -306,40 +282,32 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
         .output()
         .unwrap();
     // The agent ran as jovyan: what it could not list (root's home) is kept, not whited out.
-    let kept = podman
-        .command()
-        .args([
-            "run",
-            "--rm",
-            "--user",
-            "0",
-            "--entrypoint",
-            "/bin/sh",
-            &target,
-        ])
-        .args(["-c", "ls -A /root"])
-        .output()
-        .unwrap();
-    let base_root = podman
-        .command()
-        .args([
-            "run",
-            "--rm",
-            "--user",
-            "0",
-            "--entrypoint",
-            "/bin/sh",
-            notebook.image(),
-        ])
-        .args(["-c", "ls -A /root"])
-        .output()
-        .unwrap();
-    assert!(!base_root.stdout.is_empty(), "the base has files in /root");
-    assert_eq!(
-        String::from_utf8_lossy(&kept.stdout),
-        String::from_utf8_lossy(&base_root.stdout),
-        "/root as the image had it"
-    );
+    let root_listing = |image: &str| {
+        let out = podman
+            .command()
+            .args([
+                "run",
+                "--rm",
+                "--user",
+                "0",
+                "--entrypoint",
+                "/bin/sh",
+                image,
+            ])
+            .args(["-c", "ls -A /root"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{image}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    need(podman.pull(notebook.image(), false));
+    let (kept, base_root) = (root_listing(&target), root_listing(notebook.image()));
+    assert!(!base_root.trim().is_empty(), "the base has files in /root");
+    assert_eq!(kept, base_root, "/root as the image had it");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "from-the-cluster",

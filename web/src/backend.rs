@@ -12,9 +12,7 @@ use crate::store::{Change, Store, StoreError};
 use crate::users::{LocalAuth, User};
 use futures::StreamExt;
 use http::HeaderMap;
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
@@ -187,20 +185,7 @@ pub struct KubernetesAccess {
 
 impl KubernetesAccess {
     async fn review(&self, user: &str, verb: Verb, namespace: Option<&str>) -> bool {
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(user.to_owned()),
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some("kubeflow.org".into()),
-                    resource: Some("notebooks".into()),
-                    verb: Some(verb.as_str().into()),
-                    namespace: namespace.map(str::to_owned),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let review = labforge_proxy::review::notebook_access_review(user, verb.as_str(), namespace);
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
         match api.create(&PostParams::default(), &review).await {
             Ok(answer) => answer.status.is_some_and(|s| s.allowed),

@@ -4,7 +4,7 @@
 //! app holds no registry credentials and runs nothing in the notebook.
 
 use crate::model::SavedImage;
-use crate::saves::{SaveStatus, Saves, StartSaveError, valid_tag};
+use crate::saves::{SaveStatus, Saves, StartSaveError, save_tag};
 use futures::StreamExt;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -119,12 +119,7 @@ impl Saves for ImageBuildSaves {
         tag: Option<&str>,
     ) -> Result<SaveStatus, StartSaveError> {
         let key = format!("{namespace}/{name}");
-        let now = jiff::Timestamp::now();
-        let tag = match tag.map(str::trim).filter(|t| !t.is_empty()) {
-            Some(tag) if valid_tag(tag) => tag.to_owned(),
-            Some(tag) => return Err(StartSaveError::BadTag(tag.to_owned())),
-            None => format!("saved-{}", now.strftime("%Y%m%d-%H%M%S")),
-        };
+        let tag = save_tag(tag, jiff::Timestamp::now())?;
         let unavailable = |err: kube::Error| StartSaveError::Unavailable(err.to_string());
         let notebook = Api::<Notebook>::namespaced(self.client.clone(), namespace)
             .get_opt(name)

@@ -127,7 +127,16 @@ pub struct SaveJobs {
     http: reqwest::Client,
 }
 
-pub(crate) fn valid_tag(tag: &str) -> bool {
+/// The tag a save is pushed with: the user's, checked, or one from the time.
+pub(crate) fn save_tag(tag: Option<&str>, now: jiff::Timestamp) -> Result<String, StartSaveError> {
+    match tag.map(str::trim).filter(|t| !t.is_empty()) {
+        Some(tag) if valid_tag(tag) => Ok(tag.to_owned()),
+        Some(tag) => Err(StartSaveError::BadTag(tag.to_owned())),
+        None => Ok(format!("saved-{}", now.strftime("%Y%m%d-%H%M%S"))),
+    }
+}
+
+fn valid_tag(tag: &str) -> bool {
     let mut chars = tag.chars();
     !tag.is_empty()
         && tag.len() <= 128
@@ -190,11 +199,7 @@ impl SaveJobs {
             .and_then(|c| c.image.clone())
             .ok_or_else(|| StartSaveError::NotRunning(key.clone()))?;
         let now = jiff::Timestamp::now();
-        let tag = match tag.map(str::trim).filter(|t| !t.is_empty()) {
-            Some(tag) if valid_tag(tag) => tag.to_owned(),
-            Some(tag) => return Err(StartSaveError::BadTag(tag.to_owned())),
-            None => format!("saved-{}", now.strftime("%Y%m%d-%H%M%S")),
-        };
+        let tag = save_tag(tag, now)?;
         let target = self.target(namespace, name, &tag);
         let id = format!("{namespace}.{name}.{}", now.as_millisecond());
         let status = SaveStatus {

@@ -192,6 +192,20 @@ impl FakeApiServer {
         format!("http://{}", self.address)
     }
 
+    /// Writes a kubeconfig for this server (no auth, namespace `default`) to `path`, for the
+    /// real `labforge` binary started with `KUBECONFIG`.
+    pub fn write_kubeconfig(&self, path: &std::path::Path) -> std::io::Result<()> {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+                 users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
+                 cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
+                self.url()
+            ),
+        )
+    }
+
     /// A client for this server (default namespace `default`, no auth).
     pub fn client(&self) -> kube::Client {
         crate::init_crypto();
