@@ -1,6 +1,6 @@
 //! The Notebook resource, shaped exactly like Kubeflow's so existing CRs keep working.
 
-use k8s_openapi::api::core::v1::{ContainerState, PodSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerState, PodSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, CustomResourceExt};
@@ -81,6 +81,16 @@ impl Notebook {
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(STOP_ANNOTATION))
+    }
+
+    /// The notebook's own container: the first of the pod template, as in Kubeflow (the
+    /// controller names the StatefulSet's pod after the Notebook and keeps this container first).
+    pub fn container(&self) -> Option<&Container> {
+        self.spec.template.spec.as_ref()?.containers.first()
+    }
+
+    pub fn container_mut(&mut self) -> Option<&mut Container> {
+        self.spec.template.spec.as_mut()?.containers.first_mut()
     }
 
     pub fn annotation(&self, key: &str) -> Option<&str> {

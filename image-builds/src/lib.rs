@@ -181,11 +181,7 @@ pub fn save_target(
         ));
     }
     let container = notebook
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.containers.first())
+        .container()
         .map(|c| c.name.clone())
         .ok_or_else(|| format!("notebook {name} has no container"))?;
     let pod_name = format!("{name}-0");

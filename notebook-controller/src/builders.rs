@@ -298,11 +298,7 @@ fn apply_container_defaults(container: &mut Container, prefix: &str) {
 /// The port the notebook container serves on: its first declared port, else 8888.
 pub fn container_port(notebook: &Notebook) -> i32 {
     notebook
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
+        .container()
         .and_then(|c| c.ports.as_ref())
         .and_then(|p| p.first())
         .map_or(DEFAULT_CONTAINER_PORT, |p| p.container_port)

@@ -21,13 +21,7 @@ pub fn notebook_status(
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
     let notebook_name = notebook.metadata.name.as_deref();
-    let first_container = notebook
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .map(|c| c.name.as_str());
+    let first_container = notebook.container().map(|c| c.name.as_str());
     let pod_status = pod.and_then(|p| p.status.as_ref());
     let container_state = pod_status
         .and_then(|s| s.container_statuses.as_ref())

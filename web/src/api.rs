@@ -278,12 +278,7 @@ async fn config(
 pub fn view(notebook: &Notebook, activity: &Activity) -> NotebookView {
     let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
     let name = notebook.metadata.name.clone().unwrap_or_default();
-    let container = notebook
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first());
+    let container = notebook.container();
     let resources = container.and_then(|c| c.resources.as_ref());
     let quantity = |limits: bool, key: &str| {
         resources
@@ -472,12 +467,7 @@ async fn patch_notebook(
         .backend
         .update(&ns, &name, &|nb| {
             if let Some(image) = &patch.image
-                && let Some(container) = nb
-                    .spec
-                    .template
-                    .spec
-                    .as_mut()
-                    .and_then(|s| s.containers.first_mut())
+                && let Some(container) = nb.container_mut()
             {
                 container.image = Some(image.clone());
             }

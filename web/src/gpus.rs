@@ -165,13 +165,7 @@ fn read_spec(path: &Path) -> Result<CdiSpec, String> {
 
 /// The GPU limits of a notebook's container: vendor key → count (non-GPU keys left out).
 pub fn gpu_limits(notebook: &Notebook) -> BTreeMap<String, usize> {
-    let Some(container) = notebook
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-    else {
+    let Some(container) = notebook.container() else {
         return BTreeMap::new();
     };
     container

@@ -747,13 +747,7 @@ impl Runtime {
         match saves.save_before_stop(notebook).await {
             Ok(Some(saved)) => {
                 let moved = self.store.update(ns, name, |nb| {
-                    if let Some(container) = nb
-                        .spec
-                        .template
-                        .spec
-                        .as_mut()
-                        .and_then(|s| s.containers.first_mut())
-                    {
+                    if let Some(container) = nb.container_mut() {
                         container.image = Some(saved.image.clone());
                     }
                 });

@@ -191,11 +191,7 @@ impl SaveJobs {
             })
             .ok_or_else(|| StartSaveError::NotRunning(key.clone()))?;
         let base = notebook
-            .spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
+            .container()
             .and_then(|c| c.image.clone())
             .ok_or_else(|| StartSaveError::NotRunning(key.clone()))?;
         let now = jiff::Timestamp::now();
@@ -272,11 +268,7 @@ impl SaveJobs {
         let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
         let name = notebook.metadata.name.clone().unwrap_or_default();
         let base = notebook
-            .spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
+            .container()
             .and_then(|c| c.image.clone())
             .ok_or_else(|| "the notebook has no image".to_owned())?;
         let tag = format!("auto-{}", jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S"));
