@@ -6,7 +6,7 @@
 //! running JupyterLab notebook, saved through the agent, is named in its save's summary.
 
 use crate::need;
-use crate::save::{inspect, notebook_with_agent, save, succeeded, wheel};
+use crate::save::{inspect, notebook_with_agent, pip_install, save, succeeded, wheel};
 use labforge_tests::Registry;
 use serde_json::Value;
 use std::fs;
@@ -314,7 +314,7 @@ async fn a_pip_install_in_a_running_notebook_is_named_in_its_save_summary() {
     let registry = need(Registry::start().await);
     let host = registry.host();
     let workspace = tempfile::tempdir().unwrap();
-    wheel(workspace.path(), "labforge_summary_probe", "1.0", "probe");
+    let probe = wheel(workspace.path(), "labforge_summary_probe", "1.0", "probe");
     let notebook = notebook_with_agent(&registry, "summary", workspace.path()).await;
     let container = notebook.container();
     // A package of the image the notebook's server does not use.
@@ -325,13 +325,7 @@ async fn a_pip_install_in_a_running_notebook_is_named_in_its_save_summary() {
     ]))
     .trim()
     .to_owned();
-    need(container.exec(&[
-        "pip",
-        "install",
-        "--no-index",
-        "-q",
-        "/home/jovyan/labforge_summary_probe-1.0-py3-none-any.whl",
-    ]));
+    pip_install(container, &probe);
     need(container.exec(&["pip", "uninstall", "-y", "-q", "pandocfilters"]));
 
     let target = format!("{host}/alice/summary:saved");

@@ -7,7 +7,7 @@
 
 use crate::controller::eventually;
 use crate::need;
-use crate::save::{notebook_with_agent, wheel};
+use crate::save::{notebook_with_agent, pip_install, wheel};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -134,7 +134,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     let registry = need(Registry::start().await);
     let host = registry.host();
     let workspace = tempfile::tempdir().unwrap();
-    wheel(
+    let probe = wheel(
         workspace.path(),
         "labforge_probe",
         "1.0",
@@ -142,13 +142,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     );
     let notebook = notebook_with_agent(&registry, "env", workspace.path()).await;
     let container = notebook.container();
-    need(container.exec(&[
-        "pip",
-        "install",
-        "--no-index",
-        "-q",
-        "/home/jovyan/labforge_probe-1.0-py3-none-any.whl",
-    ]));
+    pip_install(container, &probe);
 
     let server = FakeApiServer::start(FakeApiServerOptions {
         extra_crds: vec![labforge_tests::repo_root().join("crds/imagebuilds.labforge.dev.yaml")],

@@ -276,6 +276,14 @@ with zipfile.ZipFile(path, "w") as z:
     file
 }
 
+/// `pip install`s a wheel that [`wheel`] wrote into the workspace of a notebook from
+/// [`notebook_with_agent`] (mounted as jovyan's home), offline, as the notebook's user.
+pub(crate) fn pip_install(container: &labforge_tests::Container, wheel: &Path) {
+    let name = wheel.file_name().unwrap().to_str().unwrap();
+    let path = format!("/home/jovyan/{name}");
+    need(container.exec(&["pip", "install", "--no-index", "-q", &path]));
+}
+
 /// JupyterLab as notebook `alice/<name>`, with the save agent mounted read-only where labforge
 /// mounts it and `workspace` (made writable for jovyan) as its home.
 pub(crate) async fn notebook_with_agent(
@@ -303,17 +311,11 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
     let registry = need(Registry::start().await);
     let host = registry.host();
     let workspace = tempfile::tempdir().unwrap();
-    wheel(workspace.path(), "labforge_probe", "1.0", "first");
-    wheel(workspace.path(), "labforge_second", "2.0", "second");
+    let first_wheel = wheel(workspace.path(), "labforge_probe", "1.0", "first");
+    let second_wheel = wheel(workspace.path(), "labforge_second", "2.0", "second");
     let notebook = notebook_with_agent(&registry, "env", workspace.path()).await;
     let container = notebook.container();
-    need(container.exec(&[
-        "pip",
-        "install",
-        "--no-index",
-        "-q",
-        "/home/jovyan/labforge_probe-1.0-py3-none-any.whl",
-    ]));
+    pip_install(container, &first_wheel);
     // A file of the image removed in the notebook must stay removed in the saved image.
     need(container.exec(&["rm", "/opt/conda/bin/jupyter-trust"]));
     let cache = tempfile::tempdir().unwrap();
@@ -377,13 +379,7 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
     assert_eq!(printed, "first False False False");
 
     // Second save from the same notebook, on the first saved image: one more layer, new package only.
-    need(container.exec(&[
-        "pip",
-        "install",
-        "--no-index",
-        "-q",
-        "/home/jovyan/labforge_second-2.0-py3-none-any.whl",
-    ]));
+    pip_install(container, &second_wheel);
     let second = format!("{host}/alice/env:saved-2");
     succeeded(&save(
         &[
