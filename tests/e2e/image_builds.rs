@@ -3,7 +3,8 @@
 //! container's user, not root), and `labforge image-builds` saves through it to the real
 //! registry: killed mid-build and started again, it finishes the build; the status shows the
 //! progress and the final digest, the saved image imports what was installed, and a notebook
-//! that does not exist or a registry that cannot be reached fail clearly.
+//! that does not exist, a registry that cannot be reached or a target outside `--target-prefix`
+//! fail clearly.
 
 use crate::controller::eventually;
 use crate::need;
@@ -28,7 +29,7 @@ struct Reconciler {
 }
 
 impl Reconciler {
-    fn start(server: &FakeApiServer, dir: &Path, registry: &str) -> Reconciler {
+    fn start(server: &FakeApiServer, dir: &Path, registry: &str, extra: &[&str]) -> Reconciler {
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
         let admin = need(labforge_tests::tools::free_port());
@@ -38,6 +39,7 @@ impl Reconciler {
                 "--admin-addr",
                 &format!("127.0.0.1:{admin}"),
             ])
+            .args(extra)
             .args([
                 "--insecure-registry",
                 registry,
@@ -208,7 +210,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     });
 
     let dir = tempfile::tempdir().unwrap();
-    let reconciler = Reconciler::start(&server, dir.path(), &host);
+    let reconciler = Reconciler::start(&server, dir.path(), &host, &[]);
     let builds: Api<ImageBuild> = Api::namespaced(client.clone(), "alice");
     let target = format!("{host}/alice/env:from-cluster");
     builds
@@ -228,7 +230,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     })
     .await;
     drop(reconciler);
-    let reconciler = Reconciler::start(&server, dir.path(), &host);
+    let reconciler = Reconciler::start(&server, dir.path(), &host, &[]);
     let build = finished(&builds, "save-1", &seen).await;
     let seen = seen.into_inner().unwrap();
     let status = build.status.unwrap();
@@ -365,4 +367,26 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
     }
+
+    // Confined to `<prefix>/<namespace>/`: a build of alice's aiming at bob's repository fails
+    // before anything runs in the notebook.
+    drop(reconciler);
+    let _confined = Reconciler::start(&server, dir.path(), &host, &["--target-prefix", &host]);
+    let execs_before = execs.lock().unwrap().len();
+    let elsewhere = format!("{host}/bob/env:taken");
+    builds
+        .create(
+            &PostParams::default(),
+            &image_build("elsewhere", "env", &elsewhere),
+        )
+        .await
+        .unwrap();
+    let refused = finished(&builds, "elsewhere", &Mutex::default())
+        .await
+        .status
+        .unwrap();
+    assert_eq!(refused.phase, ImageBuildPhase::Failed);
+    let message = refused.message.unwrap_or_default();
+    assert!(message.contains(&format!("{host}/alice/")), "{message}");
+    assert_eq!(execs.lock().unwrap().len(), execs_before, "no exec");
 }
