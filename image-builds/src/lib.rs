@@ -150,6 +150,19 @@ impl Context {
         }
     }
 
+    /// Adds or removes a build this process runs; the gauge is the set's size.
+    fn track(&self, uid: String, running: bool) {
+        let mut set = self.running();
+        if running {
+            set.insert(uid);
+        } else {
+            set.remove(&uid);
+        }
+        self.metrics
+            .running
+            .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
+    }
+
     fn running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.running
             .lock()
@@ -415,8 +428,7 @@ pub async fn reconcile(build: Arc<ImageBuild>, ctx: Arc<Context>) -> Result<Acti
                 ..ImageBuildStatus::default()
             };
             write_status(&ctx, &build, &running).await?;
-            ctx.running().insert(uid);
-            ctx.metrics.running.inc();
+            ctx.track(uid, true);
             tokio::spawn(run_build(build, target, running.start_time, ctx));
         }
     }
@@ -523,8 +535,7 @@ async fn run_build(
             }
         }
     }
-    ctx.running().remove(&build.uid().unwrap_or_default());
-    ctx.metrics.running.dec();
+    ctx.track(build.uid().unwrap_or_default(), false);
     ctx.metrics.duration.observe(clock.elapsed().as_secs_f64());
     ctx.metrics.count(result.is_ok());
 }
