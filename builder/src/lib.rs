@@ -9,6 +9,8 @@
 //! - [`image`]: OCI image configs and manifests, edited as JSON so that fields we do not model survive;
 //! - [`registry`]: pushing blobs (streamed from disk, skipped when already present) and manifests
 //!   through `oci-client`, tag written last;
+//! - [`upload`]: the layer's upload while it is still being compressed (one streamed PATCH, the
+//!   digest given when it is known), which the disk copy backs up;
 //! - [`cache`]: the blob cache, S3 (`aws-sdk-s3`, custom endpoint, multipart) or a local directory;
 //! - [`source`]: where a change set comes from (a directory, or the agent inside a container);
 //! - [`save`]: the save itself: baseline index, change set, one new layer, push, cache;
@@ -29,5 +31,6 @@ pub mod registry;
 pub mod save;
 pub mod source;
 pub mod summary;
+pub mod upload;
 
 pub use digest::Digest;

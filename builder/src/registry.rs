@@ -7,7 +7,10 @@
 use crate::digest::Digest;
 use crate::image::{CONFIG_MEDIA_TYPE, ImageConfig, MANIFEST_MEDIA_TYPE};
 use crate::layer::LayerDescriptor;
+use crate::upload::{BlobSink, StreamedUpload};
+use base64::Engine as _;
 use futures::TryStreamExt;
+use http::HeaderValue;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::OciDescriptor;
@@ -74,11 +77,12 @@ impl std::fmt::Debug for RegistryOptions {
     }
 }
 
-/// A layer to push: its descriptor and the compressed blob on disk.
-#[derive(Clone, Debug)]
+/// A layer to push: its descriptor, the compressed blob on disk, and the upload that carried it
+/// to the registry while it was written, if one was started.
 pub struct LayerBlob {
     pub descriptor: LayerDescriptor,
     pub path: PathBuf,
+    pub streamed: Option<StreamedUpload>,
 }
 
 /// What a push did.
@@ -93,6 +97,9 @@ pub struct PushedImage {
 pub struct RegistryClient {
     client: Client,
     auth: RegistryAuth,
+    protocol: ClientProtocol,
+    /// For streamed uploads, which oci-client does not offer (see [`crate::upload`]).
+    http: reqwest::Client,
 }
 
 impl RegistryClient {
@@ -107,13 +114,62 @@ impl RegistryClient {
             None => RegistryAuth::Anonymous,
         };
         let client = Client::new(ClientConfig {
-            protocol,
+            protocol: protocol.clone(),
             // One streamed PUT per blob: chunked uploads cost a round trip per chunk, which made
             // pushing a large layer several times slower than writing it (see bench/README.md).
             use_monolithic_push: true,
             ..Default::default()
         });
-        Self { client, auth }
+        Self {
+            client,
+            auth,
+            protocol,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Opens an upload into `target`'s repository that takes the layer as it is written. `None`
+    /// when the registry will not open one; the layer is then uploaded from disk when complete.
+    pub async fn start_upload(&self, target: &str) -> Option<(StreamedUpload, BlobSink)> {
+        let reference = parse_reference(target).ok()?;
+        let authorization = match self
+            .client
+            .auth(&reference, &self.auth, RegistryOperation::Push)
+            .await
+        {
+            Ok(Some(token)) => Some(HeaderValue::from_str(&format!("Bearer {token}")).ok()?),
+            Ok(None) => match &self.auth {
+                RegistryAuth::Basic(user, password) => {
+                    let encoded = base64::engine::general_purpose::STANDARD
+                        .encode(format!("{user}:{password}"));
+                    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+                    value.set_sensitive(true);
+                    Some(value)
+                }
+                _ => None,
+            },
+            Err(err) => {
+                tracing::debug!("no streamed upload, authentication failed: {err}");
+                return None;
+            }
+        };
+        let registry = reference.resolve_registry();
+        let mut url = reqwest::Url::parse(&format!(
+            "{}://{registry}/v2/{}/blobs/uploads/",
+            scheme_for(&self.protocol, registry),
+            reference.repository()
+        ))
+        .ok()?;
+        if let Some(namespace) = reference.namespace() {
+            url.query_pairs_mut().append_pair("ns", namespace);
+        }
+        match StreamedUpload::start(self.http.clone(), url, authorization).await {
+            Ok(started) => Some(started),
+            Err(err) => {
+                tracing::debug!("no streamed upload: {err}");
+                None
+            }
+        }
     }
 
     /// Reads `image`'s manifest (choosing this machine's platform from an index) and config.
@@ -219,7 +275,7 @@ impl RegistryClient {
         target: &str,
         config: &ImageConfig,
         parent: Option<&ParentImage>,
-        layer: Option<&LayerBlob>,
+        layer: Option<LayerBlob>,
         annotations: &BTreeMap<String, String>,
     ) -> Result<PushedImage, RegistryError> {
         let reference = parse_reference(target)?;
@@ -241,9 +297,6 @@ impl RegistryClient {
         }
         let mut uploaded_layers = 0;
         if let Some(layer) = layer {
-            if self.push_blob_file(&reference, layer).await? {
-                uploaded_layers += 1;
-            }
             // The caller picks the layer's media type with its compression (Docker's for a
             // Docker parent, see `save`): the descriptor is written as given.
             layers.push(json!({
@@ -251,6 +304,9 @@ impl RegistryClient {
                 "digest": layer.descriptor.digest.as_str(),
                 "size": layer.descriptor.size,
             }));
+            if self.push_layer_blob(&reference, layer).await? {
+                uploaded_layers += 1;
+            }
         }
 
         let docker = parent.is_some_and(|p| p.docker);
@@ -371,14 +427,29 @@ impl RegistryClient {
                 .unwrap_or(false)
     }
 
-    /// Streams one blob from disk unless the registry has it. Returns whether it was uploaded.
-    async fn push_blob_file(
+    /// Completes the layer's streamed upload or, failing that, streams it from disk unless the
+    /// registry has it. Returns whether it was uploaded.
+    async fn push_layer_blob(
         &self,
         reference: &Reference,
-        layer: &LayerBlob,
+        layer: LayerBlob,
     ) -> Result<bool, RegistryError> {
         let registry = || reference.resolve_registry().to_owned();
         let digest = layer.descriptor.digest.as_str();
+        if let Some(streamed) = layer.streamed {
+            match streamed
+                .finish(&layer.descriptor.digest, layer.descriptor.size)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(%digest, "layer uploaded while it was written");
+                    return Ok(true);
+                }
+                Err(err) => tracing::warn!(
+                    "streamed upload of the layer failed ({err}); uploading it again from disk"
+                ),
+            }
+        }
         let present = self
             .client
             .blob_exists(reference, digest)
@@ -441,6 +512,15 @@ fn descriptor_of(value: &Value) -> Option<OciDescriptor> {
         size: value["size"].as_i64()?,
         ..Default::default()
     })
+}
+
+/// The scheme oci-client speaks to `registry` with, so that streamed uploads go the same way.
+fn scheme_for(protocol: &ClientProtocol, registry: &str) -> &'static str {
+    match protocol {
+        ClientProtocol::Http => "http",
+        ClientProtocol::HttpsExcept(plain) if plain.iter().any(|r| r == registry) => "http",
+        _ => "https",
+    }
 }
 
 fn failure(

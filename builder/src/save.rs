@@ -28,6 +28,7 @@ use crate::registry::{
 };
 use crate::source::{ChangeSource, RunningChangeSet, SourceError};
 use crate::summary::{ChangeSummary, FileTotals, PackageSet, summarize};
+use crate::upload::BlobSink;
 use futures::TryStreamExt;
 use labforge_snapshot::BaselineIndex;
 use labforge_snapshot::LayerStats;
@@ -214,6 +215,7 @@ pub async fn save(
     };
     // Each branch ends with the child index encoded and no index but the baseline in memory: an
     // index of a 100k-file image is tens of MiB, so two at once would double the peak.
+    let mut streamed = None;
     let (layer, child_encoded, child_packages, files) = if unchanged {
         running.abandon();
         let encoded = baseline_encoded.unwrap_or_else(|| encode_index(&baseline));
@@ -225,13 +227,18 @@ pub async fn save(
         (Some(hit.layer), hit.index_encoded, hit.packages, hit.files)
     } else {
         drop(baseline_encoded);
+        let (upload, sink) = registry.start_upload(target).await.unzip();
+        streamed = upload;
         let written = write_layer(
             running,
             baseline,
             packages.clone(),
             parent.as_ref().map_or(0, |p| p.layers().len()),
             compression,
-            &staged,
+            Staging {
+                file: &staged,
+                upload: sink,
+            },
             progress.clone(),
         )
         .await?;
@@ -295,15 +302,10 @@ pub async fn save(
     let blob = layer.as_ref().map(|descriptor| LayerBlob {
         descriptor: descriptor.clone(),
         path: staged.path().to_owned(),
+        streamed,
     });
     let image = registry
-        .push_image(
-            target,
-            &config,
-            parent.as_ref(),
-            blob.as_ref(),
-            &annotations,
-        )
+        .push_image(target, &config, parent.as_ref(), blob, &annotations)
         .await?;
     cache
         .put_bytes(&index_key(&image.manifest_digest), &child_encoded)
@@ -598,29 +600,56 @@ struct WrittenLayer {
     stats: LayerStats,
 }
 
+/// Where a compressed layer goes as it is written: the scratch file, which the cache and a
+/// retried upload read, and the registry upload that runs alongside, when one was opened.
+struct Staging<'a> {
+    file: &'a tempfile::NamedTempFile,
+    upload: Option<BlobSink>,
+}
+
+/// The writer behind [`Staging`].
+struct StagingWriter {
+    file: BufWriter<std::fs::File>,
+    upload: Option<BlobSink>,
+}
+
+impl Write for StagingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write_all(buf)?;
+        if let Some(upload) = &mut self.upload {
+            upload.write_all(buf)?;
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
 /// Reads the change-set tar once: into the child index and package set (the package metadata
-/// files in it are read as they pass) and through compression into `staged`.
+/// files in it are read as they pass) and through compression into the staging file and upload.
 async fn write_layer(
     running: RunningChangeSet,
     baseline: Arc<BaselineIndex>,
     mut packages: PackageSet,
     layer_number: usize,
     compression: Compression,
-    staged: &tempfile::NamedTempFile,
+    staging: Staging<'_>,
     progress: impl Fn(SaveProgress) + Send + 'static,
 ) -> Result<WrittenLayer, SaveError> {
-    let file = staged.reopen().map_err(|source| SaveError::Scratch {
-        dir: staged.path().to_owned(),
+    let file = staging.file.reopen().map_err(|source| SaveError::Scratch {
+        dir: staging.file.path().to_owned(),
         source,
     })?;
+    let sink = StagingWriter {
+        file: BufWriter::with_capacity(crate::source::STREAM_BUFFER, file),
+        upload: staging.upload,
+    };
     tokio::task::spawn_blocking(move || {
         let mut running = running;
         let total = running.header.content_bytes;
         let entries = running.header.changed + running.header.deleted;
-        let mut stream = LayerStream::new(
-            BufWriter::with_capacity(crate::source::STREAM_BUFFER, file),
-            compression,
-        )?;
+        let mut stream = LayerStream::new(sink, compression)?;
         // The scan is over, so the baseline is usually ours alone: no copy of the index.
         let mut child = Arc::try_unwrap(baseline).unwrap_or_else(|shared| (*shared).clone());
         let read = {
@@ -643,7 +672,10 @@ async fn write_layer(
         // A producer's own failure (a file it could not read) explains a cut stream best.
         running.finish()?;
         let stats = read?;
-        let (_, layer) = stream.finish(entries)?;
+        let (sink, layer) = stream.finish(entries)?;
+        if let Some(upload) = sink.upload {
+            upload.finish();
+        }
         Ok(WrittenLayer {
             layer,
             index: child,

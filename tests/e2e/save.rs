@@ -481,6 +481,49 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
     );
 }
 
+// The layer goes up while it is compressed; a cut of that upload costs a second upload from the
+// staged copy, not the save.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_upload_cut_while_streaming_goes_up_again_from_disk() {
+    let registry = need(Registry::start().await);
+    let relay = need(FaultyRelay::start(registry.host().parse().unwrap()).await);
+    let host = relay.host();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("root");
+    base_tree(&root);
+    let root_arg = root.to_str().unwrap();
+    let logged_save = |target: &str| {
+        labforge()
+            .args(["build", "commit", "--quiet", "--insecure-registry", &host])
+            .args(["--log", "labforge_builder=info"])
+            .args(["--root", root_arg, "--target", target, GZIP[0], GZIP[1]])
+            .output()
+            .unwrap()
+    };
+
+    write(&root, "payload.bin", noise(3 << 20, 21));
+    let streamed = logged_save(&format!("{host}/e2e/streamed:v1"));
+    succeeded(&streamed);
+    let log = String::from_utf8_lossy(&streamed.stderr);
+    assert!(log.contains("layer uploaded while it was written"), "{log}");
+    assert!(!log.contains("again from disk"), "{log}");
+
+    write(&root, "payload.bin", noise(3 << 20, 22));
+    relay.cut_once_after(1 << 20);
+    let target = format!("{host}/e2e/streamed:v2");
+    let recovered = logged_save(&target);
+    succeeded(&recovered);
+    let log = String::from_utf8_lossy(&recovered.stderr);
+    assert!(log.contains("uploading it again from disk"), "{log}");
+    assert_eq!(relay.cuts(), 1, "only the streamed upload was cut");
+    let (_work, rootfs) = unpack(&target);
+    assert_eq!(
+        fs::read(rootfs.join("payload.bin")).unwrap(),
+        noise(3 << 20, 22)
+    );
+    assert_same_tree(&root, &rootfs);
+}
+
 #[tokio::test]
 async fn s3_down_still_saves_uncached_and_says_so() {
     let registry = need(Registry::start().await);

@@ -20,6 +20,9 @@ struct State {
     failing: AtomicBool,
     budget: AtomicU64,
     forwarded: AtomicU64,
+    /// Heal after the first cut.
+    once: AtomicBool,
+    cuts: AtomicU64,
 }
 
 impl FaultyRelay {
@@ -59,6 +62,18 @@ impl FaultyRelay {
         self.state.failing.store(true, Ordering::SeqCst);
     }
 
+    /// Cuts the connection that carries the next `bytes` bytes upstream, and only that one: the
+    /// relay is healthy again at once, as after a dropped connection the next attempt succeeds.
+    pub fn cut_once_after(&self, bytes: u64) {
+        self.state.once.store(true, Ordering::SeqCst);
+        self.fail_after(bytes);
+    }
+
+    /// Connections cut so far.
+    pub fn cuts(&self) -> u64 {
+        self.state.cuts.load(Ordering::SeqCst)
+    }
+
     pub fn heal(&self) {
         self.state.failing.store(false, Ordering::SeqCst);
     }
@@ -95,7 +110,14 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 Ok(n) => n,
             };
             up_state.forwarded.fetch_add(n as u64, Ordering::SeqCst);
-            if up_state.broken() || server_write.write_all(&buf[..n]).await.is_err() {
+            if up_state.broken() {
+                up_state.cuts.fetch_add(1, Ordering::SeqCst);
+                if up_state.once.swap(false, Ordering::SeqCst) {
+                    up_state.failing.store(false, Ordering::SeqCst);
+                }
+                return;
+            }
+            if server_write.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }

@@ -1,0 +1,256 @@
+//! Uploading a layer while it is still being compressed.
+//!
+//! A layer's digest is known only once its last byte is compressed, and oci-client uploads either
+//! a blob whose digest is known up front or one request per chunk, which is several times slower
+//! than writing the layer on common registries (see bench/README.md). The distribution spec's
+//! streamed upload fits instead: POST opens a session, one PATCH carries the blob as it is
+//! produced, and a PUT with `?digest=` closes it once the digest is known; the registry checks the
+//! digest against what it received. Uploading thus overlaps compression instead of following it.
+//!
+//! This is an optimization only: whatever goes wrong here (a registry refusing streamed uploads,
+//! a cut connection, a digest mismatch), the caller uploads the finished blob from disk through
+//! oci-client, which retries and reports failures.
+
+use crate::digest::Digest;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, StatusCode};
+use reqwest::Url;
+use std::io::{self, Write};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Bytes handed to the upload at a time; with [`QUEUED_CHUNKS`], what the upload holds in memory.
+const CHUNK: usize = 256 << 10;
+/// Chunks waiting for the connection before the writer waits: the upload paces the compressor
+/// rather than buffering a slow registry's backlog.
+const QUEUED_CHUNKS: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("{request} answered {status}")]
+    Status {
+        request: &'static str,
+        status: StatusCode,
+    },
+    #[error("{request}: {source}")]
+    Http {
+        request: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("no usable Location header in the answer to {0}")]
+    Location(&'static str),
+    #[error("the registry received {received} bytes of a {size}-byte blob")]
+    Incomplete { received: u64, size: u64 },
+    #[error("the upload task ended abnormally")]
+    Task,
+}
+
+/// An upload session the registry has opened, with its PATCH running in the background.
+pub struct StreamedUpload {
+    http: reqwest::Client,
+    authorization: Option<HeaderValue>,
+    registry_origin: Url,
+    patch: JoinHandle<Result<(Url, Option<u64>), UploadError>>,
+}
+
+/// The write end of a [`StreamedUpload`]: a blocking writer for the thread that compresses.
+///
+/// Writes never fail: once the upload is gone (the connection was cut, the registry refused), the
+/// sink drops what it is given, and the caller's disk copy is uploaded instead.
+pub struct BlobSink {
+    chunks: Option<mpsc::Sender<Bytes>>,
+    buffer: BytesMut,
+}
+
+impl StreamedUpload {
+    /// Opens an upload session at `blob_uploads` (`…/v2/<repository>/blobs/uploads/`) and starts
+    /// the PATCH that will carry what is written to the returned sink.
+    pub(crate) async fn start(
+        http: reqwest::Client,
+        blob_uploads: Url,
+        authorization: Option<HeaderValue>,
+    ) -> Result<(Self, BlobSink), UploadError> {
+        let registry_origin = origin(&blob_uploads);
+        let opened = with_authorization(
+            http.post(blob_uploads.clone()),
+            authorization.as_ref(),
+            &blob_uploads,
+            &registry_origin,
+        )
+        .header(http::header::CONTENT_LENGTH, 0)
+        .send()
+        .await
+        .map_err(|source| UploadError::Http {
+            request: "POST (open upload)",
+            source,
+        })?;
+        let session = location(&opened, StatusCode::ACCEPTED, "POST (open upload)")?;
+
+        let (sender, receiver) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
+        let body = reqwest::Body::wrap_stream(futures::stream::unfold(
+            receiver,
+            |mut receiver| async move {
+                let chunk = receiver.recv().await?;
+                Some((Ok::<_, io::Error>(chunk), receiver))
+            },
+        ));
+        let request = with_authorization(
+            http.patch(session.clone()),
+            authorization.as_ref(),
+            &session,
+            &registry_origin,
+        )
+        .header(http::header::CONTENT_TYPE, "application/octet-stream")
+        .body(body);
+        let patch = tokio::spawn(async move {
+            let answer = request.send().await.map_err(|source| UploadError::Http {
+                request: "PATCH (blob data)",
+                source,
+            })?;
+            let received = received_bytes(&answer);
+            let next = location(&answer, StatusCode::ACCEPTED, "PATCH (blob data)")?;
+            Ok((next, received))
+        });
+        Ok((
+            Self {
+                http,
+                authorization,
+                registry_origin,
+                patch,
+            },
+            BlobSink {
+                chunks: Some(sender),
+                buffer: BytesMut::with_capacity(CHUNK),
+            },
+        ))
+    }
+
+    /// Closes the session once the blob is complete (its sink finished or dropped): the registry
+    /// commits the blob under `digest` only if what it received hashes to it.
+    pub async fn finish(mut self, digest: &Digest, size: u64) -> Result<(), UploadError> {
+        let (mut session, received) = (&mut self.patch).await.map_err(|_| UploadError::Task)??;
+        if let Some(received) = received
+            && received != size
+        {
+            return Err(UploadError::Incomplete { received, size });
+        }
+        session
+            .query_pairs_mut()
+            .append_pair("digest", digest.as_str());
+        let closed = with_authorization(
+            self.http.put(session.clone()),
+            self.authorization.as_ref(),
+            &session,
+            &self.registry_origin,
+        )
+        .header(http::header::CONTENT_LENGTH, 0)
+        .send()
+        .await
+        .map_err(|source| UploadError::Http {
+            request: "PUT (close upload)",
+            source,
+        })?;
+        if closed.status() != StatusCode::CREATED {
+            return Err(UploadError::Status {
+                request: "PUT (close upload)",
+                status: closed.status(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StreamedUpload {
+    /// An upload given up on is cut rather than left to run: the registry discards the session.
+    fn drop(&mut self) {
+        self.patch.abort();
+    }
+}
+
+impl BlobSink {
+    fn send(&mut self) {
+        if self.buffer.is_empty() {
+            return;
+        }
+        let chunk = self.buffer.split().freeze();
+        if let Some(chunks) = &self.chunks
+            && chunks.blocking_send(chunk).is_err()
+        {
+            tracing::debug!("streamed upload ended early; the layer goes up from disk instead");
+            self.chunks = None;
+        }
+        self.buffer.reserve(CHUNK);
+    }
+
+    /// Sends what is buffered and ends the PATCH body.
+    pub fn finish(mut self) {
+        self.send();
+    }
+}
+
+impl Write for BlobSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.chunks.is_some() {
+            self.buffer.extend_from_slice(buf);
+            if self.buffer.len() >= CHUNK {
+                self.send();
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Credentials go only to the registry's own origin, never to a host a Location points at.
+fn with_authorization(
+    request: reqwest::RequestBuilder,
+    authorization: Option<&HeaderValue>,
+    url: &Url,
+    registry_origin: &Url,
+) -> reqwest::RequestBuilder {
+    match authorization {
+        Some(value) if origin(url) == *registry_origin => {
+            request.header(http::header::AUTHORIZATION, value.clone())
+        }
+        _ => request,
+    }
+}
+
+fn origin(url: &Url) -> Url {
+    let mut origin = url.clone();
+    origin.set_path("/");
+    origin.set_query(None);
+    origin.set_fragment(None);
+    origin
+}
+
+/// The session's URL from an answer's `Location` (often relative to the registry).
+fn location(
+    answer: &reqwest::Response,
+    expected: StatusCode,
+    request: &'static str,
+) -> Result<Url, UploadError> {
+    if answer.status() != expected {
+        return Err(UploadError::Status {
+            request,
+            status: answer.status(),
+        });
+    }
+    answer
+        .headers()
+        .get(http::header::LOCATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| answer.url().join(value).ok())
+        .ok_or(UploadError::Location(request))
+}
+
+/// What the registry says it holds after a PATCH: `Range: 0-<last byte>`.
+fn received_bytes(answer: &reqwest::Response) -> Option<u64> {
+    let range = answer.headers().get(http::header::RANGE)?.to_str().ok()?;
+    let last: u64 = range.split_once('-')?.1.trim().parse().ok()?;
+    Some(last + 1)
+}
