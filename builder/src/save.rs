@@ -216,6 +216,7 @@ pub async fn save(
     // Each branch ends with the child index encoded and no index but the baseline in memory: an
     // index of a 100k-file image is tens of MiB, so two at once would double the peak.
     let mut streamed = None;
+    let mut blob_to_cache = None;
     let (layer, child_encoded, child_packages, files) = if unchanged {
         running.abandon();
         let encoded = baseline_encoded.unwrap_or_else(|| encode_index(&baseline));
@@ -243,9 +244,7 @@ pub async fn save(
         )
         .await?;
         let (layer, files) = (written.layer, FileTotals::from(written.stats));
-        cache
-            .put_file(&blob_key(&layer.digest), staged.path())
-            .await;
+        blob_to_cache = Some(blob_key(&layer.digest));
         let mut record = LayerRecord::from(&layer);
         record.files = Some(files);
         cache
@@ -304,9 +303,16 @@ pub async fn save(
         path: staged.path().to_owned(),
         streamed,
     });
-    let image = registry
-        .push_image(target, &config, parent.as_ref(), blob, &annotations)
-        .await?;
+    // The blob is cached while the push finishes: both only read the staged file.
+    let (image, ()) = tokio::join!(
+        registry.push_image(target, &config, parent.as_ref(), blob, &annotations),
+        async {
+            if let Some(key) = &blob_to_cache {
+                cache.put_file(key, staged.path()).await;
+            }
+        }
+    );
+    let image = image?;
     cache
         .put_bytes(&index_key(&image.manifest_digest), &child_encoded)
         .await;

@@ -20,10 +20,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// Bytes handed to the upload at a time; with [`QUEUED_CHUNKS`], what the upload holds in memory.
-const CHUNK: usize = 256 << 10;
+const CHUNK: usize = 64 << 10;
 /// Chunks waiting for the connection before the writer waits: the upload paces the compressor
 /// rather than buffering a slow registry's backlog.
-const QUEUED_CHUNKS: usize = 4;
+const QUEUED_CHUNKS: usize = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UploadError {
