@@ -137,7 +137,11 @@ impl RegistryClient {
             .auth(&reference, &self.auth, RegistryOperation::Push)
             .await
         {
-            Ok(Some(token)) => Some(HeaderValue::from_str(&format!("Bearer {token}")).ok()?),
+            Ok(Some(token)) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+                value.set_sensitive(true);
+                Some(value)
+            }
             Ok(None) => match &self.auth {
                 RegistryAuth::Basic(user, password) => {
                     let encoded = base64::engine::general_purpose::STANDARD

@@ -254,3 +254,44 @@ fn received_bytes(answer: &reqwest::Response) -> Option<u64> {
     let last: u64 = range.split_once('-')?.1.trim().parse().ok()?;
     Some(last + 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> Url {
+        Url::parse(text).expect("test URL")
+    }
+
+    fn sent_authorization(to: &str) -> Option<HeaderValue> {
+        let registry = origin(&url("https://registry.example:5000/v2/a/blobs/uploads/"));
+        let secret = HeaderValue::from_static("Bearer secret");
+        with_authorization(
+            reqwest::Client::new().put(url(to)),
+            Some(&secret),
+            &url(to),
+            &registry,
+        )
+        .build()
+        .expect("request")
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .cloned()
+    }
+
+    #[test]
+    fn credentials_go_only_to_the_registry_that_issued_the_session() {
+        assert_eq!(
+            sent_authorization("https://registry.example:5000/v2/a/blobs/uploads/u1?_state=x"),
+            Some(HeaderValue::from_static("Bearer secret"))
+        );
+        // A Location elsewhere (another host, port or scheme) gets the request without them.
+        for elsewhere in [
+            "https://storage.example/upload/u1",
+            "https://registry.example:5001/v2/a/blobs/uploads/u1",
+            "http://registry.example:5000/v2/a/blobs/uploads/u1",
+        ] {
+            assert_eq!(sent_authorization(elsewhere), None, "{elsewhere}");
+        }
+    }
+}
