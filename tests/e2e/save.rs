@@ -435,15 +435,21 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
     );
 }
 
-// The relay runs on the runtime while the test thread blocks on the labforge process.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
+/// A registry reached through a relay that can cut connections, and a base tree to save.
+async fn registry_behind_relay() -> (Registry, FaultyRelay, tempfile::TempDir, PathBuf) {
     let registry = need(Registry::start().await);
     let relay = need(FaultyRelay::start(registry.host().parse().unwrap()).await);
-    let host = relay.host();
     let tree = tempfile::tempdir().unwrap();
     let root = tree.path().join("root");
     base_tree(&root);
+    (registry, relay, tree, root)
+}
+
+// The relay runs on the runtime while the test thread blocks on the labforge process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
+    let (registry, relay, _tree, root) = registry_behind_relay().await;
+    let host = relay.host();
     write(&root, "payload.bin", noise(3 << 20, 11));
     let root_arg = root.to_str().unwrap();
     let target = format!("{host}/e2e/faulty:v1");
@@ -485,12 +491,8 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
 // staged copy, not the save.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layer_upload_cut_while_streaming_goes_up_again_from_disk() {
-    let registry = need(Registry::start().await);
-    let relay = need(FaultyRelay::start(registry.host().parse().unwrap()).await);
+    let (_registry, relay, _tree, root) = registry_behind_relay().await;
     let host = relay.host();
-    let tree = tempfile::tempdir().unwrap();
-    let root = tree.path().join("root");
-    base_tree(&root);
     let root_arg = root.to_str().unwrap();
     let logged_save = |target: &str| {
         labforge()
