@@ -98,8 +98,6 @@ pub struct RegistryClient {
     client: Client,
     auth: RegistryAuth,
     protocol: ClientProtocol,
-    /// For streamed uploads, which oci-client does not offer (see [`crate::upload`]).
-    http: reqwest::Client,
 }
 
 impl RegistryClient {
@@ -124,7 +122,6 @@ impl RegistryClient {
             client,
             auth,
             protocol,
-            http: reqwest::Client::new(),
         }
     }
 
@@ -167,7 +164,9 @@ impl RegistryClient {
         if let Some(namespace) = reference.namespace() {
             url.query_pairs_mut().append_pair("ns", namespace);
         }
-        match StreamedUpload::start(self.http.clone(), url, authorization).await {
+        // Its own HTTP client, built only by saves that write a layer: oci-client does not
+        // offer streamed uploads (see `crate::upload`) nor lend its client.
+        match StreamedUpload::start(reqwest::Client::new(), url, authorization).await {
             Ok(started) => Some(started),
             Err(err) => {
                 tracing::debug!("no streamed upload: {err}");

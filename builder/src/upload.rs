@@ -48,10 +48,15 @@ pub enum UploadError {
 
 /// An upload session the registry has opened, with its PATCH running in the background.
 pub struct StreamedUpload {
+    registry: Registry,
+    patch: JoinHandle<Result<(Url, Option<u64>), UploadError>>,
+}
+
+/// How requests reach the registry: its origin, and the credentials only that origin gets.
+struct Registry {
     http: reqwest::Client,
     authorization: Option<HeaderValue>,
-    registry_origin: Url,
-    patch: JoinHandle<Result<(Url, Option<u64>), UploadError>>,
+    origin: Url,
 }
 
 /// The write end of a [`StreamedUpload`]: a blocking writer for the thread that compresses.
@@ -71,21 +76,16 @@ impl StreamedUpload {
         blob_uploads: Url,
         authorization: Option<HeaderValue>,
     ) -> Result<(Self, BlobSink), UploadError> {
-        let registry_origin = origin(&blob_uploads);
-        let opened = with_authorization(
-            http.post(blob_uploads.clone()),
-            authorization.as_ref(),
-            &blob_uploads,
-            &registry_origin,
-        )
-        .header(http::header::CONTENT_LENGTH, 0)
-        .send()
-        .await
-        .map_err(|source| UploadError::Http {
-            request: "POST (open upload)",
-            source,
-        })?;
-        let session = location(&opened, StatusCode::ACCEPTED, "POST (open upload)")?;
+        let registry = Registry {
+            http,
+            authorization,
+            origin: origin(&blob_uploads),
+        };
+        const OPEN: &str = "POST (open upload)";
+        let opened = registry
+            .send_empty(reqwest::Method::POST, blob_uploads, OPEN)
+            .await?;
+        let session = location(&opened, StatusCode::ACCEPTED, OPEN)?;
 
         let (sender, receiver) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
         let body = reqwest::Body::wrap_stream(futures::stream::unfold(
@@ -95,30 +95,22 @@ impl StreamedUpload {
                 Some((Ok::<_, io::Error>(chunk), receiver))
             },
         ));
-        let request = with_authorization(
-            http.patch(session.clone()),
-            authorization.as_ref(),
-            &session,
-            &registry_origin,
-        )
-        .header(http::header::CONTENT_TYPE, "application/octet-stream")
-        .body(body);
+        let request = registry
+            .request(reqwest::Method::PATCH, session)
+            .header(http::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
         let patch = tokio::spawn(async move {
+            const PATCH: &str = "PATCH (blob data)";
             let answer = request.send().await.map_err(|source| UploadError::Http {
-                request: "PATCH (blob data)",
+                request: PATCH,
                 source,
             })?;
             let received = received_bytes(&answer);
-            let next = location(&answer, StatusCode::ACCEPTED, "PATCH (blob data)")?;
+            let next = location(&answer, StatusCode::ACCEPTED, PATCH)?;
             Ok((next, received))
         });
         Ok((
-            Self {
-                http,
-                authorization,
-                registry_origin,
-                patch,
-            },
+            Self { registry, patch },
             BlobSink {
                 chunks: Some(sender),
                 buffer: BytesMut::with_capacity(CHUNK),
@@ -138,26 +130,46 @@ impl StreamedUpload {
         session
             .query_pairs_mut()
             .append_pair("digest", digest.as_str());
-        let closed = with_authorization(
-            self.http.put(session.clone()),
-            self.authorization.as_ref(),
-            &session,
-            &self.registry_origin,
-        )
-        .header(http::header::CONTENT_LENGTH, 0)
-        .send()
-        .await
-        .map_err(|source| UploadError::Http {
-            request: "PUT (close upload)",
-            source,
-        })?;
+        const CLOSE: &str = "PUT (close upload)";
+        let closed = self
+            .registry
+            .send_empty(reqwest::Method::PUT, session, CLOSE)
+            .await?;
         if closed.status() != StatusCode::CREATED {
             return Err(UploadError::Status {
-                request: "PUT (close upload)",
+                request: CLOSE,
                 status: closed.status(),
             });
         }
         Ok(())
+    }
+}
+
+impl Registry {
+    fn request(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
+        let authorization = authorization_for(&url, self.authorization.as_ref(), &self.origin);
+        let request = self.http.request(method, url);
+        match authorization {
+            Some(value) => request.header(http::header::AUTHORIZATION, value.clone()),
+            None => request,
+        }
+    }
+
+    /// A request without a body (some registries insist on `Content-Length: 0`).
+    async fn send_empty(
+        &self,
+        method: reqwest::Method,
+        url: Url,
+        name: &'static str,
+    ) -> Result<reqwest::Response, UploadError> {
+        self.request(method, url)
+            .header(http::header::CONTENT_LENGTH, 0)
+            .send()
+            .await
+            .map_err(|source| UploadError::Http {
+                request: name,
+                source,
+            })
     }
 }
 
@@ -202,18 +214,6 @@ impl Write for BlobSink {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-fn with_authorization(
-    request: reqwest::RequestBuilder,
-    authorization: Option<&HeaderValue>,
-    url: &Url,
-    registry_origin: &Url,
-) -> reqwest::RequestBuilder {
-    match authorization_for(url, authorization, registry_origin) {
-        Some(value) => request.header(http::header::AUTHORIZATION, value.clone()),
-        None => request,
     }
 }
 
