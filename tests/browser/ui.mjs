@@ -81,7 +81,9 @@ try {
     alice.waitForEvent('page'),
     row(page, 'lab').getByRole('link', { name: 'Connect' }).click(),
   ]);
-  await lab.waitForSelector('.jp-Launcher', { timeout: 90_000 });
+  // JupyterLab's first load fetches some 10 MB of scripts through the proxy; with the rest of the
+  // suite on both cores it has taken over 90 s (57 s alone).
+  await lab.waitForSelector('.jp-Launcher', { timeout: READY });
   seen.jupyterTitle = await lab.title();
   await shot(lab, 'jupyterlab');
   await lab.close();
@@ -170,6 +172,16 @@ try {
   console.log(JSON.stringify(seen));
 } catch (error) {
   console.error(`step failed: ${error.message}\nseen so far: ${JSON.stringify(seen)}`);
+  // What each open page showed when the step failed, for whoever reads the failure.
+  let n = 0;
+  for (const context of browser.contexts()) {
+    for (const open of context.pages()) {
+      const path = `${screenshots}/ui-failed-${n++}.png`;
+      await open.screenshot({ path, fullPage: true })
+        .then(() => console.error(`page ${open.url()} at failure: ${path}`))
+        .catch(() => {});
+    }
+  }
   process.exitCode = 1;
 } finally {
   await browser.close();

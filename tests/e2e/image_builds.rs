@@ -263,7 +263,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
             .len()
             + 1
     );
-    need(podman.pull(&target, false));
+    let saved_id = need(podman.pull(&target, false));
     let out = podman
         .command()
         .args([
@@ -271,7 +271,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
             "--rm",
             "--entrypoint",
             "/opt/conda/bin/python",
-            &target,
+            &saved_id,
             "-c",
             "import labforge_probe; print(labforge_probe.VALUE)",
         ])
@@ -300,8 +300,8 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    need(podman.pull(notebook.image(), false));
-    let (kept, base_root) = (root_listing(&target), root_listing(notebook.image()));
+    let base_id = need(podman.pull(notebook.image(), false));
+    let (kept, base_root) = (root_listing(&saved_id), root_listing(&base_id));
     assert!(!base_root.trim().is_empty(), "the base has files in /root");
     assert_eq!(kept, base_root, "/root as the image had it");
     assert_eq!(

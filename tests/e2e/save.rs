@@ -348,7 +348,7 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
 
     let podman = need(labforge_tests::Podman::locate());
     let run_saved = |image: &str, code: &str| {
-        need(podman.pull(image, false));
+        let id = need(podman.pull(image, false));
         let out = podman
             .command()
             .args([
@@ -356,7 +356,7 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
                 "--rm",
                 "--entrypoint",
                 "/opt/conda/bin/python",
-                image,
+                &id,
                 "-c",
                 code,
             ])

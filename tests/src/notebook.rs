@@ -40,14 +40,14 @@ impl JupyterLab {
             &registry.host(),
             &format!("labforge/jupyterlab:{namespace}-{name}"),
         )?;
-        podman.pull(&reference, false)?;
+        let image_id = podman.pull(&reference, false)?;
         let port = free_port()?;
         let prefix = format!("/notebook/{namespace}/{name}");
         let publish = format!("127.0.0.1:{port}:8888");
         let nb_prefix = format!("NB_PREFIX={prefix}");
         let mut args = vec!["-p", &publish, "-e", &nb_prefix];
         args.extend_from_slice(extra);
-        let container = podman.run_detached(&args, &reference)?;
+        let container = podman.run_detached(&args, &image_id)?;
         let notebook = Self {
             container,
             podman,

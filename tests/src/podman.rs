@@ -24,15 +24,20 @@ impl Podman {
         Command::new(&self.binary)
     }
 
-    /// Pulls `reference`; `tls_verify` off for loopback test registries.
-    pub fn pull(&self, reference: &str, tls_verify: bool) -> Result<(), SupportError> {
-        run(self.command().args([
+    /// Pulls `reference` and returns the pulled image's ID; `tls_verify` off for loopback test
+    /// registries.
+    ///
+    /// Run what was pulled by this ID, not by `reference`: other tests pull the same image under
+    /// other names and untag it meanwhile, and podman's name lookup can miss an image while
+    /// another process rewrites its names ("image not known", podman's troubleshooting guide).
+    pub fn pull(&self, reference: &str, tls_verify: bool) -> Result<String, SupportError> {
+        let id = run(self.command().args([
             "pull",
             "-q",
             &format!("--tls-verify={tls_verify}"),
             reference,
         ]))?;
-        Ok(())
+        Ok(id.trim().to_owned())
     }
 
     /// `podman run -d` with `args` placed before the image; the container is removed on drop.
