@@ -119,7 +119,7 @@ pub struct MatchCondition {
     pub uri: Option<Matcher>,
     pub ignore_uri_case: bool,
     pub method: Option<Matcher>,
-    pub headers: Vec<(HeaderName, Matcher)>,
+    pub headers: Box<[(HeaderName, Matcher)]>,
 }
 
 impl MatchCondition {
@@ -215,54 +215,62 @@ impl MatchCondition {
     }
 }
 
-/// Header edits of a rule (`headers.request` or `headers.response`), validated once.
-#[derive(Clone, Debug, Default)]
-pub struct HeaderOps {
-    pub set: Vec<(HeaderName, HeaderValue)>,
-    pub add: Vec<(HeaderName, HeaderValue)>,
-    pub remove: Vec<HeaderName>,
+/// One header edit.
+#[derive(Clone, Debug)]
+enum HeaderOp {
+    Remove(HeaderName),
+    Set(HeaderName, HeaderValue),
+    Add(HeaderName, HeaderValue),
 }
+
+/// Header edits of a rule (`headers.request` or `headers.response`), validated once and kept in
+/// the order Envoy applies them: removals, then replacements, then appends. One boxed slice, so
+/// the common rule without edits costs 16 bytes, not three empty vectors.
+#[derive(Clone, Debug, Default)]
+pub struct HeaderOps(Box<[HeaderOp]>);
 
 impl HeaderOps {
     fn compile(ops: Option<&HeaderOperations>) -> Result<Self, String> {
         let Some(ops) = ops else {
             return Ok(Self::default());
         };
-        let pair = |(k, v): (&String, &String)| {
-            Ok((
-                HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
-                    .map_err(|e| format!("header name {k:?}: {e}"))?,
-                HeaderValue::from_str(v).map_err(|e| format!("header {k} value: {e}"))?,
-            ))
+        let name = |k: &String| {
+            HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                .map_err(|e| format!("header name {k:?}: {e}"))
         };
-        Ok(Self {
-            set: ops.set.iter().map(pair).collect::<Result<_, String>>()?,
-            add: ops.add.iter().map(pair).collect::<Result<_, String>>()?,
-            remove: ops
-                .remove
-                .iter()
-                .map(|k| {
-                    HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .map_err(|e| format!("header name {k:?}: {e}"))
-                })
+        let value = |k: &String, v: &String| {
+            HeaderValue::from_str(v).map_err(|e| format!("header {k} value: {e}"))
+        };
+        let removals = ops.remove.iter().map(|k| Ok(HeaderOp::Remove(name(k)?)));
+        let sets = ops
+            .set
+            .iter()
+            .map(|(k, v)| Ok(HeaderOp::Set(name(k)?, value(k, v)?)));
+        let adds = ops
+            .add
+            .iter()
+            .map(|(k, v)| Ok(HeaderOp::Add(name(k)?, value(k, v)?)));
+        Ok(Self(
+            removals
+                .chain(sets)
+                .chain(adds)
                 .collect::<Result<_, String>>()?,
-        })
+        ))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
-    }
-
-    /// Envoy's order: removals, then replacements, then appends.
     pub fn apply(&self, headers: &mut HeaderMap) {
-        for name in &self.remove {
-            headers.remove(name);
-        }
-        for (name, value) in &self.set {
-            headers.insert(name.clone(), value.clone());
-        }
-        for (name, value) in &self.add {
-            headers.append(name.clone(), value.clone());
+        for op in &self.0 {
+            match op {
+                HeaderOp::Remove(name) => {
+                    headers.remove(name);
+                }
+                HeaderOp::Set(name, value) => {
+                    headers.insert(name.clone(), value.clone());
+                }
+                HeaderOp::Add(name, value) => {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
         }
     }
 }
@@ -278,14 +286,15 @@ pub struct Destination {
 #[derive(Debug)]
 pub struct Rule {
     pub owner: Arc<RouteOwner>,
-    /// Empty: matches every request.
-    pub matches: Vec<MatchCondition>,
+    /// Empty: matches every request. Boxed slices here and below: a table holds a rule per
+    /// notebook, and a vector's spare capacity would be most of a rule's memory.
+    pub matches: Box<[MatchCondition]>,
     pub rewrite_uri: Option<String>,
     pub request_headers: HeaderOps,
     pub response_headers: HeaderOps,
-    pub destinations: Vec<Destination>,
+    pub destinations: Box<[Destination]>,
     /// Namespaces guarding this rule: its VirtualService's and its destinations' (sorted).
-    pub namespaces: Vec<String>,
+    pub namespaces: Box<[String]>,
     total_weight: u32,
     /// Round-robin position for weighted destinations (exact proportions, no randomness).
     next: AtomicU64,
@@ -297,7 +306,7 @@ impl Rule {
     /// The destination for the next request: weights are honoured exactly over every
     /// `total_weight` requests.
     pub fn pick_destination(&self) -> Option<&Destination> {
-        match self.destinations.as_slice() {
+        match &*self.destinations {
             [] => None,
             [only] => Some(only),
             all => {
@@ -474,8 +483,8 @@ pub struct RouteTable {
 #[derive(Debug)]
 pub struct CompiledVirtualService {
     /// Lowercase.
-    pub hosts: Vec<String>,
-    pub rules: Vec<Arc<Rule>>,
+    pub hosts: Box<[String]>,
+    pub rules: Box<[Arc<Rule>]>,
 }
 
 impl CompiledVirtualService {
@@ -521,7 +530,13 @@ impl CompiledVirtualService {
             .iter()
             .map(|h| h.to_ascii_lowercase())
             .collect();
-        (Some(Self { hosts, rules }), skipped)
+        (
+            Some(Self {
+                hosts,
+                rules: rules.into_boxed_slice(),
+            }),
+            skipped,
+        )
     }
 
     /// The activity key of its routes.
@@ -656,9 +671,9 @@ fn compile_rule(
         .matches
         .iter()
         .map(MatchCondition::compile)
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Box<[_]>, _>>()?;
     let weighted = route.route.iter().any(|d| d.weight.is_some());
-    let destinations: Vec<Destination> = route
+    let destinations: Box<[Destination]> = route
         .route
         .iter()
         .map(|d| Destination {
@@ -702,7 +717,7 @@ fn compile_rule(
         request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
         response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
         destinations,
-        namespaces,
+        namespaces: namespaces.into_boxed_slice(),
         total_weight,
         next: AtomicU64::new(0),
         created,
@@ -838,7 +853,7 @@ mod tests {
         assert_eq!(owner.notebook.as_deref(), Some("lab"));
         assert_eq!(owner.key(), "bob/lab");
         let rule = t.lookup(&req("/notebook/bob/lab/x").view()).unwrap().rule;
-        assert_eq!(rule.namespaces, ["bob"]);
+        assert_eq!(*rule.namespaces, ["bob"]);
     }
 
     #[test]
@@ -858,7 +873,13 @@ mod tests {
                            {"destination": {"host": "www.example.com"}}]},
             ]}),
         )]);
-        let namespaces = |path: &str| t.lookup(&req(path).view()).unwrap().rule.namespaces.clone();
+        let namespaces = |path: &str| {
+            t.lookup(&req(path).view())
+                .unwrap()
+                .rule
+                .namespaces
+                .to_vec()
+        };
         assert_eq!(namespaces("/a/"), ["alice", "bob"]);
         assert_eq!(namespaces("/b/"), ["bob", "carol"]);
         assert_eq!(namespaces("/c/"), ["bob"]);
@@ -1073,9 +1094,9 @@ mod tests {
             "2026-01-01T00:00:00Z",
             json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
                 {"headers": {"request": {
-                    "set": {"X-RStudio-Root-Path": "/notebook/x/r/"},
-                    "add": {"x-extra": "two"},
-                    "remove": ["x-secret"]
+                    "set": {"X-RStudio-Root-Path": "/notebook/x/r/", "x-both": "set"},
+                    "add": {"x-extra": "two", "x-both": "added"},
+                    "remove": ["x-secret", "x-extra"]
                 }}, "route": [{"destination": {"host": "r"}}]}
             ]}),
         )]);
@@ -1085,11 +1106,15 @@ mod tests {
         headers.insert("x-secret", HeaderValue::from_static("s"));
         headers.insert("x-rstudio-root-path", HeaderValue::from_static("/wrong/"));
         headers.insert("x-extra", HeaderValue::from_static("one"));
+        headers.insert("x-both", HeaderValue::from_static("sent"));
         found.rule.request_headers.apply(&mut headers);
         assert!(headers.get("x-secret").is_none());
         assert_eq!(headers["x-rstudio-root-path"], "/notebook/x/r/");
-        let extra: Vec<_> = headers.get_all("x-extra").iter().collect();
-        assert_eq!(extra, ["one", "two"]);
+        // Envoy's order: a removal does not undo an append of the same header, and a
+        // replacement does not undo one either.
+        let all = |name| headers.get_all(name).iter().collect::<Vec<_>>();
+        assert_eq!(all("x-extra"), ["two"]);
+        assert_eq!(all("x-both"), ["set", "added"]);
     }
 
     #[test]
