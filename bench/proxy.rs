@@ -177,8 +177,9 @@ fn start_labforge(dir: &Path, routes: &Routes) -> Running {
     }
     std::fs::write(&file, yaml).expect("routes file");
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_labforge"))
-        .args(["proxy", "--listen", &format!("127.0.0.1:{port}")])
+    // The proxy-only binary, as the proxy's Deployment runs it.
+    let child = Command::new(env!("CARGO_BIN_EXE_labforge-proxy"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
         .args(["--access", "static", "--member", &format!("bench={USER}")])
         .arg("--routes-file")

@@ -675,7 +675,8 @@ async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
+/// `labforge proxy` and `labforge-proxy`.
+pub async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
     let options = match ProxyOptions::try_from(args) {
         Ok(options) => options,
         Err(err) => {

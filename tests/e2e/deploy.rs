@@ -954,13 +954,59 @@ fn the_spawner_configmap_is_a_valid_spawner_config_at_the_flags_path() {
     assert!(!config.gpu_vendors.is_empty());
 }
 
-fn help(subcommand: &str) -> String {
-    let output = crate::labforge()
-        .args([subcommand, "--help"])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "labforge {subcommand} --help");
-    String::from_utf8(output.stdout).unwrap()
+/// What a container runs: the image's entrypoint `labforge` with a subcommand as the first
+/// argument, or the `labforge-proxy` binary its `command` names.
+struct Invocation {
+    binary: fn() -> std::process::Command,
+    /// `labforge <subcommand>` or `labforge-proxy`, for messages.
+    name: String,
+    /// The subcommand, when there is one.
+    subcommand: Vec<String>,
+    /// Everything after it.
+    args: Vec<String>,
+}
+
+impl Invocation {
+    fn of(file: &str, container: &Value) -> Self {
+        let mut args = strings(&container["args"]);
+        match container.get("command") {
+            None => {
+                let subcommand = args.remove(0);
+                Invocation {
+                    binary: crate::labforge,
+                    name: format!("labforge {subcommand}"),
+                    subcommand: vec![subcommand],
+                    args,
+                }
+            }
+            Some(command) => {
+                assert_eq!(
+                    strings(command),
+                    ["labforge-proxy"],
+                    "{file}: the image's binaries are labforge (its entrypoint) and labforge-proxy"
+                );
+                Invocation {
+                    binary: crate::labforge_proxy,
+                    name: "labforge-proxy".into(),
+                    subcommand: Vec::new(),
+                    args,
+                }
+            }
+        }
+    }
+
+    /// The binary with the subcommand, ready for more arguments.
+    fn command(&self) -> std::process::Command {
+        let mut command = (self.binary)();
+        command.args(&self.subcommand);
+        command
+    }
+
+    fn help(&self) -> String {
+        let output = self.command().arg("--help").output().unwrap();
+        assert!(output.status.success(), "{} --help", self.name);
+        String::from_utf8(output.stdout).unwrap()
+    }
 }
 
 /// Whether `text` names `flag` as a whole word (`--admin` is not `--admin-addr`).
@@ -976,33 +1022,33 @@ fn names_flag(text: &str, flag: &str) -> bool {
 #[test]
 fn every_flag_and_variable_the_deployments_pass_is_accepted_by_the_binary() {
     // The check below is meaningful: clap parses values before it answers --help.
-    let refused = crate::labforge()
-        .args(["proxy", "--listen", "not-an-address", "--help"])
-        .output()
-        .unwrap();
-    assert!(
-        !refused.status.success(),
-        "a bad value is refused before --help"
-    );
+    let mut labforge_proxy = crate::labforge();
+    labforge_proxy.arg("proxy");
+    for mut refused in [labforge_proxy, crate::labforge_proxy()] {
+        let refused = refused
+            .args(["--listen", "not-an-address", "--help"])
+            .output()
+            .unwrap();
+        assert!(
+            !refused.status.success(),
+            "a bad value is refused before --help"
+        );
+    }
 
     for (file, deployment) in deployments() {
         for container in deployment["spec"]["template"]["spec"]["containers"]
             .as_array()
             .unwrap()
         {
-            assert!(
-                container.get("command").is_none(),
-                "{file}: the image's entrypoint is labforge"
-            );
-            let args = strings(&container["args"]);
-            let subcommand = &args[0];
-            let text = help(subcommand);
-            for arg in &args[1..] {
+            let invocation = Invocation::of(&file, container);
+            let name = &invocation.name;
+            let text = invocation.help();
+            for arg in &invocation.args {
                 if let Some(flag) = arg.strip_prefix("--") {
                     let flag = format!("--{}", flag.split('=').next().unwrap());
                     assert!(
                         names_flag(&text, &flag),
-                        "{file}: `labforge {subcommand} --help` does not know {flag}"
+                        "{file}: `{name} --help` does not know {flag}"
                     );
                 }
             }
@@ -1010,19 +1056,21 @@ fn every_flag_and_variable_the_deployments_pass_is_accepted_by_the_binary() {
                 let name = env["name"].as_str().unwrap();
                 assert!(
                     text.contains(name),
-                    "{file}: `labforge {subcommand} --help` does not name {name}"
+                    "{file}: `{} --help` does not name {name}",
+                    invocation.name
                 );
             }
             // The whole argument list parses (values included).
-            let output = crate::labforge()
-                .args(&args)
+            let output = invocation
+                .command()
+                .args(&invocation.args)
                 .arg("--help")
                 .output()
                 .unwrap();
             assert!(
                 output.status.success(),
-                "{file}: labforge {}: {}",
-                args.join(" "),
+                "{file}: {name} {}: {}",
+                invocation.args.join(" "),
                 String::from_utf8_lossy(&output.stderr)
             );
         }
@@ -1126,7 +1174,7 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 .unwrap_or_else(|| panic!("{path} has no route"));
             (
                 found.rule.destinations[0].authority.clone(),
-                found.rule.namespaces.clone(),
+                found.rule.namespaces.to_vec(),
             )
         };
         for path in [
@@ -1174,7 +1222,7 @@ struct Running {
 impl Running {
     fn log(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        format!("labforge {} said:\n{text}", self.name)
+        format!("{} said:\n{text}", self.name)
     }
 }
 
@@ -1185,21 +1233,22 @@ impl Drop for Running {
     }
 }
 
-/// `labforge <args>` with the container's arguments and environment, addresses moved to loopback.
+/// What the container runs, with its arguments and environment, addresses moved to loopback.
 fn start(
     container: &Value,
     replace: &[(&str, String)],
     extra: &[String],
     kubeconfig: &Path,
 ) -> Running {
-    let mut args = strings(&container["args"]);
+    let invocation = Invocation::of("deploy/", container);
+    let mut args = invocation.args.clone();
     for (flag, value) in replace {
         let at = args.iter().position(|a| a == flag).unwrap() + 1;
         args[at] = value.clone();
     }
     args.extend_from_slice(extra);
-    let log = kubeconfig.with_file_name(format!("{}.log", args[0]));
-    let mut command = crate::labforge();
+    let log = kubeconfig.with_file_name(format!("{}.log", invocation.name.replace(' ', "-")));
+    let mut command = invocation.command();
     command
         .args(&args)
         .env_clear()
@@ -1216,7 +1265,7 @@ fn start(
     }
     Running {
         child: command.spawn().unwrap(),
-        name: args[0].clone(),
+        name: invocation.name,
         log,
     }
 }

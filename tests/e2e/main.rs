@@ -28,6 +28,11 @@ pub fn labforge() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_labforge"))
 }
 
+/// The proxy-only binary built for this test run (what the proxy's Deployment runs).
+pub fn labforge_proxy() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_labforge-proxy"))
+}
+
 pub use labforge_tests::init_crypto;
 
 /// Unwraps a support result, failing the test with the support error's own message
