@@ -75,13 +75,18 @@ pub trait NamespaceAccess: Send + Sync {
 /// the common case costs no allocation.
 pub enum Answer {
     Now(bool),
-    Later(Pin<Box<dyn Future<Output = bool> + Send>>),
+    Later(Pin<Box<dyn Future<Output = Result<bool, AccessUnknown>> + Send>>),
 }
 
+/// Nobody could say whether the user has access (the review failed or timed out): the request
+/// is refused as unavailable, not as forbidden, and the next one asks again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AccessUnknown;
+
 impl Answer {
-    pub async fn resolve(self) -> bool {
+    pub async fn resolve(self) -> Result<bool, AccessUnknown> {
         match self {
-            Answer::Now(allowed) => allowed,
+            Answer::Now(allowed) => Ok(allowed),
             Answer::Later(pending) => pending.await,
         }
     }
@@ -155,6 +160,8 @@ pub enum Decision {
     Unauthenticated,
     /// A user without access: 403.
     Forbidden,
+    /// Access could not be checked: 503.
+    Unknown,
 }
 
 /// Whether `identity` may use a route guarded by `namespaces`: only if it may use every one of
@@ -168,8 +175,10 @@ pub async fn authorize(
         return Decision::Unauthenticated;
     };
     for namespace in namespaces.iter().filter(|ns| !access.is_shared(ns)) {
-        if !access.may_use(&identity.user, namespace).resolve().await {
-            return Decision::Forbidden;
+        match access.may_use(&identity.user, namespace).resolve().await {
+            Ok(true) => {}
+            Ok(false) => return Decision::Forbidden,
+            Err(AccessUnknown) => return Decision::Unknown,
         }
     }
     Decision::Allow

@@ -170,6 +170,7 @@ impl Forwarder {
             Decision::Allow => {}
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),
+            Decision::Unknown => return Err(ProxyError::AccessUnknown),
         }
         let destination = rule.pick_destination().ok_or(ProxyError::NoRoute)?;
         let address = self

@@ -18,6 +18,8 @@ pub enum ProxyError {
     Unauthenticated,
     #[error("you do not have access to this notebook")]
     Forbidden,
+    #[error("access to this notebook could not be checked just now; try again")]
+    AccessUnknown,
     #[error("no route for this address")]
     NoRoute,
     #[error("the notebook server is not reachable (it may be stopped or starting)")]
@@ -32,6 +34,7 @@ impl ProxyError {
             ProxyError::BadPath(_) | ProxyError::NoHost => StatusCode::BAD_REQUEST,
             ProxyError::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::AccessUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,

@@ -7,7 +7,7 @@
 //! and concurrent requests for one uncached pair share one review: opening JupyterLab fires a
 //! burst of requests that must not become a burst of SubjectAccessReviews.
 
-use crate::authz::{Answer, NamespaceAccess};
+use crate::authz::{AccessUnknown, Answer, NamespaceAccess};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -112,11 +112,11 @@ impl NamespaceAccess for ReviewedAccess {
         let client = self.client.clone();
         let (user, namespace) = (user.to_owned(), namespace.to_owned());
         Answer::Later(Box::pin(async move {
-            // Fail closed: no answer is no access, and the next request asks again.
+            // Fail closed: no answer is no access (as unavailable, not forbidden), and the next
+            // request asks again.
             cell.get_or_try_init(|| review(client, &user, &namespace))
                 .await
                 .copied()
-                .unwrap_or(false)
         }))
     }
 
@@ -124,9 +124,6 @@ impl NamespaceAccess for ReviewedAccess {
         self.shared.contains(namespace)
     }
 }
-
-/// A review that brought no answer (logged where it failed).
-struct ReviewFailed;
 
 /// "May `user` `verb` notebooks.kubeflow.org in `namespace` (every namespace: `None`)?", the
 /// question Kubeflow's web apps ask; the web app asks it too.
@@ -151,7 +148,8 @@ pub fn notebook_access_review(
     }
 }
 
-async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, ReviewFailed> {
+/// A review that brings no answer is logged here and returns [`AccessUnknown`].
+async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, AccessUnknown> {
     let review = notebook_access_review(user, "get", Some(namespace));
     let api: Api<SubjectAccessReview> = Api::all(client);
     let params = PostParams::default();
@@ -161,9 +159,9 @@ async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<boo
             tracing::warn!(
                 user,
                 namespace,
-                "SubjectAccessReview timed out; access refused"
+                "SubjectAccessReview timed out; request refused as unavailable"
             );
-            return Err(ReviewFailed);
+            return Err(AccessUnknown);
         }
     };
     match answer {
@@ -173,8 +171,8 @@ async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<boo
             Ok(allowed)
         }
         Err(err) => {
-            tracing::warn!(user, namespace, error = %err, "SubjectAccessReview failed; access refused");
-            Err(ReviewFailed)
+            tracing::warn!(user, namespace, error = %err, "SubjectAccessReview failed; request refused as unavailable");
+            Err(AccessUnknown)
         }
     }
 }

@@ -20,6 +20,7 @@ use labforge_proxy::routes::GatewayFilter;
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_tests::Registry;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use labforge_tests::faulty::FaultyRelay;
 use labforge_tests::notebook::JupyterLab;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -603,7 +604,7 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
     let burst = (0..20).map(|_| uncached.may_use("dave@example.com", "bob").resolve());
     let answers = futures::future::join_all(burst).await;
     assert!(
-        answers.iter().all(|allowed| !allowed),
+        answers.iter().all(|answer| *answer == Ok(false)),
         "dave is nobody's member"
     );
     assert_eq!(
@@ -612,6 +613,56 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
         "one review for the burst"
     );
 }
+/// A SubjectAccessReview that cannot be made (the API server unreachable) refuses the request as
+/// unavailable, 503 and not 403, and nothing reaches the notebook; the failure is not cached, so
+/// once the API server answers again the same user gets through.
+#[tokio::test]
+async fn a_failed_access_review_answers_unavailable_and_is_asked_again() {
+    init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    server.set_access_rule(rbac_allows);
+    let api_address: SocketAddr = server.url().trim_start_matches("http://").parse().unwrap();
+    let relay = need(FaultyRelay::start(api_address).await);
+    let config = kube::Config::new(format!("http://{}", relay.host()).parse().unwrap());
+    let through_relay = kube::Client::try_from(config).unwrap();
+    let access = Arc::new(ReviewedAccess::new(
+        through_relay,
+        ["kubeflow".to_owned()].into(),
+        ReviewCache::default(),
+    ));
+    let notebook = Upstream::start("alice-lab").await;
+    let proxy = labforge_proxy::start(
+        ProxyOptions {
+            access,
+            ..options(HashMap::from([(
+                service_authority("alice", "lab"),
+                notebook.addr.to_string(),
+            )]))
+        },
+        RoutesFrom::Pushed,
+    )
+    .await
+    .unwrap();
+    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let path = "/notebook/alice/lab/api/status";
+
+    relay.fail_after(0);
+    let (status, body) = raw_get(proxy.addr, path, &[("kubeflow-userid", ALICE)]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("could not be checked"), "{body}");
+    assert_eq!(notebook.hits(), 0);
+
+    relay.heal();
+    let (status, body) = raw_get(proxy.addr, path, &[("kubeflow-userid", ALICE)]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(notebook.hits(), 1);
+    // A real answer is still a real answer: bob is refused as forbidden.
+    let (status, _) = raw_get(proxy.addr, path, &[("kubeflow-userid", BOB)]).await;
+    assert_eq!(status, 403);
+}
+
 /// Every user × path trick against two notebooks; the proxy is returned for more checks.
 async fn authorization_matrix(access: Arc<dyn NamespaceAccess>) -> RunningProxy {
     let alice_nb = Upstream::start("alice-lab").await;
