@@ -204,6 +204,9 @@ pub struct ProxyArgs {
     /// Serving threads (each with its own listener and upstream pool); 0: one per CPU.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Seconds an upstream connection stays pooled without a request before it is closed.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_idle_timeout: u64,
     /// TLS certificate chain (PEM); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -267,6 +270,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             },
             upstream_addresses,
             threads: args.threads,
+            upstream_idle_timeout: Duration::from_secs(args.upstream_idle_timeout),
             fallback: None,
         })
     }
@@ -1094,8 +1098,15 @@ mod tests {
             "127.0.0.1:9999"
         );
         assert!(options.tls.is_none());
-        let any = ProxyOptions::try_from(&parse_proxy(&["--any-gateway"])).unwrap();
+        assert_eq!(options.upstream_idle_timeout, Duration::from_secs(90));
+        let any = ProxyOptions::try_from(&parse_proxy(&[
+            "--any-gateway",
+            "--upstream-idle-timeout",
+            "5",
+        ]))
+        .unwrap();
         assert_eq!(any.gateway, GatewayFilter(None));
+        assert_eq!(any.upstream_idle_timeout, Duration::from_secs(5));
     }
 
     #[test]
@@ -1116,6 +1127,10 @@ mod tests {
             Cli::try_parse_from(["labforge", "proxy", "--tls-cert", "c.pem"]).is_err(),
             "a certificate without its key"
         );
+        let zero = Cli::try_parse_from(["labforge", "proxy", "--upstream-idle-timeout", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(zero.contains("--upstream-idle-timeout"), "{zero}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bodies the proxy sends: the upstream's, streamed, or one of its own pages.
@@ -76,9 +76,10 @@ impl Forwarder {
         metrics: Arc<Metrics>,
         upstream_addresses: HashMap<String, String>,
         fallback: Option<String>,
+        upstream_idle_timeout: Duration,
     ) -> Self {
         Self {
-            upstreams: Arc::default(),
+            upstreams: Arc::new(UpstreamPool::new(upstream_idle_timeout)),
             routes,
             identity,
             access,
@@ -90,6 +91,11 @@ impl Forwarder {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// This thread's upstream connections.
+    pub fn upstreams(&self) -> &Arc<UpstreamPool> {
+        &self.upstreams
     }
 
     /// Answers one request; errors become the proxy's own pages here and nowhere else.

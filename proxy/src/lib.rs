@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Where routes come from.
 #[derive(Clone)]
@@ -61,6 +62,9 @@ pub struct ProxyOptions {
     pub upstream_addresses: HashMap<String, String>,
     /// Serving threads; 0 means one per CPU.
     pub threads: usize,
+    /// How long an upstream connection stays pooled without a request
+    /// ([`upstream::DEFAULT_IDLE_TIMEOUT`] unless configured).
+    pub upstream_idle_timeout: Duration,
     /// `host:port` that requests outside `/notebook/` go to, authenticated by it rather than by
     /// the proxy: the web app, when the proxy is embedded mode's one entry point.
     pub fallback: Option<String>,
@@ -194,6 +198,7 @@ pub async fn start(
             metrics.clone(),
             options.upstream_addresses.clone(),
             options.fallback.clone(),
+            options.upstream_idle_timeout,
         );
         let tls = tls.clone();
         let mut stopped = stopped.clone();

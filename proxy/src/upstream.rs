@@ -5,7 +5,9 @@
 //! here a serving thread owns its pool (the lock is never contended) and a connection goes back
 //! to it when the response body ends, which [`PooledBody`] observes. A request that could not be
 //! sent on a reused connection (the upstream closed it meanwhile) is retried on another one; a
-//! request that was sent is never retried.
+//! request that was sent is never retried. A connection idle for longer than the pool's idle
+//! timeout is closed (its socket and hyper's buffers, some 25 KiB, go back), as is the entry of
+//! an upstream nobody asks for anymore.
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -16,7 +18,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long connecting may take (a stopped notebook's address may not answer at all); requests
 /// themselves have no timeout.
@@ -53,13 +55,50 @@ impl UpstreamError {
     }
 }
 
+/// How long a pooled connection may stay idle, unless configured: hyper-util's default. Jupyter
+/// keeps idle connections for an hour, so without it a burst's connections would stay as long.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// Idle connections by upstream address.
-#[derive(Default)]
 pub struct UpstreamPool {
-    idle: Mutex<HashMap<String, Vec<SendRequest<Incoming>>>>,
+    idle: Mutex<HashMap<String, Vec<Idle>>>,
+    idle_timeout: Duration,
+}
+
+struct Idle {
+    sender: SendRequest<Incoming>,
+    since: Instant,
+}
+
+impl Idle {
+    fn is_usable(&self, now: Instant, timeout: Duration) -> bool {
+        !self.sender.is_closed() && now.duration_since(self.since) < timeout
+    }
 }
 
 impl UpstreamPool {
+    pub fn new(idle_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::default(),
+            idle_timeout,
+        }
+    }
+
+    /// Closes connections idle for longer than the timeout, and forgets upstreams left without
+    /// any; run periodically (see [`crate::server::serve`]).
+    pub fn close_expired(&self) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|_, senders| {
+            senders.retain(|s| s.is_usable(now, self.idle_timeout));
+            !senders.is_empty()
+        });
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
     /// Sends `request` to `address` (`host:port`) on an idle connection or a new one.
     pub async fn send(
         self: &Arc<Self>,
@@ -93,13 +132,15 @@ impl UpstreamPool {
         Ok(self.wrap(address, sender, response))
     }
 
-    /// An idle connection ready for a request; closed ones are dropped, busy ones stay.
+    /// An idle connection ready for a request; closed and expired ones are dropped, busy ones
+    /// stay.
     fn take(&self, address: &str) -> Option<SendRequest<Incoming>> {
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let senders = idle.get_mut(address)?;
-        senders.retain(|s| !s.is_closed());
-        let ready = senders.iter().rposition(SendRequest::is_ready)?;
-        Some(senders.swap_remove(ready))
+        senders.retain(|s| s.is_usable(now, self.idle_timeout));
+        let ready = senders.iter().rposition(|s| s.sender.is_ready())?;
+        Some(senders.swap_remove(ready).sender)
     }
 
     fn put_back(&self, address: String, sender: SendRequest<Incoming>) {
@@ -109,7 +150,10 @@ impl UpstreamPool {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let senders = idle.entry(address).or_default();
         if senders.len() < MAX_IDLE_PER_UPSTREAM {
-            senders.push(sender);
+            senders.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
         }
     }
 

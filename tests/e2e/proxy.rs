@@ -79,6 +79,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         tls: None,
         upstream_addresses: upstreams,
         threads: 2,
+        upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
         fallback: None,
     }
 }
@@ -148,6 +149,53 @@ impl Upstream {
 }
 
 impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An upstream that counts the connections it accepted and those still open.
+struct CountingUpstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingUpstream {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepted, open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (accepted_count, open_count) = (accepted.clone(), open.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                accepted_count.fetch_add(1, Ordering::SeqCst);
+                open_count.fetch_add(1, Ordering::SeqCst);
+                let open = open_count.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|_request| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
+                        ))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        CountingUpstream {
+            addr,
+            accepted,
+            open,
+            task,
+        }
+    }
+}
+
+impl Drop for CountingUpstream {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -613,6 +661,61 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
         "one review for the burst"
     );
 }
+/// Requests in a row share one pooled upstream connection; once it has been idle for longer than
+/// the pool's idle timeout the proxy closes it, and the next request opens a new one.
+#[tokio::test]
+async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() {
+    let upstream = CountingUpstream::start().await;
+    init_crypto();
+    let proxy = labforge_proxy::start(
+        ProxyOptions {
+            threads: 1,
+            upstream_idle_timeout: Duration::from_millis(400),
+            ..options(HashMap::from([(
+                service_authority("alice", "lab"),
+                upstream.addr.to_string(),
+            )]))
+        },
+        RoutesFrom::Pushed,
+    )
+    .await
+    .unwrap();
+    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    let get = || async {
+        let response = http
+            .get(&url)
+            .headers(user_headers(ALICE))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+    for _ in 0..3 {
+        assert_eq!(get().await, (200, "ok".to_owned()));
+    }
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        1,
+        "one connection, reused"
+    );
+    assert_eq!(upstream.open.load(Ordering::SeqCst), 1);
+
+    eventually(
+        "the idle upstream connection closed",
+        Duration::from_secs(5),
+        || async { (upstream.open.load(Ordering::SeqCst) == 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(get().await, (200, "ok".to_owned()));
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        2,
+        "a new connection"
+    );
+}
+
 /// A SubjectAccessReview that cannot be made (the API server unreachable) refuses the request as
 /// unavailable, 503 and not 403, and nothing reaches the notebook; the failure is not cached, so
 /// once the API server answers again the same user gets through.

@@ -300,6 +300,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             tls: None,
             upstream_addresses: Default::default(),
             threads: 0,
+            upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
             fallback: Some(web_addr.to_string()),
         },
         RoutesFrom::Pushed,
