@@ -84,6 +84,23 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
     }
 }
 
+/// A proxy serving alice's notebook `lab` at `upstream`, with the test options changed by `adjust`.
+async fn proxy_for_alice_lab(
+    upstream: SocketAddr,
+    adjust: impl FnOnce(ProxyOptions) -> ProxyOptions,
+) -> RunningProxy {
+    init_crypto();
+    let defaults = options(HashMap::from([(
+        service_authority("alice", "lab"),
+        upstream.to_string(),
+    )]));
+    let proxy = labforge_proxy::start(adjust(defaults), RoutesFrom::Pushed)
+        .await
+        .unwrap();
+    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    proxy
+}
+
 pub async fn start_proxy(routes: RoutesFrom, upstreams: HashMap<String, String>) -> RunningProxy {
     init_crypto();
     labforge_proxy::start(options(upstreams), routes)
@@ -666,21 +683,12 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
 #[tokio::test]
 async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() {
     let upstream = CountingUpstream::start().await;
-    init_crypto();
-    let proxy = labforge_proxy::start(
-        ProxyOptions {
-            threads: 1,
-            upstream_idle_timeout: Duration::from_millis(400),
-            ..options(HashMap::from([(
-                service_authority("alice", "lab"),
-                upstream.addr.to_string(),
-            )]))
-        },
-        RoutesFrom::Pushed,
-    )
-    .await
-    .unwrap();
-    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let proxy = proxy_for_alice_lab(upstream.addr, |options| ProxyOptions {
+        threads: 1,
+        upstream_idle_timeout: Duration::from_millis(400),
+        ..options
+    })
+    .await;
     let http = reqwest::Client::new();
     let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
     let get = || async {
@@ -736,19 +744,8 @@ async fn a_failed_access_review_answers_unavailable_and_is_asked_again() {
         ReviewCache::default(),
     ));
     let notebook = Upstream::start("alice-lab").await;
-    let proxy = labforge_proxy::start(
-        ProxyOptions {
-            access,
-            ..options(HashMap::from([(
-                service_authority("alice", "lab"),
-                notebook.addr.to_string(),
-            )]))
-        },
-        RoutesFrom::Pushed,
-    )
-    .await
-    .unwrap();
-    proxy.routes.replace_all(vec![notebook_vs("alice", "lab")]);
+    let proxy =
+        proxy_for_alice_lab(notebook.addr, |options| ProxyOptions { access, ..options }).await;
     let path = "/notebook/alice/lab/api/status";
 
     relay.fail_after(0);
