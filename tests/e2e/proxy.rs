@@ -657,8 +657,11 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
     // A burst from a user nobody asked about yet shares one review, even with answers not kept
     // at all (so only the sharing of the review under way can explain a single one).
     drop(proxy);
+    // A client of its own: the pooled connections of the first one were driven by the proxy's
+    // serving threads, which are stopping now, so a request on one of them could fail.
+    let config = kube::Config::new(server.url().parse().unwrap());
     let uncached = ReviewedAccess::new(
-        server.client(),
+        kube::Client::try_from(config).unwrap(),
         ["kubeflow".to_owned()].into(),
         ReviewCache {
             allowed_for: Duration::ZERO,
