@@ -23,7 +23,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// Exit code for bad configuration (sysexits' EX_USAGE), used before any work starts.
-const EXIT_USAGE: u8 = 64;
+pub const EXIT_USAGE: u8 = 64;
+
+/// Bad configuration, found before any work started; the binary exits with [`EXIT_USAGE`].
+#[derive(Debug)]
+pub struct UsageError(anyhow::Error);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -664,13 +676,7 @@ impl TryFrom<&ControllerArgs> for ServeOptions {
 }
 
 async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
-    let options = match ServeOptions::try_from(args) {
-        Ok(options) => options,
-        Err(err) => {
-            eprintln!("labforge: error: {err:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let options = ServeOptions::try_from(args).map_err(UsageError)?;
     let client = kubernetes_client().await?;
     tokio::select! {
         result = serve(client, options) => result?,
@@ -681,13 +687,7 @@ async fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
 
 /// `labforge proxy` and `labforge-proxy`.
 pub async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
-    let options = match ProxyOptions::try_from(args) {
-        Ok(options) => options,
-        Err(err) => {
-            eprintln!("labforge: error: {err:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let options = ProxyOptions::try_from(args).map_err(UsageError)?;
     let options = match args.access {
         ProxyAccess::Static => options,
         ProxyAccess::SubjectAccessReview => ProxyOptions {
@@ -713,13 +713,7 @@ pub async fn proxy(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn image_builds(args: &ImageBuildsArgs) -> anyhow::Result<ExitCode> {
-    let options = match SaveOptions::try_from(args) {
-        Ok(options) => options,
-        Err(err) => {
-            eprintln!("labforge: error: {err:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let options = SaveOptions::try_from(args).map_err(UsageError)?;
     let client = kubernetes_client().await?;
     let mut registry = prometheus_client::registry::Registry::default();
     let mut context = labforge_image_builds::Context::new(
@@ -790,13 +784,7 @@ fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
 async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
     let parsed =
         ChangeSource::try_from(args).and_then(|source| Ok((source, SaveOptions::try_from(args)?)));
-    let (source, options) = match parsed {
-        Ok(parsed) => parsed,
-        Err(err) => {
-            eprintln!("labforge: error: {err:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let (source, options) = parsed.map_err(UsageError)?;
     if let Some(BlobCache::S3(cache)) = &options.cache
         && let Err(err) = cache.ensure_bucket().await
     {

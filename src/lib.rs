@@ -13,7 +13,8 @@ use std::future::Future;
 use std::process::ExitCode;
 
 /// Sets up logging (`log`: an EnvFilter) and the crypto provider, runs `work` on a runtime, and
-/// turns its error into a message and a failing exit code.
+/// turns its error into a message naming `program` and a failing exit code ([`cli::EXIT_USAGE`]
+/// for a [`cli::UsageError`]).
 pub fn run_main<W>(program: &str, log: &str, work: impl FnOnce() -> W) -> ExitCode
 where
     W: Future<Output = anyhow::Result<ExitCode>>,
@@ -40,7 +41,11 @@ where
         Ok(code) => code,
         Err(err) => {
             eprintln!("{program}: error: {err:#}");
-            ExitCode::FAILURE
+            if err.is::<cli::UsageError>() {
+                ExitCode::from(cli::EXIT_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -1019,6 +1019,29 @@ fn names_flag(text: &str, flag: &str) -> bool {
     })
 }
 
+/// A setting clap accepts but the proxy cannot use stops both binaries before anything binds,
+/// with exit code 64 and a message naming the binary and the flag.
+#[test]
+fn a_bad_proxy_setting_exits_64_naming_the_binary_and_the_flag() {
+    let mut labforge = crate::labforge();
+    labforge.arg("proxy");
+    for (mut command, program) in [
+        (labforge, "labforge"),
+        (crate::labforge_proxy(), "labforge-proxy"),
+    ] {
+        let out = command
+            .args(["--access", "static", "--member", "alice"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{program}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("{program}: error: --member")),
+            "{program}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn every_flag_and_variable_the_deployments_pass_is_accepted_by_the_binary() {
     // The check below is meaningful: clap parses values before it answers --help.
