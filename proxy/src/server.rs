@@ -58,17 +58,7 @@ pub fn tls_acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
 /// Serves `listener` forever, one task per connection, and closes this thread's expired upstream
 /// connections as it goes.
 pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option<TlsAcceptor>) {
-    let upstreams = forwarder.upstreams().clone();
-    // Ends with the thread's runtime, like the connections.
-    tokio::spawn(async move {
-        let period = (upstreams.idle_timeout() / 2).max(Duration::from_millis(10));
-        let mut sweep = tokio::time::interval(period);
-        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            sweep.tick().await;
-            upstreams.close_expired();
-        }
-    });
+    tokio::spawn(forwarder.upstreams().clone().close_expired_forever());
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Slow clients may not hold a connection open by trickling headers.
     builder

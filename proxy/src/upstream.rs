@@ -84,19 +84,27 @@ impl UpstreamPool {
         }
     }
 
+    /// Closes expired connections every half idle timeout, forever: spawned on the serving
+    /// thread's runtime, it ends with it.
+    pub async fn close_expired_forever(self: Arc<Self>) {
+        let period = (self.idle_timeout / 2).max(Duration::from_millis(10));
+        let mut sweep = tokio::time::interval(period);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            sweep.tick().await;
+            self.close_expired();
+        }
+    }
+
     /// Closes connections idle for longer than the timeout, and forgets upstreams left without
-    /// any; run periodically (see [`crate::server::serve`]).
-    pub fn close_expired(&self) {
+    /// any.
+    fn close_expired(&self) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         idle.retain(|_, senders| {
             senders.retain(|s| s.is_usable(now, self.idle_timeout));
             !senders.is_empty()
         });
-    }
-
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
     }
 
     /// Sends `request` to `address` (`host:port`) on an idle connection or a new one.
