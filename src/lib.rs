@@ -25,6 +25,8 @@ where
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours for a terminal only: a log file or a pod's log gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // One rustls crypto provider for the whole binary: ring (kube, oci-client's reqwest and the
     // S3 client all use the process default). Installing twice is harmless, so the error is moot.

@@ -43,11 +43,24 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         .to_string(),
     )
     .unwrap();
-    let output = labforge_tests::browser::run_script("ui.mjs", &[&config.to_string_lossy()])
-        .unwrap_or_else(|e| panic!("{e}\nlabforge up log:\n{}", up.log()));
+    let output = match labforge_tests::browser::run_script("ui.mjs", &[&config.to_string_lossy()]) {
+        Ok(output) => output,
+        Err(e) => panic!(
+            "{e}\nalice's notebooks:\n{}\ncontainers:\n{}\nlabforge up log (its end):\n{}",
+            notebooks_and_events(&up, &alice, &alice_password).await,
+            containers(&alice),
+            up.log_tail(300)
+        ),
+    };
     let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
     eprintln!("{seen:#}");
-
+    if let Some(stall) = seen["labStall"].as_str() {
+        eprintln!(
+            "JupyterLab stalled on its first load and showed its launcher after a reload:\n{stall}\ncontainers:\n{}\nlabforge up log (its end):\n{}",
+            containers(&alice),
+            up.log_tail(300)
+        );
+    }
     assert!(
         seen["loginError"]
             .as_str()
@@ -136,4 +149,64 @@ async fn users_work_through_the_web_ui_in_a_browser() {
             file.display()
         );
     }
+}
+
+/// The notebooks of `user` with their status and events, as the API reports them (for a failure).
+async fn notebooks_and_events(up: &LabforgeUp, user: &str, password: &str) -> String {
+    let Ok(cookie) = up.sign_in(user, password).await else {
+        return "(could not sign in)".into();
+    };
+    let client = reqwest::Client::new();
+    let get = |path: String| {
+        client
+            .get(format!("{}{path}", up.url))
+            .header("cookie", cookie.clone())
+            .send()
+    };
+    let list: Value = match get(format!("/api/namespaces/{user}/notebooks")).await {
+        Ok(response) => response.json().await.unwrap_or_default(),
+        Err(e) => return format!("(could not list them: {e})"),
+    };
+    let mut report = format!("{list:#}\n");
+    for name in list["notebooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["name"].as_str())
+    {
+        if let Ok(events) = get(format!("/api/namespaces/{user}/notebooks/{name}/events")).await {
+            report.push_str(&format!(
+                "events of {name}: {}\n",
+                events.text().await.unwrap_or_default()
+            ));
+        }
+    }
+    report
+}
+
+/// What podman says of every container, and the last lines each of `namespace`'s logged (for a
+/// failure).
+fn containers(namespace: &str) -> String {
+    let podman = |args: &[&str]| {
+        std::process::Command::new("podman")
+            .args(args)
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout).into_owned()
+                    + &String::from_utf8_lossy(&o.stderr)
+            })
+            .unwrap_or_default()
+    };
+    let mut report = podman(&["ps", "-a", "--format", "{{.Names}} {{.Status}} {{.Ports}}"]);
+    let prefix = format!("labforge-{namespace}-");
+    for name in podman(&["ps", "-a", "--format", "{{.Names}}"])
+        .lines()
+        .filter(|name| name.starts_with(&prefix))
+    {
+        report.push_str(&format!(
+            "log of {name}:\n{}",
+            podman(&["logs", "--tail", "60", name])
+        ));
+    }
+    report
 }

@@ -66,7 +66,7 @@ impl LabforgeUp {
             })?;
         let mut child = Command::new(binary)
             .args(&args)
-            .env("RUST_LOG", "info")
+            .env("LABFORGE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -145,6 +145,13 @@ impl LabforgeUp {
     /// Its log (stderr) so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.data_dir.with_extension("log")).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Stops it as Ctrl-C would, and waits for the exit; returns whether it exited cleanly.
