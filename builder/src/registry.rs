@@ -41,8 +41,17 @@ pub enum RegistryError {
         #[source]
         source: oci_client::ParseError,
     },
-    #[error("registry {registry}: {operation} failed: {source}")]
+    #[error("registry {registry}: {operation} failed")]
     Registry {
+        registry: String,
+        operation: &'static str,
+        #[source]
+        source: OciDistributionError,
+    },
+    /// No connection (refused, unreachable, timed out): the registry is down or the address is
+    /// wrong, whatever the step was.
+    #[error("registry {registry} is unreachable ({operation})")]
+    Unreachable {
         registry: String,
         operation: &'static str,
         #[source]
@@ -56,6 +65,30 @@ pub enum RegistryError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl RegistryError {
+    /// `operation` on `registry` failed with `source`: [`RegistryError::Unreachable`] when no
+    /// connection was made.
+    fn failed(registry: String, operation: &'static str, source: OciDistributionError) -> Self {
+        let unreachable = matches!(
+            &source,
+            OciDistributionError::RequestError(e) if e.is_connect() || e.is_timeout()
+        );
+        if unreachable {
+            RegistryError::Unreachable {
+                registry,
+                operation,
+                source,
+            }
+        } else {
+            RegistryError::Registry {
+                registry,
+                operation,
+                source,
+            }
+        }
+    }
 }
 
 /// How to reach registries.
@@ -288,7 +321,7 @@ impl RegistryClient {
                 .auth(&reference, &self.auth, RegistryOperation::Push)
         })
         .await
-        .map_err(failed("authentication"))?;
+        .map_err(failed("signing in"))?;
 
         let mut layers: Vec<Value> = Vec::new();
         if let Some(parent) = parent {
@@ -457,10 +490,8 @@ impl RegistryClient {
             .client
             .blob_exists(reference, digest)
             .await
-            .map_err(|source| RegistryError::Registry {
-                registry: registry(),
-                operation: "checking the layer blob",
-                source,
+            .map_err(|source| {
+                RegistryError::failed(registry(), "checking the layer blob", source)
             })?;
         if present {
             tracing::debug!(%digest, "layer already in the registry");
@@ -478,11 +509,7 @@ impl RegistryClient {
                 .await
         })
         .await
-        .map_err(|source| RegistryError::Registry {
-            registry: registry(),
-            operation: "uploading a layer blob",
-            source,
-        })?;
+        .map_err(|source| RegistryError::failed(registry(), "uploading a layer blob", source))?;
         Ok(true)
     }
 }
@@ -533,11 +560,7 @@ fn failure(
     let registry = reference.resolve_registry().to_owned();
     move |operation| {
         let registry = registry.clone();
-        Box::new(move |source| RegistryError::Registry {
-            registry,
-            operation,
-            source,
-        })
+        Box::new(move |source| RegistryError::failed(registry, operation, source))
     }
 }
 

@@ -259,6 +259,7 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
         .find(|(r, _)| r == "AutoSaveFailed")
         .unwrap_or_else(|| panic!("{failed:?}"));
     assert!(message.starts_with("stopped without saving:"), "{message}");
+    assert!(message.contains("is unreachable"), "{message}");
     assert_eq!(
         user.get(&lab).await.1["notebook"]["image"],
         running_on.as_str(),

@@ -141,9 +141,10 @@ async fn registry_down_fails_cleanly_naming_the_registry() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains(&format!("registry {host}")),
-        "registry not named: {stderr}"
+        stderr.contains(&format!("registry {host} is unreachable (signing in)")),
+        "registry not named as unreachable: {stderr}"
     );
+    assert!(stderr.contains("Connection refused"), "{stderr}");
 }
 
 #[test]
