@@ -32,6 +32,10 @@ const ACCEPTED_MANIFESTS: &[&str] = &[
 ];
 /// Attempts per registry request; transient failures (a reset connection, a 5xx) are common.
 const ATTEMPTS: u32 = 3;
+/// How long connecting to a registry may take. A registry behind an address that drops packets
+/// then fails a save in about half a minute (three attempts) instead of the system's two
+/// minutes per attempt. Requests themselves have no timeout: layers can be large.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -149,6 +153,7 @@ impl RegistryClient {
             // One streamed PUT per blob: chunked uploads cost a round trip per chunk, which made
             // pushing a large layer several times slower than writing it (see bench/README.md).
             use_monolithic_push: true,
+            connect_timeout: Some(CONNECT_TIMEOUT),
             ..Default::default()
         });
         Self {
@@ -199,7 +204,17 @@ impl RegistryClient {
         }
         // Its own HTTP client, built only by saves that write a layer: oci-client does not
         // offer streamed uploads (see `crate::upload`) nor lend its client.
-        match StreamedUpload::start(reqwest::Client::new(), url, authorization).await {
+        let http = match reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+        {
+            Ok(http) => http,
+            Err(err) => {
+                tracing::debug!("no streamed upload, no HTTP client: {err}");
+                return None;
+            }
+        };
+        match StreamedUpload::start(http, url, authorization).await {
             Ok(started) => Some(started),
             Err(err) => {
                 tracing::debug!("no streamed upload: {err}");

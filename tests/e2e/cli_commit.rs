@@ -4,6 +4,7 @@ use crate::save::{inspect, save, unpack};
 use crate::{labforge, need};
 use labforge_tests::Registry;
 use std::fs;
+use std::time::Duration;
 
 fn sample_root() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -145,6 +146,37 @@ async fn registry_down_fails_cleanly_naming_the_registry() {
         "registry not named as unreachable: {stderr}"
     );
     assert!(stderr.contains("Connection refused"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_registry_that_never_accepts_fails_the_save_instead_of_hanging() {
+    // A listener whose backlog of one is taken: the kernel drops every further SYN, as a firewall
+    // or the address of a dead load balancer does.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let _taken = std::net::TcpStream::connect(&host).unwrap();
+    let root = sample_root();
+    let mut command = tokio::process::Command::from(labforge());
+    command
+        .args(["build", "commit", "--quiet", "--insecure-registry", &host])
+        .args(["--target", &format!("{host}/e2e/stalled:v1"), "--root"])
+        .arg(root.path())
+        .kill_on_drop(true);
+    // Three attempts of a 10 s connect timeout, and the backoff between them; without the
+    // timeout, each attempt waits for the system's (two minutes).
+    let out = tokio::time::timeout(Duration::from_secs(90), command.output())
+        .await
+        .expect("the save still waits for the registry after 90 s")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("registry {host} is unreachable (signing in)")),
+        "{stderr}"
+    );
+    drop(listener);
 }
 
 #[test]
