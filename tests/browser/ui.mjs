@@ -39,7 +39,9 @@ function watchNetwork(context) {
   context.on('requestfinished', (request) => {
     const took = Date.now() - network.pending.get(request);
     network.pending.delete(request);
-    if (took > 2_000 && request.resourceType() !== 'eventsource') network.slow.push(`${request.method()} ${request.url()}: ${took} ms`);
+    if (took > 2_000 && request.resourceType() !== 'eventsource') {
+      network.slow.push(`${request.method()} ${request.url()}: ${took} ms`);
+    }
   });
   context.on('requestfailed', (request) => {
     network.pending.delete(request);
@@ -61,8 +63,13 @@ function networkReport() {
   const pending = [...network.pending].map(([r, since]) =>
     `${r.method()} ${r.url()} (${r.resourceType()}, ${Math.round((now - since) / 1000)} s)`);
   const last = (list) => list.slice(-30).join('\n  ');
-  return `requests never finished:\n  ${last(pending)}\nrequests failed:\n  ${last(network.failed)}` +
-    `\nrequests over 2 s:\n  ${last(network.slow)}\nresponses >= 400:\n  ${last(network.refused)}\npage errors:\n  ${last(network.errors)}`;
+  return [
+    `requests never finished:\n  ${last(pending)}`,
+    `requests failed:\n  ${last(network.failed)}`,
+    `requests over 2 s:\n  ${last(network.slow)}`,
+    `responses >= 400:\n  ${last(network.refused)}`,
+    `page errors:\n  ${last(network.errors)}`,
+  ].join('\n');
 }
 
 function row(page, name) {
