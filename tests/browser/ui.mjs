@@ -226,6 +226,9 @@ try {
   await admin.close();
 
   seen.slowRequests = network.slow;
+  // What labforge's own pages asked for and did not get (JupyterLab's pages are not its own).
+  seen.missing = [...network.refused, ...network.errors]
+    .filter((line) => /^404 |status of 404/.test(line) && !line.includes('/notebook/'));
   console.log(JSON.stringify(seen));
 } catch (error) {
   console.error(`step failed: ${error.message}\nseen so far: ${JSON.stringify(seen)}`);

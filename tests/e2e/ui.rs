@@ -124,6 +124,11 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     );
     assert_eq!(seen["prefilledImage"], saved["image"]);
     assert_eq!(seen["fromSavedImage"], saved["image"]);
+    assert_eq!(
+        seen["missing"],
+        json!([]),
+        "labforge's pages asked for something it does not serve"
+    );
     assert_eq!(seen["bobRows"], 0);
     assert_eq!(seen["bobNotebookPage"], 403);
     assert_eq!(seen["bobProxy"], 403);

@@ -35,6 +35,7 @@ const STYLE: &str = include_str!("../ui/style.css");
 fn asset(name: &str) -> Option<(&'static str, &'static str)> {
     Some(match name {
         "style.css" => ("text/css; charset=utf-8", STYLE),
+        "icon.svg" => ("image/svg+xml", include_str!("../ui/icon.svg")),
         "common.js" => (
             "text/javascript; charset=utf-8",
             include_str!("../ui/common.js"),
@@ -113,7 +114,8 @@ fn page(title: &str, user: Option<&User>, main: &str, script: Option<&str>) -> H
     Html(format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · labforge</title><link rel="stylesheet" href="/static/style.css"></head>
+<title>{title} · labforge</title><link rel="icon" href="/static/icon.svg" type="image/svg+xml">
+<link rel="stylesheet" href="/static/style.css"></head>
 <body{body_data}><header><a class="brand" href="/">labforge</a>{nav}</header>
 <main id="main">{main}</main>
 <script type="module" src="/static/common.js"></script>{script}</body></html>"#,
