@@ -20,7 +20,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use labforge_builder::layer::Compression;
-use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, Saved, save};
+use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, Saved, error_chain, save};
 use labforge_builder::source::{ChangeSource, PodContainer};
 use labforge_crds::Notebook;
 use labforge_crds::imagebuild::{
@@ -538,20 +538,6 @@ async fn run_build(
     ctx.track(build.uid().unwrap_or_default(), false);
     ctx.metrics.duration.observe(clock.elapsed().as_secs_f64());
     ctx.metrics.count(result.is_ok());
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
 }
 
 async fn write_status(

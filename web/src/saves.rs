@@ -5,7 +5,7 @@
 use crate::model::SavedImage;
 use crate::runtime::container_name;
 use crate::store::Store;
-use labforge_builder::save::{SaveOptions, SaveProgress, save};
+use labforge_builder::save::{SaveOptions, SaveProgress, error_chain, save};
 use labforge_builder::source::ChangeSource;
 use labforge_builder::summary::ChangeSummary;
 use labforge_crds::notebook::Notebook;
@@ -450,21 +450,6 @@ async fn delete_manifest(
         405 => Err(format!("{registry} does not allow deletes")),
         code => Err(format!("DELETE {url}: HTTP {code}")),
     }
-}
-
-/// An error and its causes, as one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
