@@ -33,8 +33,8 @@ const ACCEPTED_MANIFESTS: &[&str] = &[
 /// Attempts per registry request; transient failures (a reset connection, a 5xx) are common.
 const ATTEMPTS: u32 = 3;
 /// How long connecting to a registry may take. A registry behind an address that drops packets
-/// then fails a save in about half a minute (three attempts) instead of the system's two
-/// minutes per attempt. Requests themselves have no timeout: layers can be large.
+/// then fails a save in under a minute instead of the system's two minutes per attempt.
+/// Requests themselves have no timeout: layers can be large.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
