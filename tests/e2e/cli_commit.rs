@@ -164,8 +164,8 @@ async fn a_registry_that_never_accepts_fails_the_save_instead_of_hanging() {
         .args(["--target", &format!("{host}/e2e/stalled:v1"), "--root"])
         .arg(root.path())
         .kill_on_drop(true);
-    // Three attempts of a 10 s connect timeout, and the backoff between them; without the
-    // timeout, each attempt waits for the system's (two minutes).
+    // Four connects of at most 10 s (the streamed upload's sign-in, then three attempts) and the
+    // backoff between them: 42 s here. Without the timeout, each waits some two minutes.
     let out = tokio::time::timeout(Duration::from_secs(90), command.output())
         .await
         .expect("the save still waits for the registry after 90 s")
