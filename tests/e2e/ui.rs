@@ -3,6 +3,7 @@
 //! saving an environment with its progress (and a failing one), starting from a saved image,
 //! another user's view, and the admin page. Screenshots land in tests/artifacts/.
 
+use crate::embedded::Session;
 use crate::need;
 use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use serde_json::{Value, json};
@@ -45,20 +46,18 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     .unwrap();
     let output = match labforge_tests::browser::run_script("ui.mjs", &[&config.to_string_lossy()]) {
         Ok(output) => output,
-        Err(e) => panic!(
-            "{e}\nalice's notebooks:\n{}\ncontainers:\n{}\nlabforge up log (its end):\n{}",
-            notebooks_and_events(&up, &alice, &alice_password).await,
-            containers(&alice),
-            up.log_tail(300)
-        ),
+        Err(e) => {
+            // First, in case gathering the rest fails too.
+            eprintln!("{e}");
+            panic!("{e}\n{}", diagnostics(&up, &alice, &alice_password).await)
+        }
     };
     let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
     eprintln!("{seen:#}");
     if let Some(stall) = seen["labStall"].as_str() {
         eprintln!(
-            "JupyterLab stalled on its first load and showed its launcher after a reload:\n{stall}\ncontainers:\n{}\nlabforge up log (its end):\n{}",
-            containers(&alice),
-            up.log_tail(300)
+            "JupyterLab stalled on its first load and showed its launcher after a reload:\n{stall}\n{}",
+            diagnostics(&up, &alice, &alice_password).await
         );
     }
     assert!(
@@ -156,42 +155,26 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     }
 }
 
-/// The notebooks of `user` with their status and events, as the API reports them (for a failure).
-async fn notebooks_and_events(up: &LabforgeUp, user: &str, password: &str) -> String {
-    let Ok(cookie) = up.sign_in(user, password).await else {
-        return "(could not sign in)".into();
-    };
-    let client = reqwest::Client::new();
-    let get = |path: String| {
-        client
-            .get(format!("{}{path}", up.url))
-            .header("cookie", cookie.clone())
-            .send()
-    };
-    let list: Value = match get(format!("/api/namespaces/{user}/notebooks")).await {
-        Ok(response) => response.json().await.unwrap_or_default(),
-        Err(e) => return format!("(could not list them: {e})"),
-    };
-    let mut report = format!("{list:#}\n");
+/// For whoever reads a failure or a stall: `user`'s notebooks with their status and events as
+/// the API reports them, every container with the last log lines of `user`'s, and the end of
+/// labforge's log.
+async fn diagnostics(up: &LabforgeUp, user: &str, password: &str) -> String {
+    let session = Session::sign_in(up, user, password).await;
+    let (_, list) = session
+        .get(&format!("/api/namespaces/{user}/notebooks"))
+        .await;
+    let mut report = format!("{user}'s notebooks:\n{list:#}\n");
     for name in list["notebooks"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|n| n["name"].as_str())
     {
-        if let Ok(events) = get(format!("/api/namespaces/{user}/notebooks/{name}/events")).await {
-            report.push_str(&format!(
-                "events of {name}: {}\n",
-                events.text().await.unwrap_or_default()
-            ));
-        }
+        let (_, events) = session
+            .get(&format!("/api/namespaces/{user}/notebooks/{name}/events"))
+            .await;
+        report.push_str(&format!("events of {name}: {events}\n"));
     }
-    report
-}
-
-/// What podman says of every container, and the last lines each of `namespace`'s logged (for a
-/// failure).
-fn containers(namespace: &str) -> String {
     let podman = |args: &[&str]| {
         std::process::Command::new("podman")
             .args(args)
@@ -202,16 +185,16 @@ fn containers(namespace: &str) -> String {
             })
             .unwrap_or_default()
     };
-    let mut report = podman(&["ps", "-a", "--format", "{{.Names}} {{.Status}} {{.Ports}}"]);
-    let prefix = format!("labforge-{namespace}-");
-    for name in podman(&["ps", "-a", "--format", "{{.Names}}"])
+    let containers = podman(&["ps", "-a", "--format", "{{.Names}} {{.Status}} {{.Ports}}"]);
+    report.push_str(&format!("containers:\n{containers}"));
+    let prefix = format!("labforge-{user}-");
+    for name in containers
         .lines()
+        .filter_map(|line| line.split_whitespace().next())
         .filter(|name| name.starts_with(&prefix))
     {
-        report.push_str(&format!(
-            "log of {name}:\n{}",
-            podman(&["logs", "--tail", "60", name])
-        ));
+        let log = podman(&["logs", "--tail", "60", name]);
+        report.push_str(&format!("log of {name}:\n{log}"));
     }
-    report
+    report + "labforge up log (its end):\n" + &up.log_tail(300)
 }
