@@ -128,6 +128,13 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         json!([]),
         "labforge's pages asked for something it does not serve"
     );
+    // labforge's log goes to a file here: plain text, no terminal colours.
+    let log = up.log();
+    assert!(log.contains("proxy serving"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in the log file: {log}"
+    );
     assert_eq!(seen["bobRows"], 0);
     assert_eq!(seen["bobNotebookPage"], 403);
     assert_eq!(seen["bobProxy"], 403);
