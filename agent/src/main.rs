@@ -6,7 +6,11 @@
 //! `labforge_snapshot::protocol`). The builder outside does compression, caching and the push.
 //!
 //! Usage:
-//! - `labforge-agent scan --parent <digest> [--root /] [--ignore PATH]... [--verify-content]`
+//! - `labforge-agent scan --parent <digest> [--root /] [--ignore PATH]... [--verify-content]
+//!   [--output FILE]`: `--output` writes the change set to FILE instead of stdout. With podman
+//!   the builder hands the agent a pipe as descriptor 3 (`podman exec --preserve-fds`) and asks
+//!   for `--output /proc/self/fd/3`: the layer then bypasses the exec session's stdout relay,
+//!   which copies every byte through conmon and podman and cost seconds per GiB.
 //! - `labforge-agent install <dir>`: copies itself into `<dir>` (a Kubernetes init container does
 //!   this into an emptyDir the notebook container mounts read-only).
 
@@ -21,18 +25,20 @@ struct Args {
     parent: String,
     ignore: Vec<PathBuf>,
     verify_content: bool,
+    output: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args_os().skip(1);
     if args.next().as_deref() != Some("scan".as_ref()) {
-        return Err("usage: labforge-agent scan --parent <digest> [--root DIR] [--ignore PATH]... [--verify-content]".into());
+        return Err("usage: labforge-agent scan --parent <digest> [--root DIR] [--ignore PATH]... [--verify-content] [--output FILE]".into());
     }
     let mut parsed = Args {
         root: PathBuf::from("/"),
         parent: String::new(),
         ignore: Vec::new(),
         verify_content: false,
+        output: None,
     };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -45,6 +51,7 @@ fn parse_args() -> Result<Args, String> {
             }
             Some("--ignore") => parsed.ignore.push(value("--ignore")?.into()),
             Some("--verify-content") => parsed.verify_content = true,
+            Some("--output") => parsed.output = Some(value("--output")?.into()),
             _ => return Err(format!("unknown argument {arg:?}")),
         }
     }
@@ -88,15 +95,29 @@ fn run() -> Result<(), String> {
         );
     }
 
-    let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
+    let (output, destination): (Box<dyn Write>, String) = match &args.output {
+        None => (Box::new(io::stdout().lock()), "stdout".into()),
+        Some(path) => (
+            Box::new(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(path)
+                    .map_err(|err| format!("opening --output {}: {err}", path.display()))?,
+            ),
+            path.display().to_string(),
+        ),
+    };
+    let mut out = BufWriter::with_capacity(1 << 20, output);
     ChangeSetHeader::new(&changes, &args.parent)
         .write_line(&mut out)
         .and_then(|()| out.flush())
-        .map_err(|err| format!("writing to stdout: {err}"))?;
+        .map_err(|err| format!("writing to {destination}: {err}"))?;
     let (mut out, summary) =
         write_change_set(&args.root, &changes, out, |_, _| {}).map_err(|e| e.to_string())?;
     out.flush()
-        .map_err(|err| format!("writing to stdout: {err}"))?;
+        .map_err(|err| format!("writing to {destination}: {err}"))?;
     for path in summary.changed_while_writing {
         eprintln!(
             "labforge-agent: {} changed while it was saved",

@@ -5,6 +5,7 @@
 //! compression, caching and push never know which it was. The container path exists so that
 //! credentials stay outside the notebook: the agent inside only reads files and writes to stdout.
 
+use command_fds::{CommandFdExt, FdMapping};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::Api;
@@ -17,7 +18,7 @@ use std::future::Future;
 use std::io::{self, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -300,7 +301,12 @@ pub fn start(
 }
 
 /// The agent's command line: scan the root, the baseline index arriving on stdin.
-fn agent_command(parent: &str, ignore: &[String], verify_content: bool) -> Vec<String> {
+fn agent_command(
+    parent: &str,
+    ignore: &[String],
+    verify_content: bool,
+    output: Option<&str>,
+) -> Vec<String> {
     let mut command = vec![
         AGENT_PATH.to_owned(),
         "scan".into(),
@@ -313,7 +319,22 @@ fn agent_command(parent: &str, ignore: &[String], verify_content: bool) -> Vec<S
     if verify_content {
         command.push("--verify-content".into());
     }
+    if let Some(output) = output {
+        command.extend(["--output".to_owned(), output.to_owned()]);
+    }
     command
+}
+
+/// The descriptor the change set arrives on when the engine can pass one into the exec.
+const CHANGE_SET_FD: i32 = 3;
+
+/// Whether `engine` is podman, whose `exec --preserve-fds` hands descriptors to the process
+/// inside. docker's exec cannot, so the change set then crosses its stdout relay.
+fn passes_descriptors(engine: &std::path::Path) -> bool {
+    engine
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("podman"))
 }
 
 /// The agent through the Kubernetes API: the same streams as `podman exec`, over a websocket.
@@ -339,7 +360,7 @@ fn start_exec(
     let mut process = runtime
         .block_on(pods.exec(
             &target.pod,
-            agent_command(parent, ignore, verify_content),
+            agent_command(parent, ignore, verify_content, None),
             &params,
         ))
         .map_err(|source| SourceError::Exec {
@@ -427,18 +448,49 @@ fn start_agent(
 ) -> Result<RunningChangeSet, SourceError> {
     let mut command = Command::new(engine);
     // As root inside the container (not privileged): files only root can read get saved too.
+    command.args(["exec", "-i", "--user", "0"]);
+    // With podman the change set comes through a pipe of ours that the agent writes directly:
+    // the exec's stdout is copied by conmon and then by podman, about 3.5 s and as much CPU
+    // per GiB on two cores, where a pipe takes 0.3 s.
+    let direct = if passes_descriptors(engine) {
+        let (reader, writer) = io::pipe().map_err(SourceError::Stream)?;
+        command
+            .fd_mappings(vec![FdMapping {
+                parent_fd: writer.into(),
+                child_fd: CHANGE_SET_FD,
+            }])
+            .map_err(|err| SourceError::Stream(io::Error::other(err.to_string())))?;
+        command.args(["--preserve-fds", "1"]);
+        Some(reader)
+    } else {
+        None
+    };
+    let output = direct
+        .as_ref()
+        .map(|_| format!("/proc/self/fd/{CHANGE_SET_FD}"));
     command
-        .args(["exec", "-i", "--user", "0", container])
-        .args(agent_command(parent, ignore, verify_content));
-    let mut child = command
+        .arg(container)
+        .args(agent_command(
+            parent,
+            ignore,
+            verify_content,
+            output.as_deref(),
+        ))
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| SourceError::Spawn {
-            program: engine.display().to_string(),
-            source,
-        })?;
+        .stdout(if direct.is_some() {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
+        .stderr(Stdio::piped());
+    let spawned = command.spawn();
+    // The command owns our copy of the pipe's writing end: dropped, the pipe ends when the agent
+    // (and the engine's processes that inherited it) are done.
+    drop(command);
+    let mut child = spawned.map_err(|source| SourceError::Spawn {
+        program: engine.display().to_string(),
+        source,
+    })?;
     let mut stderr_pipe = child.stderr.take();
     let stderr = std::thread::spawn(move || {
         let mut text = String::new();
@@ -474,11 +526,13 @@ fn start_agent(
             format!("sending the baseline index: {err}"),
         ));
     }
-    let Some(stdout) = child.stdout.take() else {
-        return Err(failed(child, stderr, "no stdout".into()));
+    let stream: Box<dyn Read + Send> = match (direct, child.stdout.take()) {
+        (Some(pipe), _) => Box::new(pipe),
+        (None, Some(stdout)) => Box::new(stdout),
+        (None, None) => return Err(failed(child, stderr, "no stdout".into())),
     };
     // Pipes move 64 KiB at a time; a larger buffer only adds to the save's peak memory.
-    let mut reader: BufReader<ChildStdout> = BufReader::with_capacity(STREAM_BUFFER, stdout);
+    let mut reader = BufReader::with_capacity(STREAM_BUFFER, stream);
     let header = match ChangeSetHeader::read_line(&mut reader) {
         Ok(header) => header,
         Err(err) => return Err(failed(child, stderr, err.to_string())),

@@ -378,6 +378,31 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
     // Installed package saved; deletion kept; neither the agent nor the workspace is in the image.
     assert_eq!(printed, "first False False False");
 
+    // An engine that is not podman (docker, say) cannot pass the agent a pipe: the change set
+    // then crosses the exec's stdout. The same changes make the same layer either way.
+    let engine_dir = tempfile::tempdir().unwrap();
+    let relay_engine = engine_dir.path().join("engine-without-fd-passing");
+    symlink(need(locate("podman")), &relay_engine).unwrap();
+    let relayed = format!("{host}/alice/env:saved-1-relayed");
+    succeeded(&save(
+        &[
+            "--engine",
+            relay_engine.to_str().unwrap(),
+            "--container",
+            container.name(),
+            "--base",
+            notebook.image(),
+            "--target",
+            &relayed,
+        ],
+        &host,
+    ));
+    assert_eq!(
+        inspect(&relayed, &["--config"])["rootfs"],
+        inspect(&first, &["--config"])["rootfs"],
+        "the layer through the stdout relay differs from the layer through the pipe"
+    );
+
     // Second save from the same notebook, on the first saved image: one more layer, new package only.
     pip_install(container, &second_wheel);
     let second = format!("{host}/alice/env:saved-2");
@@ -621,4 +646,46 @@ async fn a_docker_schema_2_base_gets_a_gzip_layer_with_docker_media_types() {
     }
     let (_work, rootfs) = unpack(&saved);
     assert_same_tree(&root, &rootfs);
+}
+
+/// A container the agent is not mounted in: the save fails at once, naming the container and what
+/// the engine said, and writes no tag. The change set's pipe closes when the exec fails, so the
+/// builder does not wait for a header that will never come.
+#[tokio::test]
+async fn a_container_without_the_agent_fails_naming_it_and_writes_no_tag() {
+    let registry = need(Registry::start().await);
+    let host = registry.host();
+    let base = need(labforge_tests::images::push_layout(
+        "jupyterlab",
+        &host,
+        "labforge/jupyterlab:no-agent",
+    ));
+    let podman = need(labforge_tests::Podman::locate());
+    let image_id = need(podman.pull(&base, false));
+    let container =
+        need(podman.run_detached(&["--entrypoint", r#"["/bin/sleep","infinity"]"#], &image_id));
+    let target = format!("{host}/alice/env:never");
+    let out = save(
+        &[
+            "--container",
+            container.name(),
+            "--base",
+            &base,
+            "--target",
+            &target,
+        ],
+        &host,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the save succeeded: {stderr}");
+    assert!(
+        stderr.contains(&format!("the agent in container {}", container.name()))
+            && stderr.contains("labforge-agent"),
+        "{stderr}"
+    );
+    // The repository is unknown to the registry (an error) or lists no such tag.
+    let repository = format!("docker://{host}/alice/env");
+    if let Ok(tags) = skopeo(&["list-tags", "--tls-verify=false", &repository]) {
+        assert!(!tags.contains("never"), "a tag was written: {tags}");
+    }
 }
