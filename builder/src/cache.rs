@@ -353,7 +353,8 @@ impl BlobCache {
         }
     }
 
-    /// Stores the file at `path` under `key`, replacing atomically.
+    /// Stores the file at `path` under `key`, replacing atomically. The file must not be written
+    /// afterwards: a directory cache on the same filesystem keeps it as a hard link.
     pub async fn put_file(&self, key: &str, path: &Path) -> Result<(), CacheError> {
         match self {
             BlobCache::S3(cache) => cache.put_file(key, path).await,
@@ -367,13 +368,44 @@ impl BlobCache {
                 tokio::fs::create_dir_all(&parent)
                     .await
                     .map_err(file_error(&parent))?;
-                let partial = tempfile::Builder::new()
-                    .prefix(".labforge-partial-")
-                    .tempfile_in(&parent)
-                    .map_err(file_error(&parent))?;
-                tokio::fs::copy(path, partial.path())
-                    .await
-                    .map_err(file_error(path))?;
+                // A hard link stores a layer of hundreds of MiB at no cost, where a copy writes it
+                // all again while the push still reads it (seconds on a small machine). The
+                // builder never writes a staged layer once it is stored.
+                let source = path.to_owned();
+                let linked = tokio::task::spawn_blocking({
+                    let (parent, target) = (parent.clone(), target.clone());
+                    move || {
+                        // Renaming a link onto another link of the same file does nothing and
+                        // would leave the partial behind.
+                        if same_file(&source, &target) {
+                            return Ok(None);
+                        }
+                        tempfile::Builder::new()
+                            .prefix(".labforge-partial-")
+                            .make_in(&parent, |partial| std::fs::hard_link(&source, partial))
+                            .map(Some)
+                    }
+                })
+                .await
+                .map_err(|err| CacheError::File {
+                    path: path.to_owned(),
+                    source: std::io::Error::other(err),
+                })?;
+                let partial = match linked {
+                    Ok(None) => return Ok(()),
+                    Ok(Some(partial)) => partial.into_temp_path(),
+                    // Another filesystem, or one without hard links.
+                    Err(_) => {
+                        let partial = tempfile::Builder::new()
+                            .prefix(".labforge-partial-")
+                            .tempfile_in(&parent)
+                            .map_err(file_error(&parent))?;
+                        tokio::fs::copy(path, partial.path())
+                            .await
+                            .map_err(file_error(path))?;
+                        partial.into_temp_path()
+                    }
+                };
                 partial.persist(&target).map_err(|err| CacheError::File {
                     path: target.clone(),
                     source: err.error,
@@ -420,5 +452,75 @@ impl BlobCache {
                 source,
             })?;
         self.put_file(key, scratch.path()).await
+    }
+}
+
+/// Whether two paths name the same file (hard links of one inode).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BlobCache;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+
+    async fn put_and_read_back(cache_dir: &Path, staged_dir: &Path) -> (u64, u64) {
+        let staged = staged_dir.join("layer");
+        std::fs::write(&staged, b"layer bytes").unwrap();
+        let cache = BlobCache::Dir(cache_dir.to_owned());
+        // A partial file from an interrupted copy of an older version is replaced.
+        let stored = BlobCache::dir_path(cache_dir, "blobs/sha256/ab");
+        std::fs::create_dir_all(stored.parent().unwrap()).unwrap();
+        std::fs::write(&stored, b"stale").unwrap();
+        cache.put_file("blobs/sha256/ab", &staged).await.unwrap();
+        // Stored again (a second save of the same layer): still one file.
+        cache.put_file("blobs/sha256/ab", &staged).await.unwrap();
+        let fetched = staged_dir.join("fetched");
+        assert!(
+            cache
+                .get_to_file("blobs/sha256/ab", &fetched)
+                .await
+                .unwrap()
+        );
+        assert_eq!(std::fs::read(&fetched).unwrap(), b"layer bytes");
+        let leftovers: Vec<_> = std::fs::read_dir(stored.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().starts_with(".labforge-partial-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        (
+            std::fs::metadata(&staged).unwrap().ino(),
+            std::fs::metadata(&stored).unwrap().ino(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_file_is_linked_into_a_directory_cache_on_its_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let (staged, stored) = put_and_read_back(&dir.path().join("cache"), dir.path()).await;
+        assert_eq!(staged, stored, "the layer was copied, not linked");
+    }
+
+    #[tokio::test]
+    async fn a_file_on_another_filesystem_is_copied_into_the_cache() {
+        // /dev/shm is a tmpfs, apart from the temporary directory's filesystem on this machine
+        // and on CI; where it is not apart, the link path above is what this exercises.
+        let Ok(other) = tempfile::tempdir_in("/dev/shm") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let apart = std::fs::metadata(other.path()).unwrap().dev()
+            != std::fs::metadata(dir.path()).unwrap().dev();
+        let (staged, stored) = put_and_read_back(&dir.path().join("cache"), other.path()).await;
+        if apart {
+            assert_ne!(staged, stored);
+        }
     }
 }
