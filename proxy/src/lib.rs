@@ -177,7 +177,10 @@ pub async fn start(
         }
     })];
     match routes_from {
-        RoutesFrom::Files(paths) => routes.replace_all(source::load_files(&paths)?),
+        RoutesFrom::Files(paths) => {
+            let listing = source::load_listing(&routes, &paths)?;
+            routes.apply([source::Change::Replace(listing)]);
+        }
         RoutesFrom::Kubernetes(client) => {
             tasks.push(tokio::spawn(source::watch_kubernetes(
                 client,

@@ -64,10 +64,16 @@ pub enum Change {
         name: String,
     },
     /// Everything known is replaced (a fresh list, a reloaded file).
-    Replace(Vec<VirtualService>),
+    Replace(Listing),
 }
 
 type Key = (String, String);
+
+/// A complete list of VirtualServices, compiled one by one as it arrives: the raw objects of a
+/// list of 10,000 are several times the size of their compiled rules, and would otherwise all be
+/// in memory at once, leaving the process that much larger after they are freed.
+#[derive(Debug, Default)]
+pub struct Listing(BTreeMap<Key, CompiledVirtualService>);
 
 /// The known VirtualServices and the table built from them.
 pub struct RouteStore {
@@ -114,7 +120,18 @@ impl RouteStore {
     }
 
     pub fn replace_all(&self, list: Vec<VirtualService>) {
-        self.apply([Change::Replace(list)]);
+        let mut listing = Listing::default();
+        for vs in list {
+            self.add_to(&mut listing, &vs);
+        }
+        self.apply([Change::Replace(listing)]);
+    }
+
+    /// Compiles `vs` into a listing that will replace everything known.
+    pub fn add_to(&self, listing: &mut Listing, vs: &VirtualService) {
+        if let Some(compiled) = self.compile(vs) {
+            listing.0.insert(key_of(vs), compiled);
+        }
     }
 
     /// Applies changes and swaps in one rebuilt table.
@@ -132,13 +149,8 @@ impl RouteStore {
                 Change::Remove { namespace, name } => {
                     records.remove(&(namespace, name));
                 }
-                Change::Replace(list) => {
-                    records.clear();
-                    for vs in list {
-                        if let Some(compiled) = self.compile(&vs) {
-                            records.insert(key_of(&vs), compiled);
-                        }
-                    }
+                Change::Replace(listing) => {
+                    *records = listing.0;
                     self.ready.store(true, Ordering::Release);
                 }
             }
@@ -192,10 +204,13 @@ pub fn from_dynamic(object: DynamicObject) -> Result<VirtualService, SourceError
     Ok(vs)
 }
 
-/// Every VirtualService in multi-document YAML files (other kinds are ignored).
-pub fn load_files(paths: &[PathBuf]) -> Result<Vec<VirtualService>, SourceError> {
+/// Every VirtualService in multi-document YAML files (other kinds are ignored), passed to `each`
+/// as it is read.
+pub fn load_files(
+    paths: &[PathBuf],
+    mut each: impl FnMut(VirtualService),
+) -> Result<(), SourceError> {
     use serde::Deserialize;
-    let mut list = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(path).map_err(|source| SourceError::Read {
             path: path.clone(),
@@ -216,10 +231,17 @@ pub fn load_files(paths: &[PathBuf]) -> Result<Vec<VirtualService>, SourceError>
                     name: path_name(path),
                     source,
                 })?;
-            list.push(from_dynamic(object)?);
+            each(from_dynamic(object)?);
         }
     }
-    Ok(list)
+    Ok(())
+}
+
+/// The routes of YAML files, compiled into a listing; nothing when any file is unusable.
+pub fn load_listing(store: &RouteStore, paths: &[PathBuf]) -> Result<Listing, SourceError> {
+    let mut listing = Listing::default();
+    load_files(paths, |vs| store.add_to(&mut listing, &vs))?;
+    Ok(listing)
 }
 
 fn path_name(path: &Path) -> String {
@@ -258,7 +280,7 @@ pub async fn watch_kubernetes(client: kube::Client, store: Arc<RouteStore>) {
     let api: kube::Api<DynamicObject> = kube::Api::all_with(client, &resource);
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
-    let mut listing: Option<Vec<VirtualService>> = None;
+    let mut listing: Option<Listing> = None;
     while let Some(first) = stream.next().await {
         // Take whatever else is already waiting, so a burst costs one rebuild.
         let mut batch = vec![first];
@@ -271,10 +293,10 @@ pub async fn watch_kubernetes(client: kube::Client, store: Arc<RouteStore>) {
         let mut changes = Vec::new();
         for event in batch {
             match event {
-                Ok(watcher::Event::Init) => listing = Some(Vec::new()),
+                Ok(watcher::Event::Init) => listing = Some(Listing::default()),
                 Ok(watcher::Event::InitApply(object)) => {
-                    if let (Some(list), Some(vs)) = (listing.as_mut(), convert(object)) {
-                        list.push(vs);
+                    if let (Some(listing), Some(vs)) = (listing.as_mut(), convert(object)) {
+                        store.add_to(listing, &vs);
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -346,11 +368,14 @@ mod tests {
         }
         yaml.push_str("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n");
         std::fs::write(&path, yaml).unwrap();
-        let list = load_files(&[path]).unwrap();
-        assert_eq!(list.len(), 3);
+        let mut loaded = 0;
+        load_files(std::slice::from_ref(&path), |_| loaded += 1).unwrap();
+        assert_eq!(loaded, 3);
         let store = store();
         assert!(!store.is_ready());
-        store.replace_all(list);
+        let listing = load_listing(&store, &[path]).unwrap();
+        assert!(!store.is_ready(), "a listing is applied only when complete");
+        store.apply([Change::Replace(listing)]);
         assert!(store.is_ready());
         assert_eq!(routed(&store, "/r2/x").as_deref(), Some("up2:80"));
         store.remove("ns", "vs2");
