@@ -4,54 +4,20 @@
 //! integrated terminal over its websocket; the proxy's activity shows in the notebook's view.
 
 use crate::need;
-use labforge_tests::embedded::LabforgeUp;
+use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Removes the namespace's containers and volumes, and the image pulled from this run's registry,
-/// however the test ends.
-struct Cleanup {
-    namespace: String,
-    image: Option<String>,
-}
+/// Removes the image pulled from this run's registry, however the test ends. The reference names
+/// this run's registry port, so no one else uses it; without this, every run would leave a copy of
+/// the image's tag behind in podman's storage.
+struct RemoveImageOnDrop(Option<String>);
 
-impl Cleanup {
-    fn names(args: &[&str]) -> Vec<String> {
-        Command::new("podman")
-            .args(args)
-            .output()
-            .map(|out| {
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Cleanup {
+impl Drop for RemoveImageOnDrop {
     fn drop(&mut self) {
-        let prefix = format!("labforge-{}-", self.namespace);
-        for name in Self::names(&["ps", "-a", "--format", "{{.Names}}"]) {
-            if name.starts_with(&prefix) {
-                let _ = Command::new("podman")
-                    .args(["rm", "-f", "-t", "0", &name])
-                    .output();
-            }
-        }
-        for name in Self::names(&["volume", "ls", "--format", "{{.Name}}"]) {
-            if name.starts_with(&prefix) {
-                let _ = Command::new("podman")
-                    .args(["volume", "rm", "-f", &name])
-                    .output();
-            }
-        }
-        // The reference names this run's registry port, so no one else uses it; without this,
-        // every run would leave a copy of the image's tag behind in podman's storage.
-        if let Some(image) = &self.image {
+        if let Some(image) = &self.0 {
             let _ = Command::new("podman").args(["rmi", image]).output();
         }
     }
@@ -76,6 +42,11 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
     crate::init_crypto();
     let agent = need(labforge_tests::agent::agent_binary());
     let dir = tempfile::tempdir().unwrap();
+    let user = format!("vscode-{:x}", std::process::id());
+    // Declared before `up`, dropped after it in reverse order: labforge stops (and cannot start
+    // the container again), then the container goes, then the image it ran.
+    let mut pulled = RemoveImageOnDrop(None);
+    let _notebooks = RemoveNotebooksOnDrop(vec![user.clone()]);
     let up = need(
         LabforgeUp::start(
             Path::new(env!("CARGO_BIN_EXE_labforge")),
@@ -84,17 +55,12 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         )
         .await,
     );
-    let user = format!("vscode-{:x}", std::process::id());
-    let mut cleanup = Cleanup {
-        namespace: user.clone(),
-        image: None,
-    };
     let image = need(labforge_tests::push_layout(
         "codeserver",
         &up.registry,
         "labforge/codeserver:latest",
     ));
-    cleanup.image = Some(image.clone());
+    pulled.0 = Some(image.clone());
     let password = need(up.add_user(&user));
 
     // labforge's server closes a keep-alive connection after 30 s without a request (its header
