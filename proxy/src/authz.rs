@@ -168,7 +168,7 @@ pub enum Decision {
 /// them that is not shared.
 pub async fn authorize(
     identity: Option<&Identity>,
-    namespaces: &[String],
+    namespaces: &[std::sync::Arc<str>],
     access: &dyn NamespaceAccess,
 ) -> Decision {
     let Some(identity) = identity else {
@@ -206,7 +206,7 @@ mod tests {
         .unwrap();
         access.shared.insert("kubeflow".into());
         let decide = |who: Option<&str>, ns: &[&str]| {
-            let ns: Vec<String> = ns.iter().map(|n| n.to_string()).collect();
+            let ns: Vec<std::sync::Arc<str>> = ns.iter().map(|n| (*n).into()).collect();
             let who = who.map(user);
             let access = &access;
             async move { authorize(who.as_ref(), &ns, access).await }

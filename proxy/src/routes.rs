@@ -52,10 +52,11 @@ impl GatewayFilter {
 /// What a route belongs to: its VirtualService, and the notebook behind it when it is one.
 #[derive(Debug)]
 pub struct RouteOwner {
-    /// Namespace of the VirtualService (a notebook's namespace = its owner's profile).
-    pub namespace: String,
+    /// Namespace of the VirtualService (a notebook's namespace = its owner's profile). Shared
+    /// with the route store's key of the VirtualService rather than copied for it.
+    pub namespace: Arc<str>,
     /// Name of the VirtualService.
-    pub virtual_service: String,
+    pub virtual_service: Arc<str>,
     /// The Notebook this VirtualService routes to (ownerReference, or Kubeflow's name
     /// `notebook-<ns>-<name>`); `None` for other routes (dashboards, APIs).
     pub notebook: Option<String>,
@@ -81,8 +82,10 @@ pub fn activity_key(namespace: &str, name: &str) -> String {
 /// An Istio StringMatch, compiled.
 #[derive(Clone, Debug)]
 pub enum Matcher {
-    Exact(String),
-    Prefix(String),
+    /// Shared with the host's index of pure exact and prefix matches, which would otherwise copy
+    /// every notebook's prefix.
+    Exact(Arc<str>),
+    Prefix(Arc<str>),
     /// Anchored at both ends: Istio (Envoy's safe_regex) requires a full match.
     Regex(regex::Regex),
 }
@@ -90,24 +93,24 @@ pub enum Matcher {
 impl Matcher {
     fn compile(m: &StringMatch) -> Result<Self, regex::Error> {
         Ok(match m {
-            StringMatch::Exact(s) => Matcher::Exact(s.clone()),
-            StringMatch::Prefix(s) => Matcher::Prefix(s.clone()),
+            StringMatch::Exact(s) => Matcher::Exact(s.as_str().into()),
+            StringMatch::Prefix(s) => Matcher::Prefix(s.as_str().into()),
             StringMatch::Regex(r) => Matcher::Regex(regex::Regex::new(&format!("^(?:{r})$"))?),
         })
     }
 
     fn matches(&self, value: &str) -> bool {
         match self {
-            Matcher::Exact(s) => value == s,
-            Matcher::Prefix(s) => value.starts_with(s.as_str()),
+            Matcher::Exact(s) => value == &**s,
+            Matcher::Prefix(s) => value.starts_with(&**s),
             Matcher::Regex(r) => r.is_match(value),
         }
     }
 
     fn lowercased(self) -> Self {
         match self {
-            Matcher::Exact(s) => Matcher::Exact(s.to_lowercase()),
-            Matcher::Prefix(s) => Matcher::Prefix(s.to_lowercase()),
+            Matcher::Exact(s) => Matcher::Exact(s.to_lowercase().into()),
+            Matcher::Prefix(s) => Matcher::Prefix(s.to_lowercase().into()),
             regex @ Matcher::Regex(_) => regex,
         }
     }
@@ -158,7 +161,7 @@ impl MatchCondition {
     }
 
     /// The prefix of a condition that is nothing but a case-sensitive `uri.prefix`.
-    fn pure_prefix(&self) -> Option<&str> {
+    fn pure_prefix(&self) -> Option<&Arc<str>> {
         match (
             &self.uri,
             self.ignore_uri_case,
@@ -170,7 +173,7 @@ impl MatchCondition {
         }
     }
 
-    fn pure_exact(&self) -> Option<&str> {
+    fn pure_exact(&self) -> Option<&Arc<str>> {
         match (
             &self.uri,
             self.ignore_uri_case,
@@ -188,7 +191,7 @@ impl MatchCondition {
             && self.headers.is_empty()
             && match &self.uri {
                 None => true,
-                Some(Matcher::Prefix(p)) => p == "/",
+                Some(Matcher::Prefix(p)) => &**p == "/",
                 Some(Matcher::Regex(r)) => r.as_str() == "^(?:.*)$",
                 Some(Matcher::Exact(_)) => false,
             }
@@ -294,7 +297,7 @@ pub struct Rule {
     pub response_headers: HeaderOps,
     pub destinations: Box<[Destination]>,
     /// Namespaces guarding this rule: its VirtualService's and its destinations' (sorted).
-    pub namespaces: Box<[String]>,
+    pub namespaces: Box<[Arc<str>]>,
     total_weight: u32,
     /// Round-robin position for weighted destinations (exact proportions, no randomness).
     next: AtomicU64,
@@ -372,11 +375,11 @@ pub struct Found<'t> {
 struct HostRules {
     rules: Vec<Arc<Rule>>,
     /// Pure prefix → first rule index with it.
-    prefixes: HashMap<String, usize>,
+    prefixes: HashMap<Arc<str>, usize>,
     /// Distinct prefix lengths, ascending.
     prefix_lengths: Vec<usize>,
     /// Pure exact path → first rule index.
-    exact: HashMap<String, usize>,
+    exact: HashMap<Arc<str>, usize>,
     /// Indices of rules with any non-indexable condition, ascending.
     scanned: Vec<usize>,
 }
@@ -396,10 +399,10 @@ impl HostRules {
             let mut needs_scan = false;
             for condition in &rule.matches {
                 if let Some(prefix) = condition.pure_prefix() {
-                    host.prefixes.entry(prefix.to_owned()).or_insert(i);
+                    host.prefixes.entry(prefix.clone()).or_insert(i);
                     lengths.insert(prefix.len());
                 } else if let Some(exact) = condition.pure_exact() {
-                    host.exact.entry(exact.to_owned()).or_insert(i);
+                    host.exact.entry(exact.clone()).or_insert(i);
                 } else {
                     needs_scan = true;
                 }
@@ -505,8 +508,8 @@ impl CompiledVirtualService {
         let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
         let owner = Arc::new(RouteOwner {
             activity: activity.cell(&key),
-            namespace,
-            virtual_service: name,
+            namespace: namespace.into(),
+            virtual_service: name.into(),
             notebook,
         });
         let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -515,8 +518,8 @@ impl CompiledVirtualService {
             match compile_rule(route, &owner, (created, position)) {
                 Ok(rule) => rules.push(Arc::new(rule)),
                 Err(reason) => skipped.push(Skipped {
-                    namespace: owner.namespace.clone(),
-                    name: owner.virtual_service.clone(),
+                    namespace: owner.namespace.to_string(),
+                    name: owner.virtual_service.to_string(),
                     reason: format!("http[{position}]: {reason}"),
                 }),
             }
@@ -542,6 +545,14 @@ impl CompiledVirtualService {
     /// The activity key of its routes.
     pub fn key(&self) -> Option<String> {
         self.rules.first().map(|r| r.owner.key())
+    }
+
+    /// Namespace and name of the VirtualService, shared with its routes' owner. A compiled
+    /// VirtualService has at least one rule.
+    pub fn namespace_and_name(&self) -> Option<(Arc<str>, Arc<str>)> {
+        self.rules
+            .first()
+            .map(|r| (r.owner.namespace.clone(), r.owner.virtual_service.clone()))
     }
 }
 
@@ -697,12 +708,14 @@ fn compile_rule(
         return Err("no route destination (redirects and direct responses are not served)".into());
     }
     let total_weight = destinations.iter().map(|d| d.weight).sum();
-    let mut namespaces: Vec<String> = route
+    // The VirtualService's own namespace is the owner's string, not a copy of it.
+    let mut namespaces: Vec<Arc<str>> = route
         .route
         .iter()
         .filter_map(|d| destination_namespace(&d.destination.host))
-        .chain([owner.namespace.as_str()])
-        .map(str::to_owned)
+        .filter(|ns| *ns != &*owner.namespace)
+        .map(Arc::from)
+        .chain([owner.namespace.clone()])
         .collect();
     namespaces.sort();
     namespaces.dedup();
@@ -816,7 +829,7 @@ mod tests {
         let found = table.lookup(&request.view())?;
         let rule = found.rule;
         Some((
-            rule.owner.virtual_service.clone(),
+            rule.owner.virtual_service.to_string(),
             rule.pick_destination()?.authority.clone(),
             rule.rewritten_path(&found, &request.path).into_owned(),
         ))
@@ -853,7 +866,7 @@ mod tests {
         assert_eq!(owner.notebook.as_deref(), Some("lab"));
         assert_eq!(owner.key(), "bob/lab");
         let rule = t.lookup(&req("/notebook/bob/lab/x").view()).unwrap().rule;
-        assert_eq!(*rule.namespaces, ["bob"]);
+        assert_eq!(*rule.namespaces, [Arc::from("bob")]);
     }
 
     #[test]
@@ -878,7 +891,9 @@ mod tests {
                 .unwrap()
                 .rule
                 .namespaces
-                .to_vec()
+                .iter()
+                .map(|ns| ns.to_string())
+                .collect::<Vec<_>>()
         };
         assert_eq!(namespaces("/a/"), ["alice", "bob"]);
         assert_eq!(namespaces("/b/"), ["bob", "carol"]);

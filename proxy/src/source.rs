@@ -67,7 +67,9 @@ pub enum Change {
     Replace(Listing),
 }
 
-type Key = (String, String);
+/// Namespace and name of a VirtualService. A store of 10,000 routes holds as many keys: they share
+/// the strings of the routes' owner instead of holding copies.
+type Key = (Arc<str>, Arc<str>);
 
 /// A complete list of VirtualServices, compiled one by one as it arrives: the raw objects of a
 /// list of 10,000 are several times the size of their compiled rules, and would otherwise all be
@@ -129,8 +131,8 @@ impl RouteStore {
 
     /// Compiles `vs` into a listing that will replace everything known.
     pub fn add_to(&self, listing: &mut Listing, vs: &VirtualService) {
-        if let Some(compiled) = self.compile(vs) {
-            listing.0.insert(key_of(vs), compiled);
+        if let Some((key, compiled)) = self.compile(vs) {
+            listing.0.insert(key, compiled);
         }
     }
 
@@ -139,15 +141,16 @@ impl RouteStore {
         let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
         for change in changes {
             match change {
-                Change::Upsert(vs) => {
-                    let key = key_of(&vs);
-                    match self.compile(&vs) {
-                        Some(compiled) => records.insert(key, compiled),
-                        None => records.remove(&key),
-                    };
-                }
+                Change::Upsert(vs) => match self.compile(&vs) {
+                    Some((key, compiled)) => {
+                        records.insert(key, compiled);
+                    }
+                    None => {
+                        records.remove(&key_of(&vs));
+                    }
+                },
                 Change::Remove { namespace, name } => {
-                    records.remove(&(namespace, name));
+                    records.remove(&(namespace.into(), name.into()));
                 }
                 Change::Replace(listing) => {
                     *records = listing.0;
@@ -168,20 +171,21 @@ impl RouteStore {
         self.table.store(Arc::new(table));
     }
 
-    fn compile(&self, vs: &VirtualService) -> Option<CompiledVirtualService> {
+    fn compile(&self, vs: &VirtualService) -> Option<(Key, CompiledVirtualService)> {
         let (compiled, skipped) =
             CompiledVirtualService::compile(vs, &self.gateway, &self.activity);
         for s in &skipped {
             tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
         }
-        compiled
+        let compiled = compiled?;
+        Some((compiled.namespace_and_name()?, compiled))
     }
 }
 
 fn key_of(vs: &VirtualService) -> Key {
     (
-        vs.metadata.namespace.clone().unwrap_or_default(),
-        vs.metadata.name.clone().unwrap_or_default(),
+        vs.metadata.namespace.as_deref().unwrap_or_default().into(),
+        vs.metadata.name.as_deref().unwrap_or_default().into(),
     )
 }
 
