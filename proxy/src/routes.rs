@@ -20,9 +20,9 @@ use crate::activity::{Activity, ActivityCell};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use labforge_crds::VirtualService;
 use labforge_crds::istio::{HeaderOperations, HttpMatchRequest, HttpRoute, StringMatch};
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Port a destination without `port.number` is reached on (a Service's usual HTTP port).
 pub const DEFAULT_DESTINATION_PORT: u32 = 80;
@@ -71,6 +71,34 @@ impl RouteOwner {
             &self.namespace,
             self.notebook.as_deref().unwrap_or(&self.virtual_service),
         )
+    }
+}
+
+/// The namespace names of a store's routes, one string each: 10,000 notebooks live in a handful
+/// of namespaces, and each route's owner and guard would otherwise hold a copy.
+#[derive(Debug, Default)]
+pub struct NamespaceNames(Mutex<HashSet<Arc<str>>>);
+
+impl NamespaceNames {
+    pub fn intern(&self, name: &str) -> Arc<str> {
+        let mut names = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = names.get(name) {
+            return known.clone();
+        }
+        let name: Arc<str> = name.into();
+        names.insert(name.clone());
+        name
+    }
+
+    /// Forgets the names no route holds anymore.
+    pub fn forget_unused(&self) {
+        let mut names = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        names.retain(|name| Arc::strong_count(name) > 1);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 }
 
@@ -497,6 +525,7 @@ impl CompiledVirtualService {
         vs: &VirtualService,
         gateway: &GatewayFilter,
         activity: &Activity,
+        namespaces: &NamespaceNames,
     ) -> (Option<Self>, Vec<Skipped>) {
         let mut skipped = Vec::new();
         let namespace = vs.metadata.namespace.clone().unwrap_or_default();
@@ -508,7 +537,7 @@ impl CompiledVirtualService {
         let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
         let owner = Arc::new(RouteOwner {
             activity: activity.cell(&key),
-            namespace: namespace.into(),
+            namespace: namespaces.intern(&namespace),
             virtual_service: name.into(),
             notebook,
         });
@@ -564,10 +593,12 @@ impl RouteTable {
         activity: &Activity,
     ) -> (RouteTable, Vec<Skipped>) {
         let mut skipped = Vec::new();
+        let namespaces = NamespaceNames::default();
         let compiled: Vec<CompiledVirtualService> = virtual_services
             .into_iter()
             .filter_map(|vs| {
-                let (compiled, mut s) = CompiledVirtualService::compile(vs, gateway, activity);
+                let (compiled, mut s) =
+                    CompiledVirtualService::compile(vs, gateway, activity, &namespaces);
                 skipped.append(&mut s);
                 compiled
             })
@@ -773,6 +804,35 @@ mod tests {
                 }]
             }),
         )
+    }
+
+    #[test]
+    fn routes_of_one_namespace_share_its_name_until_none_holds_it() {
+        let names = NamespaceNames::default();
+        let activity = Activity::default();
+        let gateway = GatewayFilter(Some(GATEWAY.into()));
+        let compile = |name: &str| {
+            let vs = notebook_vs("alice", name, "2026-01-01T00:00:00Z");
+            CompiledVirtualService::compile(&vs, &gateway, &activity, &names)
+                .0
+                .unwrap()
+        };
+        let (lab, other) = (compile("lab"), compile("other"));
+        let (lab_rule, other_rule) = (&lab.rules[0], &other.rules[0]);
+        assert!(Arc::ptr_eq(
+            &lab_rule.owner.namespace,
+            &other_rule.owner.namespace
+        ));
+        assert!(Arc::ptr_eq(
+            &lab_rule.namespaces[0],
+            &lab_rule.owner.namespace
+        ));
+        drop(lab);
+        names.forget_unused();
+        assert_eq!(names.len(), 1, "still held by the other route");
+        drop(other);
+        names.forget_unused();
+        assert_eq!(names.len(), 0);
     }
 
     fn table(list: &[VirtualService]) -> RouteTable {
