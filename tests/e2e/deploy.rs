@@ -1226,7 +1226,7 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
         let alice = Identity {
             user: "alice@example.com".into(),
         };
-        assert_eq!(namespaces, ["alice"]);
+        assert_eq!(namespaces, [std::sync::Arc::from("alice")]);
         assert_eq!(
             authorize(Some(&alice), &namespaces, &access).await,
             Decision::Forbidden,
