@@ -3,7 +3,8 @@
 //!
 //! Both give the same thing, a [`ChangeSetHeader`] and a reader of the uncompressed layer tar, so
 //! compression, caching and push never know which it was. The container path exists so that
-//! credentials stay outside the notebook: the agent inside only reads files and writes to stdout.
+//! credentials stay outside the notebook: the agent inside only reads files and writes the change
+//! set out (to a pipe the builder hands it with podman, to stdout otherwise).
 
 use command_fds::{CommandFdExt, FdMapping};
 use k8s_openapi::api::core::v1::Pod;
