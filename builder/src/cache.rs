@@ -359,58 +359,13 @@ impl BlobCache {
         match self {
             BlobCache::S3(cache) => cache.put_file(key, path).await,
             BlobCache::Dir(dir) => {
-                let target = Self::dir_path(dir, key);
-                let file_error = |path: &Path| {
-                    let path = path.to_owned();
-                    move |source| CacheError::File { path, source }
-                };
-                let parent = target.parent().unwrap_or(dir).to_owned();
-                tokio::fs::create_dir_all(&parent)
+                let (source, target) = (path.to_owned(), Self::dir_path(dir, key));
+                tokio::task::spawn_blocking(move || store_in_dir(&source, &target))
                     .await
-                    .map_err(file_error(&parent))?;
-                // A hard link stores a layer of hundreds of MiB at no cost, where a copy writes it
-                // all again while the push still reads it (seconds on a small machine). The
-                // builder never writes a staged layer once it is stored.
-                let source = path.to_owned();
-                let linked = tokio::task::spawn_blocking({
-                    let (parent, target) = (parent.clone(), target.clone());
-                    move || {
-                        // Renaming a link onto another link of the same file does nothing and
-                        // would leave the partial behind.
-                        if same_file(&source, &target) {
-                            return Ok(None);
-                        }
-                        tempfile::Builder::new()
-                            .prefix(".labforge-partial-")
-                            .make_in(&parent, |partial| std::fs::hard_link(&source, partial))
-                            .map(Some)
-                    }
-                })
-                .await
-                .map_err(|err| CacheError::File {
-                    path: path.to_owned(),
-                    source: std::io::Error::other(err),
-                })?;
-                let partial = match linked {
-                    Ok(None) => return Ok(()),
-                    Ok(Some(partial)) => partial.into_temp_path(),
-                    // Another filesystem, or one without hard links.
-                    Err(_) => {
-                        let partial = tempfile::Builder::new()
-                            .prefix(".labforge-partial-")
-                            .tempfile_in(&parent)
-                            .map_err(file_error(&parent))?;
-                        tokio::fs::copy(path, partial.path())
-                            .await
-                            .map_err(file_error(path))?;
-                        partial.into_temp_path()
-                    }
-                };
-                partial.persist(&target).map_err(|err| CacheError::File {
-                    path: target.clone(),
-                    source: err.error,
-                })?;
-                Ok(())
+                    .map_err(|err| CacheError::File {
+                        path: path.to_owned(),
+                        source: std::io::Error::other(err),
+                    })?
             }
         }
     }
@@ -453,6 +408,40 @@ impl BlobCache {
             })?;
         self.put_file(key, scratch.path()).await
     }
+}
+
+/// Stores `source` at `target` in a directory cache, replacing atomically. A hard link stores a
+/// layer of hundreds of MiB at no cost, where a copy writes it all again while the push still
+/// reads it (seconds on a small machine); across filesystems it is a copy.
+fn store_in_dir(source: &Path, target: &Path) -> Result<(), CacheError> {
+    let file_error = |path: &Path| {
+        let path = path.to_owned();
+        move |source| CacheError::File { path, source }
+    };
+    // Renaming a link onto another link of the same file does nothing and would leave the
+    // partial file behind.
+    if same_file(source, target) {
+        return Ok(());
+    }
+    let parent = target.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(file_error(parent))?;
+    let mut partial_name = tempfile::Builder::new();
+    partial_name.prefix(".labforge-partial-");
+    let partial = match partial_name.make_in(parent, |path| std::fs::hard_link(source, path)) {
+        Ok(linked) => linked.into_temp_path(),
+        // Another filesystem, or one without hard links.
+        Err(_) => {
+            let copy = partial_name
+                .tempfile_in(parent)
+                .map_err(file_error(parent))?;
+            std::fs::copy(source, copy.path()).map_err(file_error(source))?;
+            copy.into_temp_path()
+        }
+    };
+    partial
+        .persist(target)
+        .map_err(|err| file_error(target)(err.error))?;
+    Ok(())
 }
 
 /// Whether two paths name the same file (hard links of one inode).
