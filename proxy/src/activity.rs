@@ -17,8 +17,12 @@ pub struct ActivityCell(AtomicI64);
 impl ActivityCell {
     /// Records activity now.
     pub fn touch(&self) {
-        self.0
-            .fetch_max(Timestamp::now().as_millisecond(), Ordering::Relaxed);
+        let now = Timestamp::now().as_millisecond();
+        // Serving threads touch the same route thousands of times a millisecond: a read leaves
+        // the cell's cache line shared, a write would move it between cores every time.
+        if self.0.load(Ordering::Relaxed) < now {
+            self.0.fetch_max(now, Ordering::Relaxed);
+        }
     }
 
     pub fn last(&self) -> Option<Timestamp> {

@@ -60,9 +60,9 @@ pub struct Forwarder {
     access: Arc<dyn NamespaceAccess>,
     metrics: Arc<Metrics>,
     /// Destination `host:port` → address to connect to instead (embedded mode, tests).
-    upstream_addresses: HashMap<String, String>,
+    upstream_addresses: HashMap<String, Arc<str>>,
     /// Where requests outside [`NOTEBOOK_PATHS`] go, unauthenticated (the embedded web app).
-    fallback: Option<String>,
+    fallback: Option<Arc<str>>,
 }
 
 /// Paths only routes serve, never the fallback: every notebook's prefix is below it.
@@ -84,8 +84,11 @@ impl Forwarder {
             identity,
             access,
             metrics,
-            upstream_addresses,
-            fallback,
+            upstream_addresses: upstream_addresses
+                .into_iter()
+                .map(|(destination, address)| (destination, address.into()))
+                .collect(),
+            fallback: fallback.map(Arc::from),
         }
     }
 
@@ -102,7 +105,7 @@ impl Forwarder {
     pub async fn handle(
         &self,
         request: Request<Incoming>,
-        peer: SocketAddr,
+        peer: &Peer,
         tls: bool,
     ) -> Response<ProxyBody> {
         let json = wants_json(request.headers(), request.uri().path());
@@ -130,7 +133,7 @@ impl Forwarder {
     async fn forward(
         &self,
         request: Request<Incoming>,
-        peer: SocketAddr,
+        peer: &Peer,
         tls: bool,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
@@ -181,7 +184,7 @@ impl Forwarder {
         let destination = rule.pick_destination().ok_or(ProxyError::NoRoute)?;
         let address = self
             .upstream_addresses
-            .get(&destination.authority)
+            .get(&*destination.authority)
             .unwrap_or(&destination.authority)
             .clone();
         let upstream_path = rule.rewritten_path(&found, &path);
@@ -209,9 +212,9 @@ impl Forwarder {
         &self,
         mut request: Request<Incoming>,
         authority: Authority,
-        peer: SocketAddr,
+        peer: &Peer,
         tls: bool,
-        address: &str,
+        address: &Arc<str>,
         path_and_query: String,
         rule: Option<Arc<Rule>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -411,6 +414,11 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// Drops hop-by-hop headers, including every header the Connection header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages have none (keep-alive is HTTP/1.1's default): one pass over their few
+    // headers instead of a hashed removal per name.
+    if !headers.keys().any(|key| HOP_BY_HOP.contains(key)) {
+        return;
+    }
     if let Some(connection) = headers.get(header::CONNECTION) {
         let named: Vec<HeaderName> = connection
             .to_str()
@@ -427,15 +435,37 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
-    let ip = peer.ip().to_string();
-    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) => format!("{existing}, {ip}"),
-        None => ip,
-    };
-    if let Ok(value) = HeaderValue::from_str(&value) {
-        headers.insert(X_FORWARDED_FOR.clone(), value);
+/// The client a connection comes from, with its address as `X-Forwarded-For` names it, made
+/// once per connection rather than per request.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub address: SocketAddr,
+    forwarded_for: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(address: SocketAddr) -> Self {
+        let forwarded_for = HeaderValue::from_str(&address.ip().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Self {
+            address,
+            forwarded_for,
+        }
     }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) => {
+            let appended = format!("{existing}, {}", peer.address.ip());
+            match HeaderValue::from_str(&appended) {
+                Ok(value) => value,
+                Err(_) => return,
+            }
+        }
+        None => peer.forwarded_for.clone(),
+    };
+    headers.insert(X_FORWARDED_FOR.clone(), value);
 }
 
 /// An upgraded connection whose reads count as the route's activity.
@@ -514,9 +544,9 @@ mod tests {
             HeaderValue::from_static("keep-alive, Upgrade"),
         );
         assert!(is_upgrade(&headers));
-        append_forwarded_for(&mut headers, "10.0.0.9:5555".parse().unwrap());
+        append_forwarded_for(&mut headers, &Peer::new("10.0.0.9:5555".parse().unwrap()));
         assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9");
-        append_forwarded_for(&mut headers, "[::1]:1".parse().unwrap());
+        append_forwarded_for(&mut headers, &Peer::new("[::1]:1".parse().unwrap()));
         assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9, ::1");
     }
 }

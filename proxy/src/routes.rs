@@ -309,7 +309,8 @@ impl HeaderOps {
 /// A destination as `host:port` (a Service's DNS name in a cluster).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Destination {
-    pub authority: String,
+    /// `host:port`, shared with every request that goes there (the upstream pool's key).
+    pub authority: Arc<str>,
     pub weight: u32,
 }
 
@@ -726,7 +727,8 @@ fn compile_rule(
                     .port
                     .as_ref()
                     .map_or(DEFAULT_DESTINATION_PORT, |p| p.number)
-            ),
+            )
+            .into(),
             // Without weights, traffic is split evenly (Istio requires weights on several).
             weight: if weighted {
                 d.weight.unwrap_or(0).max(0).unsigned_abs()
@@ -890,7 +892,7 @@ mod tests {
         let rule = found.rule;
         Some((
             rule.owner.virtual_service.to_string(),
-            rule.pick_destination()?.authority.clone(),
+            rule.pick_destination()?.authority.to_string(),
             rule.rewritten_path(&found, &request.path).into_owned(),
         ))
     }

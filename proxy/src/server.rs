@@ -2,7 +2,7 @@
 //! a listener, with upgrades enabled, a task per connection, and rustls when configured. Each
 //! serving thread runs one of these loops on its own listener (see [`crate::start`]).
 
-use crate::forward::Forwarder;
+use crate::forward::{Forwarder, Peer};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -84,9 +84,11 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
         let tls = tls.clone();
         tokio::spawn(async move {
             let is_tls = tls.is_some();
+            let client = Arc::new(Peer::new(peer));
             let service = service_fn(move |request| {
                 let forwarder = forwarder.clone();
-                async move { Ok::<_, Infallible>(forwarder.handle(request, peer, is_tls).await) }
+                let client = client.clone();
+                async move { Ok::<_, Infallible>(forwarder.handle(request, &client, is_tls).await) }
             });
             let served = match tls {
                 Some(acceptor) => match acceptor.accept(stream).await {

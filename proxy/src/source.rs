@@ -357,7 +357,7 @@ mod tests {
             method: &Method::GET,
             headers: &headers,
         })?;
-        Some(found.rule.destinations[0].authority.clone())
+        Some(found.rule.destinations[0].authority.to_string())
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Idle connections by upstream address.
 pub struct UpstreamPool {
-    idle: Mutex<HashMap<String, Vec<Idle>>>,
+    idle: Mutex<HashMap<Arc<str>, Vec<Idle>>>,
     idle_timeout: Duration,
 }
 
@@ -110,7 +110,7 @@ impl UpstreamPool {
     /// Sends `request` to `address` (`host:port`) on an idle connection or a new one.
     pub async fn send(
         self: &Arc<Self>,
-        address: &str,
+        address: &Arc<str>,
         mut request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         while let Some(mut sender) = self.take(address) {
@@ -121,7 +121,7 @@ impl UpstreamPool {
                     Some(unsent) => request = unsent,
                     None => {
                         return Err(UpstreamError::Request {
-                            address: address.to_owned(),
+                            address: address.to_string(),
                             source: error.into_error(),
                         });
                     }
@@ -134,7 +134,7 @@ impl UpstreamPool {
                 .send_request(request)
                 .await
                 .map_err(|source| UpstreamError::Request {
-                    address: address.to_owned(),
+                    address: address.to_string(),
                     source,
                 })?;
         Ok(self.wrap(address, sender, response))
@@ -146,12 +146,21 @@ impl UpstreamPool {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let senders = idle.get_mut(address)?;
-        senders.retain(|s| s.is_usable(now, self.idle_timeout));
-        let ready = senders.iter().rposition(|s| s.sender.is_ready())?;
-        Some(senders.swap_remove(ready).sender)
+        // From the most recently returned one, which is nearly always ready: a request looks at
+        // one or two entries, not all of them (the sweep drops the expired ones nobody reached).
+        let mut at = senders.len();
+        while at > 0 {
+            at -= 1;
+            if !senders[at].is_usable(now, self.idle_timeout) {
+                senders.swap_remove(at);
+            } else if senders[at].sender.is_ready() {
+                return Some(senders.swap_remove(at).sender);
+            }
+        }
+        None
     }
 
-    fn put_back(&self, address: String, sender: SendRequest<Incoming>) {
+    fn put_back(&self, address: Arc<str>, sender: SendRequest<Incoming>) {
         if sender.is_closed() {
             return;
         }
@@ -194,13 +203,13 @@ impl UpstreamPool {
 
     fn wrap(
         self: &Arc<Self>,
-        address: &str,
+        address: &Arc<str>,
         sender: SendRequest<Incoming>,
         response: Response<Incoming>,
     ) -> Response<PooledBody> {
         // An upgraded connection belongs to its tunnel, never to the pool.
         let back = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
-            .then(|| (self.clone(), address.to_owned(), sender));
+            .then(|| (self.clone(), address.clone(), sender));
         response.map(|inner| PooledBody { inner, back })
     }
 }
@@ -225,7 +234,7 @@ fn configure_socket(stream: &tokio::net::TcpStream) {
 /// An upstream response body that returns its connection to the pool once it has ended.
 pub struct PooledBody {
     inner: Incoming,
-    back: Option<(Arc<UpstreamPool>, String, SendRequest<Incoming>)>,
+    back: Option<(Arc<UpstreamPool>, Arc<str>, SendRequest<Incoming>)>,
 }
 
 impl PooledBody {

@@ -1196,7 +1196,7 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 })
                 .unwrap_or_else(|| panic!("{path} has no route"));
             (
-                found.rule.destinations[0].authority.clone(),
+                found.rule.destinations[0].authority.to_string(),
                 found.rule.namespaces.to_vec(),
             )
         };
