@@ -7,6 +7,7 @@ use labforge_builder::cache::{BlobCache, S3Cache, S3CacheConfig};
 use labforge_builder::image::RuntimeConfig;
 use labforge_builder::layer::Compression;
 use labforge_builder::registry::RegistryOptions;
+use labforge_builder::stall::DEFAULT_STALL_TIMEOUT;
 use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, save};
 use labforge_builder::source::ChangeSource;
 use labforge_notebook_controller::BuilderConfig;
@@ -445,6 +446,11 @@ pub struct StorageArgs {
     /// Directory for the staged layer (default: the system temp dir).
     #[arg(long)]
     pub scratch_dir: Option<PathBuf>,
+    /// Seconds a registry may stay silent (no answer, or no bytes of an upload taken) before
+    /// the save fails; requests themselves have no time limit.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_STALL_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub registry_stall_timeout: u64,
 }
 
 impl StorageArgs {
@@ -471,6 +477,7 @@ impl StorageArgs {
         Ok(RegistryOptions {
             insecure: self.insecure_registries.clone(),
             credentials,
+            stall_timeout: Some(Duration::from_secs(self.registry_stall_timeout)),
         })
     }
 }

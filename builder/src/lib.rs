@@ -30,6 +30,7 @@ pub mod layer;
 pub mod registry;
 pub mod save;
 pub mod source;
+pub mod stall;
 pub mod summary;
 pub mod upload;
 

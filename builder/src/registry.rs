@@ -7,9 +7,11 @@
 use crate::digest::Digest;
 use crate::image::{CONFIG_MEDIA_TYPE, ImageConfig, MANIFEST_MEDIA_TYPE};
 use crate::layer::LayerDescriptor;
+use crate::stall::{self, DEFAULT_STALL_TIMEOUT, Progress, Stalled};
 use crate::upload::{BlobSink, StreamedUpload};
 use base64::Engine as _;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
+use std::future::Future;
 use http::HeaderValue;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
@@ -61,6 +63,14 @@ pub enum RegistryError {
         #[source]
         source: OciDistributionError,
     },
+    /// Connected, but then silent (or no longer taking an upload's bytes) for the stall timeout.
+    #[error("registry {registry} stopped answering ({operation})")]
+    Stalled {
+        registry: String,
+        operation: &'static str,
+        #[source]
+        source: Stalled,
+    },
     #[error("image {reference} {problem}")]
     Manifest { reference: String, problem: String },
     #[error("opening layer blob {path}")]
@@ -102,6 +112,9 @@ pub struct RegistryOptions {
     pub insecure: Vec<String>,
     /// Basic-auth credentials; anonymous when absent.
     pub credentials: Option<(String, String)>,
+    /// How long a registry may be silent before the save fails (see [`crate::stall`]);
+    /// [`DEFAULT_STALL_TIMEOUT`] when absent.
+    pub stall_timeout: Option<Duration>,
 }
 
 // Written by hand so that the password never reaches a log line.
@@ -110,6 +123,7 @@ impl std::fmt::Debug for RegistryOptions {
         f.debug_struct("RegistryOptions")
             .field("insecure", &self.insecure)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("stall_timeout", &self.stall_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +149,7 @@ pub struct RegistryClient {
     client: Client,
     auth: RegistryAuth,
     protocol: ClientProtocol,
+    stall_timeout: Duration,
 }
 
 impl RegistryClient {
@@ -160,6 +175,27 @@ impl RegistryClient {
             client,
             auth,
             protocol,
+            stall_timeout: options.stall_timeout.unwrap_or(DEFAULT_STALL_TIMEOUT),
+        }
+    }
+
+    /// `work`, one registry operation (its retries included), failed as
+    /// [`RegistryError::Stalled`] once the registry has been silent for the stall timeout;
+    /// `progress` is that of the upload the operation carries, if any.
+    async fn exchange<T>(
+        &self,
+        reference: &Reference,
+        operation: &'static str,
+        progress: Option<&Progress>,
+        work: impl Future<Output = Result<T, OciDistributionError>>,
+    ) -> Result<T, RegistryError> {
+        match stall::within(self.stall_timeout, progress, work).await {
+            Ok(done) => done.map_err(failure(reference)(operation)),
+            Err(source) => Err(RegistryError::Stalled {
+                registry: reference.resolve_registry().to_owned(),
+                operation,
+                source,
+            }),
         }
     }
 
@@ -167,9 +203,11 @@ impl RegistryClient {
     /// when the registry will not open one; the layer is then uploaded from disk when complete.
     pub async fn start_upload(&self, target: &str) -> Option<(StreamedUpload, BlobSink)> {
         let reference = parse_reference(target).ok()?;
-        let authorization = match self
+        let signed_in = self
             .client
-            .auth(&reference, &self.auth, RegistryOperation::Push)
+            .auth(&reference, &self.auth, RegistryOperation::Push);
+        let authorization = match self
+            .exchange(&reference, "signing in", None, signed_in)
             .await
         {
             Ok(Some(token)) => {
@@ -214,7 +252,7 @@ impl RegistryClient {
                 return None;
             }
         };
-        match StreamedUpload::start(http, url, authorization).await {
+        match StreamedUpload::start(http, url, authorization, self.stall_timeout).await {
             Ok(started) => Some(started),
             Err(err) => {
                 tracing::debug!("no streamed upload: {err}");
@@ -226,12 +264,15 @@ impl RegistryClient {
     /// Reads `image`'s manifest (choosing this machine's platform from an index) and config.
     pub async fn resolve(&self, image: &str) -> Result<ParentImage, RegistryError> {
         let reference = parse_reference(image)?;
-        let failed = failure(&reference);
         let (bytes, digest) = self
-            .client
-            .pull_manifest_raw(&reference, &self.auth, ACCEPTED_MANIFESTS)
-            .await
-            .map_err(failed("reading the base image manifest"))?;
+            .exchange(
+                &reference,
+                "reading the base image manifest",
+                None,
+                self.client
+                    .pull_manifest_raw(&reference, &self.auth, ACCEPTED_MANIFESTS),
+            )
+            .await?;
         let mut manifest: Value =
             serde_json::from_slice(&bytes).map_err(|_| RegistryError::Manifest {
                 reference: image.to_owned(),
@@ -258,10 +299,14 @@ impl RegistryClient {
                 .to_owned();
             let by_digest = reference.clone_with_digest(chosen);
             let (bytes, digest) = self
-                .client
-                .pull_manifest_raw(&by_digest, &self.auth, ACCEPTED_MANIFESTS)
-                .await
-                .map_err(failed("reading the platform manifest"))?;
+                .exchange(
+                    &reference,
+                    "reading the platform manifest",
+                    None,
+                    self.client
+                        .pull_manifest_raw(&by_digest, &self.auth, ACCEPTED_MANIFESTS),
+                )
+                .await?;
             manifest = serde_json::from_slice(&bytes).map_err(|_| RegistryError::Manifest {
                 reference: image.to_owned(),
                 problem: "platform manifest is not JSON".into(),
@@ -274,10 +319,14 @@ impl RegistryClient {
                 problem: "has no config descriptor".into(),
             })?;
         let mut config_bytes = Vec::new();
-        self.client
-            .pull_blob(&reference, &config_descriptor, &mut config_bytes)
-            .await
-            .map_err(failed("reading the base image config"))?;
+        self.exchange(
+            &reference,
+            "reading the base image config",
+            None,
+            self.client
+                .pull_blob(&reference, &config_descriptor, &mut config_bytes),
+        )
+        .await?;
         let config =
             ImageConfig::from_json(&config_bytes).map_err(|err| RegistryError::Manifest {
                 reference: image.to_owned(),
@@ -311,11 +360,35 @@ impl RegistryClient {
             problem: "has a malformed layer descriptor".into(),
         })?;
         let sized = self
-            .client
-            .pull_blob_stream(&parent.reference, &descriptor)
-            .await
-            .map_err(failure(&parent.reference)("downloading a base layer"))?;
-        Ok(sized.stream)
+            .exchange(
+                &parent.reference,
+                "downloading a base layer",
+                None,
+                self.client.pull_blob_stream(&parent.reference, &descriptor),
+            )
+            .await?;
+        // A download that stops moving ends with an error instead of waiting forever.
+        let limit = self.stall_timeout;
+        let registry = parent.reference.resolve_registry().to_owned();
+        Ok(futures::stream::unfold(Some(sized.stream), move |stream| {
+            let registry = registry.clone();
+            async move {
+                let mut stream = stream?;
+                match tokio::time::timeout(limit, stream.next()).await {
+                    Ok(Some(chunk)) => Some((chunk, Some(stream))),
+                    Ok(None) => None,
+                    Err(_) => {
+                        let quiet = Stalled { quiet: limit };
+                        let error = std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("registry {registry} stopped sending a base layer: {quiet}"),
+                        );
+                        Some((Err(error), None))
+                    }
+                }
+            }
+        })
+        .boxed())
     }
 
     /// Pushes an image: `parent`'s layers (present already, mounted across repositories, or
@@ -330,13 +403,16 @@ impl RegistryClient {
         annotations: &BTreeMap<String, String>,
     ) -> Result<PushedImage, RegistryError> {
         let reference = parse_reference(target)?;
-        let failed = failure(&reference);
-        retrying(|| {
-            self.client
-                .auth(&reference, &self.auth, RegistryOperation::Push)
-        })
-        .await
-        .map_err(failed("signing in"))?;
+        self.exchange(
+            &reference,
+            "signing in",
+            None,
+            retrying(|| {
+                self.client
+                    .auth(&reference, &self.auth, RegistryOperation::Push)
+            }),
+        )
+        .await?;
 
         let mut layers: Vec<Value> = Vec::new();
         if let Some(parent) = parent {
@@ -363,16 +439,25 @@ impl RegistryClient {
         let docker = parent.is_some_and(|p| p.docker);
         let config_bytes = config.to_bytes();
         let config_digest = Digest::of(&config_bytes);
-        let exists = retrying(|| self.client.blob_exists(&reference, config_digest.as_str()))
-            .await
-            .map_err(failed("checking the config blob"))?;
+        let exists = self
+            .exchange(
+                &reference,
+                "checking the config blob",
+                None,
+                retrying(|| self.client.blob_exists(&reference, config_digest.as_str())),
+            )
+            .await?;
         if !exists {
-            retrying(|| {
-                self.client
-                    .push_blob(&reference, config_bytes.clone(), config_digest.as_str())
-            })
-            .await
-            .map_err(failed("uploading the config blob"))?;
+            self.exchange(
+                &reference,
+                "uploading the config blob",
+                None,
+                retrying(|| {
+                    self.client
+                        .push_blob(&reference, config_bytes.clone(), config_digest.as_str())
+                }),
+            )
+            .await?;
         }
 
         let mut manifest = json!({
@@ -395,15 +480,19 @@ impl RegistryClient {
         } else {
             MANIFEST_MEDIA_TYPE
         };
-        retrying(|| {
-            self.client.push_manifest_raw(
-                &reference,
-                manifest_bytes.clone(),
-                http::HeaderValue::from_static(media_type),
-            )
-        })
-        .await
-        .map_err(failed("writing the manifest"))?;
+        self.exchange(
+            &reference,
+            "writing the manifest",
+            None,
+            retrying(|| {
+                self.client.push_manifest_raw(
+                    &reference,
+                    manifest_bytes.clone(),
+                    http::HeaderValue::from_static(media_type),
+                )
+            }),
+        )
+        .await?;
         Ok(PushedImage {
             reference: reference.whole(),
             manifest_digest,
@@ -419,23 +508,35 @@ impl RegistryClient {
         parent: &ParentImage,
         descriptor: &Value,
     ) -> Result<(), RegistryError> {
-        let failed = failure(target);
         let digest = descriptor["digest"].as_str().unwrap_or_default();
-        if retrying(|| self.client.blob_exists(target, digest))
-            .await
-            .map_err(failed("checking a base layer"))?
+        if self
+            .exchange(
+                target,
+                "checking a base layer",
+                None,
+                retrying(|| self.client.blob_exists(target, digest)),
+            )
+            .await?
         {
             return Ok(());
         }
         if parent.reference.resolve_registry() == target.resolve_registry()
             && self
-                .client
-                .mount_blob(target, &parent.reference, digest)
+                .exchange(
+                    target,
+                    "mounting a base layer",
+                    None,
+                    self.client.mount_blob(target, &parent.reference, digest),
+                )
                 .await
                 .is_ok()
             && self
-                .client
-                .blob_exists(target, digest)
+                .exchange(
+                    target,
+                    "checking a mounted base layer",
+                    None,
+                    self.client.blob_exists(target, digest),
+                )
                 .await
                 .unwrap_or(false)
         {
@@ -443,22 +544,30 @@ impl RegistryClient {
             return Ok(());
         }
         let size = descriptor["size"].as_u64();
-        retrying(|| async {
-            let stream = self
-                .layer_stream(parent, descriptor)
-                .await
-                .map_err(|err| OciDistributionError::GenericError(Some(err.to_string())))?;
-            self.client
-                .push_blob_stream(
-                    target,
-                    stream.map_err(OciDistributionError::IoError),
-                    digest,
-                    size,
-                )
-                .await
-        })
-        .await
-        .map_err(failed("copying a base layer"))?;
+        let progress = Progress::default();
+        self.exchange(
+            target,
+            "copying a base layer",
+            Some(&progress),
+            retrying(|| async {
+                let stream = self
+                    .layer_stream(parent, descriptor)
+                    .await
+                    .map_err(|err| OciDistributionError::GenericError(Some(err.to_string())))?;
+                let progress = progress.clone();
+                self.client
+                    .push_blob_stream(
+                        target,
+                        stream
+                            .inspect(move |_| progress.mark())
+                            .map_err(OciDistributionError::IoError),
+                        digest,
+                        size,
+                    )
+                    .await
+            }),
+        )
+        .await?;
         Ok(())
     }
 
@@ -467,13 +576,17 @@ impl RegistryClient {
         let Ok(reference) = parse_reference(target) else {
             return false;
         };
-        self.client
-            .auth(&reference, &self.auth, RegistryOperation::Push)
+        let signed_in = self.client.auth(&reference, &self.auth, RegistryOperation::Push);
+        self.exchange(&reference, "signing in", None, signed_in)
             .await
             .is_ok()
             && self
-                .client
-                .blob_exists(&reference, digest.as_str())
+                .exchange(
+                    &reference,
+                    "checking a blob",
+                    None,
+                    self.client.blob_exists(&reference, digest.as_str()),
+                )
                 .await
                 .unwrap_or(false)
     }
@@ -485,7 +598,6 @@ impl RegistryClient {
         reference: &Reference,
         layer: LayerBlob,
     ) -> Result<bool, RegistryError> {
-        let registry = || reference.resolve_registry().to_owned();
         let digest = layer.descriptor.digest.as_str();
         if let Some(streamed) = layer.streamed {
             match streamed
@@ -502,29 +614,37 @@ impl RegistryClient {
             }
         }
         let present = self
-            .client
-            .blob_exists(reference, digest)
-            .await
-            .map_err(|source| {
-                RegistryError::failed(registry(), "checking the layer blob", source)
-            })?;
+            .exchange(
+                reference,
+                "checking the layer blob",
+                None,
+                self.client.blob_exists(reference, digest),
+            )
+            .await?;
         if present {
             tracing::debug!(%digest, "layer already in the registry");
             return Ok(false);
         }
         open_blob(&layer.path).await?;
-        retrying(|| async {
-            let file = tokio::fs::File::open(&layer.path)
-                .await
-                .map_err(OciDistributionError::IoError)?;
-            let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
-                .map_err(OciDistributionError::IoError);
-            self.client
-                .push_blob_stream(reference, stream, digest, Some(layer.descriptor.size))
-                .await
-        })
-        .await
-        .map_err(|source| RegistryError::failed(registry(), "uploading a layer blob", source))?;
+        let progress = Progress::default();
+        self.exchange(
+            reference,
+            "uploading a layer blob",
+            Some(&progress),
+            retrying(|| async {
+                let file = tokio::fs::File::open(&layer.path)
+                    .await
+                    .map_err(OciDistributionError::IoError)?;
+                let progress = progress.clone();
+                let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
+                    .inspect(move |_| progress.mark())
+                    .map_err(OciDistributionError::IoError);
+                self.client
+                    .push_blob_stream(reference, stream, digest, Some(layer.descriptor.size))
+                    .await
+            }),
+        )
+        .await?;
         Ok(true)
     }
 }
@@ -637,6 +757,7 @@ mod tests {
         let options = RegistryOptions {
             insecure: vec![],
             credentials: Some(("alice".into(), "s3cret-pa55".into())),
+            stall_timeout: None,
         };
         let shown = format!("{options:?}");
         assert!(

@@ -15,7 +15,10 @@ use crate::digest::Digest;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, StatusCode};
 use reqwest::Url;
+use crate::stall::{self, Progress, Stalled};
 use std::io::{self, Write};
+use std::time::Duration;
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -44,19 +47,29 @@ pub enum UploadError {
     Incomplete { received: u64, size: u64 },
     #[error("the upload task ended abnormally")]
     Task,
+    #[error("{request}: {source}")]
+    Stalled {
+        request: &'static str,
+        #[source]
+        source: Stalled,
+    },
 }
 
 /// An upload session the registry has opened, with its PATCH running in the background.
 pub struct StreamedUpload {
     registry: Registry,
     patch: JoinHandle<Result<(Url, Option<u64>), UploadError>>,
+    /// Marked each time the PATCH takes a chunk.
+    progress: Progress,
 }
 
-/// How requests reach the registry: its origin, and the credentials only that origin gets.
+/// How requests reach the registry: its origin, the credentials only that origin gets, and how
+/// long it may stay silent.
 struct Registry {
     http: reqwest::Client,
     authorization: Option<HeaderValue>,
     origin: Url,
+    stall_timeout: Duration,
 }
 
 /// The write end of a [`StreamedUpload`]: a blocking writer for the thread that compresses.
@@ -66,6 +79,9 @@ struct Registry {
 pub struct BlobSink {
     chunks: Option<mpsc::Sender<Bytes>>,
     buffer: BytesMut,
+    /// For waiting on a full queue at most the stall timeout, from the compressing thread.
+    runtime: Handle,
+    stall_timeout: Duration,
 }
 
 impl StreamedUpload {
@@ -75,11 +91,13 @@ impl StreamedUpload {
         http: reqwest::Client,
         blob_uploads: Url,
         authorization: Option<HeaderValue>,
+        stall_timeout: Duration,
     ) -> Result<(Self, BlobSink), UploadError> {
         let registry = Registry {
             http,
             authorization,
             origin: origin(&blob_uploads),
+            stall_timeout,
         };
         const OPEN: &str = "POST (open upload)";
         let opened = registry
@@ -88,11 +106,17 @@ impl StreamedUpload {
         let session = location(&opened, StatusCode::ACCEPTED, OPEN)?;
 
         let (sender, receiver) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
+        let progress = Progress::default();
+        let taken = progress.clone();
         let body = reqwest::Body::wrap_stream(futures::stream::unfold(
             receiver,
-            |mut receiver| async move {
-                let chunk = receiver.recv().await?;
-                Some((Ok::<_, io::Error>(chunk), receiver))
+            move |mut receiver| {
+                let taken = taken.clone();
+                async move {
+                    let chunk = receiver.recv().await?;
+                    taken.mark();
+                    Some((Ok::<_, io::Error>(chunk), receiver))
+                }
             },
         ));
         let request = registry
@@ -110,10 +134,16 @@ impl StreamedUpload {
             Ok((next, received))
         });
         Ok((
-            Self { registry, patch },
+            Self {
+                registry,
+                patch,
+                progress,
+            },
             BlobSink {
                 chunks: Some(sender),
                 buffer: BytesMut::with_capacity(CHUNK),
+                runtime: Handle::current(),
+                stall_timeout,
             },
         ))
     }
@@ -121,7 +151,19 @@ impl StreamedUpload {
     /// Closes the session once the blob is complete (its sink finished or dropped): the registry
     /// commits the blob under `digest` only if what it received hashes to it.
     pub async fn finish(mut self, digest: &Digest, size: u64) -> Result<(), UploadError> {
-        let (mut session, received) = (&mut self.patch).await.map_err(|_| UploadError::Task)??;
+        // The registry answers the PATCH once it has the blob's last bytes, which it took (or
+        // did not) since the last chunk.
+        let patched = stall::within(
+            self.registry.stall_timeout,
+            Some(&self.progress),
+            &mut self.patch,
+        )
+        .await
+        .map_err(|source| UploadError::Stalled {
+            request: "PATCH (blob data)",
+            source,
+        })?;
+        let (mut session, received) = patched.map_err(|_| UploadError::Task)??;
         if let Some(received) = received
             && received != size
         {
@@ -162,10 +204,16 @@ impl Registry {
         url: Url,
         name: &'static str,
     ) -> Result<reqwest::Response, UploadError> {
-        self.request(method, url)
+        let sent = self
+            .request(method, url)
             .header(http::header::CONTENT_LENGTH, 0)
-            .send()
+            .send();
+        stall::within(self.stall_timeout, None, sent)
             .await
+            .map_err(|source| UploadError::Stalled {
+                request: name,
+                source,
+            })?
             .map_err(|source| UploadError::Http {
                 request: name,
                 source,
@@ -186,11 +234,26 @@ impl BlobSink {
             return;
         }
         let chunk = self.buffer.split().freeze();
-        if let Some(chunks) = &self.chunks
-            && chunks.blocking_send(chunk).is_err()
-        {
-            tracing::debug!("streamed upload ended early; the layer goes up from disk instead");
-            self.chunks = None;
+        if let Some(chunks) = &self.chunks {
+            let queued = self
+                .runtime
+                .block_on(tokio::time::timeout(self.stall_timeout, chunks.send(chunk)));
+            match queued {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    tracing::debug!(
+                        "streamed upload ended early; the layer goes up from disk instead"
+                    );
+                    self.chunks = None;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "the registry took no data for {} s; the layer goes up from disk instead",
+                        self.stall_timeout.as_secs_f64()
+                    );
+                    self.chunks = None;
+                }
+            }
         }
         self.buffer.reserve(CHUNK);
     }

@@ -512,6 +512,62 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
     );
 }
 
+// A registry that hangs (a stuck proxy in front of it, a full disk behind it) fails the save once
+// it has been silent for the stall timeout, naming it, instead of holding the save forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_stops_answering_mid_upload_fails_the_save_after_the_stall_timeout() {
+    let (registry, relay, _tree, root) = registry_behind_relay().await;
+    let host = relay.host();
+    // More than the sockets between labforge and the relay hold: the upload itself stalls.
+    write(&root, "payload.bin", noise(16 << 20, 31));
+    let root_arg = root.to_str().unwrap();
+    let target = format!("{host}/e2e/silent:v1");
+
+    relay.stall_after(512 * 1024);
+    let mut running = labforge()
+        .args(["build", "commit", "--quiet", "--insecure-registry", &host])
+        .args(["--registry-stall-timeout", "2", "--log", "labforge_builder=info"])
+        .args(["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Without the stall timeout the save never ends; with it, it ends in seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while running.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = running.kill();
+            panic!("the save still waited on the silent registry after 90 s");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let out = running.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a silent registry cannot take a push");
+    assert!(
+        stderr.contains("the registry took no data for 2 s"),
+        "the layer's upload gave up waiting: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("registry {host} stopped answering")),
+        "{stderr}"
+    );
+    relay.heal();
+    let tag = reqwest::get(format!(
+        "http://{}/v2/e2e/silent/manifests/v1",
+        registry.host()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(tag.status(), 404, "no tag without every blob");
+
+    // The registry answering again, the same save succeeds.
+    succeeded(&save(
+        &["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]],
+        &host,
+    ));
+}
+
 // The layer goes up while it is compressed; a cut of that upload costs a second upload from the
 // staged copy, not the save.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
-//! A TCP relay in front of a real service that can cut connections part-way, for fault tests
-//! ("the registry went away in the middle of an upload").
+//! A TCP relay in front of a real service that can cut connections part-way, or go silent, for
+//! fault tests ("the registry went away, or hung, in the middle of an upload").
 
 use crate::tools::SupportError;
 use std::net::SocketAddr;
@@ -22,6 +22,8 @@ struct State {
     forwarded: AtomicU64,
     /// Heal after the first cut.
     once: AtomicBool,
+    /// Once broken, hold connections open in silence instead of cutting them.
+    silent: AtomicBool,
     cuts: AtomicU64,
 }
 
@@ -69,6 +71,14 @@ impl FaultyRelay {
         self.fail_after(bytes);
     }
 
+    /// From now on, once `bytes` more bytes went upstream, the relay goes silent as a hung
+    /// service does: nothing more is forwarded either way, nothing is closed, and new connections
+    /// are accepted and never answered, until [`FaultyRelay::heal`].
+    pub fn stall_after(&self, bytes: u64) {
+        self.state.silent.store(true, Ordering::SeqCst);
+        self.fail_after(bytes);
+    }
+
     /// Connections cut so far.
     pub fn cuts(&self) -> u64 {
         self.state.cuts.load(Ordering::SeqCst)
@@ -76,6 +86,7 @@ impl FaultyRelay {
 
     pub fn heal(&self) {
         self.state.failing.store(false, Ordering::SeqCst);
+        self.state.silent.store(false, Ordering::SeqCst);
     }
 }
 
@@ -90,9 +101,21 @@ impl State {
         self.failing.load(Ordering::SeqCst)
             && self.forwarded.load(Ordering::SeqCst) >= self.budget.load(Ordering::SeqCst)
     }
+
+    fn silent(&self) -> bool {
+        self.silent.load(Ordering::SeqCst) && self.broken()
+    }
+}
+
+/// Keeps a connection open and says nothing, for as long as the test runs.
+async fn hang(_connection: impl Send) {
+    std::future::pending::<()>().await
 }
 
 async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
+    if state.silent() {
+        return hang(client).await;
+    }
     if state.broken() {
         return;
     }
@@ -110,6 +133,9 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 Ok(n) => n,
             };
             up_state.forwarded.fetch_add(n as u64, Ordering::SeqCst);
+            if up_state.silent() {
+                return hang(client_read).await;
+            }
             if up_state.broken() {
                 up_state.cuts.fetch_add(1, Ordering::SeqCst);
                 if up_state.once.swap(false, Ordering::SeqCst) {
@@ -122,8 +148,21 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
             }
         }
     };
+    let down_state = Arc::clone(&state);
     let download = async move {
-        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match server_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if down_state.silent() {
+                return hang(client_write).await;
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
     };
     // Whichever side ends (or is cut) ends the connection.
     tokio::select! {
