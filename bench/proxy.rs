@@ -5,14 +5,17 @@
 //! - `labforge proxy` (release build, routes from a VirtualService file), nginx (temporary config,
 //!   foreground, loopback, keep-alive upstream pool) and configurable-http-proxy (npm, routes via
 //!   its REST API);
-//! - wrk at full load (req/s, p50, p99), then at half of labforge's full-load rate (fixed rate via
-//!   wrk's `delay` hook) to compare p99 added latency against the upstream alone;
+//! - wrk at full load (req/s, p50, p99, and each contender's CPU time per request), in rounds
+//!   that take the contenders in turn (the machine's speed drifts by a fifth within minutes, so
+//!   one run each would compare moments, not proxies; medians are reported); then at half of
+//!   labforge's full-load rate (fixed rate via wrk's `delay` hook) to compare p99 added latency
+//!   against the upstream alone;
 //! - the same with 10,000 routes (the measured route is the last one created), with RSS;
 //! - websocket echo round trips through each proxy;
 //! - labforge's open descriptors before and after 10,000 requests to a refused upstream.
 //!
 //!   scripts/setup   # nginx, wrk, configurable-http-proxy
-//!   cargo bench --bench proxy [-- SECONDS]
+//!   cargo bench --bench proxy [-- SECONDS [ROUNDS]]
 
 use futures::{SinkExt, StreamExt};
 use std::io::Write as _;
@@ -304,6 +307,58 @@ struct Wrk {
     p50_ms: f64,
     p99_ms: f64,
     errors: u64,
+    requests: u64,
+    /// CPU time the contender's processes used per request during the run, when measured.
+    cpu_us_per_request: Option<f64>,
+}
+
+/// User + system CPU time of `pids` so far, in clock ticks (`/proc/<pid>/stat`, all threads).
+fn cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let user: u64 = fields.get(11)?.parse().ok()?;
+            let system: u64 = fields.get(12)?.parse().ok()?;
+            Some(user + system)
+        })
+        .sum()
+}
+
+/// Linux's USER_HZ, the unit of `/proc/<pid>/stat` times, on every architecture it runs on here.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// [`wrk`] at full load, with the CPU time `pids` spent per request.
+fn wrk_measuring_cpu(url: &str, seconds: u32, dir: &Path, pids: &[u32]) -> Wrk {
+    let before = cpu_ticks(pids);
+    let mut result = wrk(url, seconds, None, dir);
+    let used = cpu_ticks(pids).saturating_sub(before);
+    if !pids.is_empty() && result.requests > 0 {
+        result.cpu_us_per_request =
+            Some(used as f64 / TICKS_PER_SECOND * 1e6 / result.requests as f64);
+    }
+    result
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The run with the median req/s among `runs`, carrying the median CPU time per request.
+fn median_run(runs: &[Wrk]) -> Wrk {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+    let mut middle = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_request).collect();
+    middle.cpu_us_per_request = (!cpu.is_empty()).then(|| median(cpu));
+    middle.errors = runs.iter().map(|r| r.errors).sum();
+    middle
 }
 
 fn parse_latency(value: &str) -> f64 {
@@ -343,7 +398,9 @@ fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
     let mut result = Wrk::default();
     for line in text.lines() {
         let line = line.trim();
-        if let Some(v) = line.strip_prefix("Requests/sec:") {
+        if let Some((count, _)) = line.split_once(" requests in ") {
+            result.requests = count.trim().parse().unwrap_or(0);
+        } else if let Some(v) = line.strip_prefix("Requests/sec:") {
             result.rps = v.trim().parse().unwrap_or(0.0);
         } else if let Some(v) = line.strip_prefix("50%") {
             result.p50_ms = parse_latency(v);
@@ -410,29 +467,28 @@ async fn ws_round_trips(port: u16, count: usize) -> Option<(f64, f64)> {
 
 struct Row {
     label: String,
+    /// The median round at full load.
     full: Wrk,
+    /// Median over rounds of labforge's req/s ÷ this contender's, both from the same round.
+    ratio: Option<f64>,
     half: Option<Wrk>,
     rss_kb: u64,
     ws: Option<(f64, f64)>,
 }
 
 fn print_table(title: &str, rows: &[Row], direct: &Row) {
-    let labforge = rows
-        .iter()
-        .find(|r| r.label == "labforge")
-        .map(|r| r.full.rps);
     println!("\n### {title}\n");
     println!(
-        "| contender | req/s | p50 | p99 | labforge ÷ it | p99 at half load (added vs upstream) | RSS | ws echo RTT p50 / p99 | errors |"
+        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request | p99 at half load (added vs upstream) | RSS | ws echo RTT p50 / p99 | errors |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in std::iter::once(direct).chain(rows) {
-        let ratio = match labforge {
-            Some(l) if row.full.rps > 0.0 && row.label != "labforge" => {
-                format!("{:.2}×", l / row.full.rps)
-            }
-            _ => "".into(),
-        };
+        let ratio = row.ratio.map(|r| format!("{r:.2}×")).unwrap_or_default();
+        let cpu = row
+            .full
+            .cpu_us_per_request
+            .map(|us| format!("{us:.1} µs"))
+            .unwrap_or_default();
         let half = match (row.half, direct.half) {
             (Some(h), Some(d)) if row.label != direct.label => {
                 format!("{:.3} ms (+{:.3} ms)", h.p99_ms, h.p99_ms - d.p99_ms)
@@ -450,7 +506,7 @@ fn print_table(title: &str, rows: &[Row], direct: &Row) {
             String::new()
         };
         println!(
-            "| {} | {:.0} | {:.3} ms | {:.3} ms | {ratio} | {half} | {rss} | {ws} | {} |",
+            "| {} | {:.0} | {:.3} ms | {:.3} ms | {ratio} | {cpu} | {half} | {rss} | {ws} | {} |",
             row.label, row.full.rps, row.full.p50_ms, row.full.p99_ms, row.full.errors
         );
     }
@@ -473,17 +529,19 @@ async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     labforge_tests::init_crypto();
-    let seconds: u32 = std::env::args()
+    let numbers: Vec<u32> = std::env::args()
         .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(8);
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let seconds = numbers.first().copied().unwrap_or(6);
+    let rounds = numbers.get(1).copied().unwrap_or(3).max(1) as usize;
     labforge_tests::locate("wrk").expect("wrk is needed: run scripts/setup");
     let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
     let upstream = start_upstream();
     let echo = start_echo();
     let refused = free_port();
     println!(
-        "proxy bench: {} cores, wrk -t{THREADS} -c{CONNECTIONS} -d{seconds}s, upstream {upstream}",
+        "proxy bench: {} cores, wrk -t{THREADS} -c{CONNECTIONS} -d{seconds}s, {rounds} rounds at full load, upstream {upstream}",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
@@ -501,25 +559,51 @@ async fn main() {
             started.elapsed().as_secs_f64()
         );
         let direct_url = format!("http://{upstream}{}", routes.measured());
-        let direct_full = wrk(&direct_url, seconds, None, &dir);
-        let mut rows = Vec::new();
-        for contender in &running {
-            let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
-            let full = wrk(&url, seconds, None, &dir);
-            eprintln!("{} {count}: {full:?}", contender.name);
-            rows.push(Row {
-                label: contender.name.to_owned(),
-                full,
-                half: None,
-                rss_kb: 0,
-                ws: None,
-            });
+        // Round r starts with contender r: none always runs first (or right after a rest).
+        let mut direct_runs = Vec::new();
+        let mut runs: Vec<Vec<Wrk>> = vec![Vec::new(); running.len()];
+        for round in 0..rounds {
+            direct_runs.push(wrk(&direct_url, seconds, None, &dir));
+            for turn in 0..running.len() {
+                let index = (round + turn) % running.len();
+                let contender = &running[index];
+                let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
+                let full = wrk_measuring_cpu(&url, seconds, &dir, &contender.pids);
+                eprintln!("{} {count} round {round}: {full:?}", contender.name);
+                runs[index].push(full);
+            }
         }
+        // labforge is the first contender.
+        let labforge_runs = &runs[0];
+        let mut rows: Vec<Row> = running
+            .iter()
+            .zip(&runs)
+            .enumerate()
+            .map(|(index, (contender, runs))| {
+                let ratio = (index > 0).then(|| {
+                    median(
+                        runs.iter()
+                            .zip(labforge_runs)
+                            .map(|(them, labforge)| labforge.rps / them.rps)
+                            .collect(),
+                    )
+                });
+                Row {
+                    label: contender.name.to_owned(),
+                    full: median_run(runs),
+                    ratio,
+                    half: None,
+                    rss_kb: 0,
+                    ws: None,
+                }
+            })
+            .collect();
         // Half of labforge's full-load rate, the same fixed rate for everyone.
         let half_rate = rows[0].full.rps / 2.0;
         let direct = Row {
             label: "upstream alone".into(),
-            full: direct_full,
+            full: median_run(&direct_runs),
+            ratio: None,
             half: Some(wrk(&direct_url, seconds, Some(half_rate), &dir)),
             rss_kb: 0,
             ws: None,
