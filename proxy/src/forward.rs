@@ -36,7 +36,8 @@ pub type ProxyBody = Either<PooledBody, Full<Bytes>>;
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1, plus the
 /// non-standard ones proxies have always dropped).
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP_COUNT: usize = 8;
+static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -414,9 +415,15 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// Drops hop-by-hop headers, including every header the Connection header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages have none (keep-alive is HTTP/1.1's default): one pass over their few
-    // headers instead of a hashed removal per name.
-    if !headers.keys().any(|key| HOP_BY_HOP.contains(key)) {
+    // One pass over the message's few headers instead of a hashed removal per name: most
+    // messages have none, and the rest mostly just `Connection: keep-alive`.
+    let mut present = [false; HOP_BY_HOP_COUNT];
+    for key in headers.keys() {
+        if let Some(at) = HOP_BY_HOP.iter().position(|name| name == key) {
+            present[at] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
     if let Some(connection) = headers.get(header::CONNECTION) {
@@ -424,14 +431,24 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .to_str()
             .unwrap_or("")
             .split(',')
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .map(str::trim)
+            // Options (`close`, `keep-alive`, `upgrade`) name no header but a hop-by-hop one.
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|name| token.eq_ignore_ascii_case(name.as_str()))
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
             .collect();
         for name in named {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for (name, present) in HOP_BY_HOP.iter().zip(present) {
+        if present {
+            headers.remove(name);
+        }
     }
 }
 
@@ -532,6 +549,17 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["kubeflow-userid"]);
+
+        // Options name no header; a message with nothing hop-by-hop keeps everything.
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close, Upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert(header::HOST, HeaderValue::from_static("lab"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["host"]);
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
     }
 
     #[test]
