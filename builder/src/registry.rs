@@ -11,7 +11,6 @@ use crate::stall::{self, DEFAULT_STALL_TIMEOUT, Progress, Stalled};
 use crate::upload::{BlobSink, StreamedUpload};
 use base64::Engine as _;
 use futures::{StreamExt, TryStreamExt};
-use std::future::Future;
 use http::HeaderValue;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
@@ -20,6 +19,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -576,7 +576,9 @@ impl RegistryClient {
         let Ok(reference) = parse_reference(target) else {
             return false;
         };
-        let signed_in = self.client.auth(&reference, &self.auth, RegistryOperation::Push);
+        let signed_in = self
+            .client
+            .auth(&reference, &self.auth, RegistryOperation::Push);
         self.exchange(&reference, "signing in", None, signed_in)
             .await
             .is_ok()

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How long a registry may be silent unless configured: long enough for a registry that hashes
-/// and stores a large blob before it answers the upload's last request.
-pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a registry may be silent unless configured. A registry answers an upload's last
+/// request only once it has verified and stored the blob, which for a registry on object
+/// storage means a server-side copy: minutes for a layer of several GiB.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// When an upload last moved: marked each time its body hands a chunk to the connection.
 #[derive(Clone, Debug)]
@@ -36,8 +37,10 @@ impl Default for Progress {
 impl Progress {
     pub fn mark(&self) {
         let elapsed = self.started.elapsed().as_millis();
-        self.last
-            .store(u64::try_from(elapsed).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.last.store(
+            u64::try_from(elapsed).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     fn last(&self) -> Instant {
@@ -97,7 +100,10 @@ mod tests {
             }
         };
         let started = Instant::now();
-        assert_eq!(within(limit, Some(&progress), moving).await.unwrap(), "done");
+        assert_eq!(
+            within(limit, Some(&progress), moving).await.unwrap(),
+            "done"
+        );
         assert_eq!(started.elapsed(), Duration::from_secs(60));
 
         // Once it stops moving, it is given up `limit` after its last move.

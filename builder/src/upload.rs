@@ -12,10 +12,10 @@
 //! oci-client, which retries and reports failures.
 
 use crate::digest::Digest;
+use crate::stall::{self, Progress, Stalled};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, StatusCode};
 use reqwest::Url;
-use crate::stall::{self, Progress, Stalled};
 use std::io::{self, Write};
 use std::time::Duration;
 use tokio::runtime::Handle;
@@ -108,17 +108,15 @@ impl StreamedUpload {
         let (sender, receiver) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
         let progress = Progress::default();
         let taken = progress.clone();
-        let body = reqwest::Body::wrap_stream(futures::stream::unfold(
-            receiver,
-            move |mut receiver| {
+        let body =
+            reqwest::Body::wrap_stream(futures::stream::unfold(receiver, move |mut receiver| {
                 let taken = taken.clone();
                 async move {
                     let chunk = receiver.recv().await?;
                     taken.mark();
                     Some((Ok::<_, io::Error>(chunk), receiver))
                 }
-            },
-        ));
+            }));
         let request = registry
             .request(reqwest::Method::PATCH, session)
             .header(http::header::CONTENT_TYPE, "application/octet-stream")

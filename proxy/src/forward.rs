@@ -432,7 +432,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .unwrap_or("")
             .split(',')
             .map(str::trim)
-            // Options (`close`, `keep-alive`, `upgrade`) name no header but a hop-by-hop one.
+            // `close` names no header; hop-by-hop names go below in any case.
             .filter(|token| {
                 !token.eq_ignore_ascii_case("close")
                     && !HOP_BY_HOP
@@ -552,7 +552,10 @@ mod tests {
 
         // Options name no header; a message with nothing hop-by-hop keeps everything.
         let mut headers = HeaderMap::new();
-        headers.insert(header::CONNECTION, HeaderValue::from_static("close, Upgrade"));
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, Upgrade"),
+        );
         headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         headers.insert(header::HOST, HeaderValue::from_static("lab"));
         strip_hop_by_hop(&mut headers);
