@@ -526,7 +526,12 @@ async fn a_registry_that_stops_answering_mid_upload_fails_the_save_after_the_sta
     relay.stall_after(512 * 1024);
     let mut running = labforge()
         .args(["build", "commit", "--quiet", "--insecure-registry", &host])
-        .args(["--registry-stall-timeout", "2", "--log", "labforge_builder=info"])
+        .args([
+            "--registry-stall-timeout",
+            "2",
+            "--log",
+            "labforge_builder=info",
+        ])
         .args(["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -543,7 +548,10 @@ async fn a_registry_that_stops_answering_mid_upload_fails_the_save_after_the_sta
     }
     let out = running.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a silent registry cannot take a push");
+    assert!(
+        !out.status.success(),
+        "a silent registry cannot take a push"
+    );
     assert!(
         stderr.contains("the registry took no data for 2 s"),
         "the layer's upload gave up waiting: {stderr}"
