@@ -55,15 +55,16 @@ pub struct Stalled {
     pub quiet: Duration,
 }
 
-/// Runs `work` until it ends or nothing happened for `limit`: since it started, or since
-/// `progress` was last marked, whichever is later.
+/// Runs `work` until it ends or nothing happened for `limit`: since `progress` was last marked
+/// (or made), or without one, since `work` started. An upload that was already silent for
+/// `limit` when its closing step starts is given up at once.
 pub async fn within<F: Future>(
     limit: Duration,
     progress: Option<&Progress>,
     work: F,
 ) -> Result<F::Output, Stalled> {
     let started = Instant::now();
-    let quiet_since = || progress.map_or(started, |p| p.last().max(started));
+    let quiet_since = || progress.map_or(started, Progress::last);
     tokio::pin!(work);
     loop {
         tokio::select! {
@@ -118,5 +119,15 @@ mod tests {
         let started = Instant::now();
         assert!(within(limit, Some(&progress), stops).await.is_err());
         assert_eq!(started.elapsed(), Duration::from_secs(13));
+
+        // Silent for longer than the limit already: given up without waiting again.
+        tokio::time::sleep(limit).await;
+        let started = Instant::now();
+        assert!(
+            within(limit, Some(&progress), std::future::pending::<()>())
+                .await
+                .is_err()
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }
