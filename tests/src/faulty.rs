@@ -152,13 +152,15 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let download = async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
-            let n = match server_read.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
+            let read = server_read.read(&mut buf).await;
+            // Silent means silent: not even the service's own close gets through.
             if down_state.silent() {
                 return hang(client_write).await;
             }
+            let n = match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
             if client_write.write_all(&buf[..n]).await.is_err() {
                 return;
             }
