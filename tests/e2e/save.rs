@@ -22,9 +22,10 @@ fn write(root: &Path, rel: &str, body: impl AsRef<[u8]>) {
     fs::write(path, body).unwrap();
 }
 
-/// `labforge build commit --quiet --insecure-registry REGISTRY ARGS...`.
-pub(crate) fn save(args: &[&str], registry: &str) -> Output {
-    labforge()
+/// `labforge build commit --quiet --insecure-registry REGISTRY ARGS...`, not yet run.
+fn save_command(args: &[&str], registry: &str) -> Command {
+    let mut command = labforge();
+    command
         .args([
             "build",
             "commit",
@@ -32,9 +33,13 @@ pub(crate) fn save(args: &[&str], registry: &str) -> Output {
             "--insecure-registry",
             registry,
         ])
-        .args(args)
-        .output()
-        .unwrap()
+        .args(args);
+    command
+}
+
+/// [`save_command`], run to its end.
+pub(crate) fn save(args: &[&str], registry: &str) -> Output {
+    save_command(args, registry).output().unwrap()
 }
 
 #[track_caller]
@@ -524,19 +529,25 @@ async fn a_registry_that_stops_answering_mid_upload_fails_the_save_after_the_sta
     let target = format!("{host}/e2e/silent:v1");
 
     relay.stall_after(512 * 1024);
-    let mut running = labforge()
-        .args(["build", "commit", "--quiet", "--insecure-registry", &host])
-        .args([
+    let mut running = save_command(
+        &[
             "--registry-stall-timeout",
             "2",
             "--log",
             "labforge_builder=info",
-        ])
-        .args(["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+            "--root",
+            root_arg,
+            "--target",
+            &target,
+            GZIP[0],
+            GZIP[1],
+        ],
+        &host,
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     // Without the stall timeout the save never ends; with it, it ends in seconds.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     while running.try_wait().unwrap().is_none() {
@@ -584,12 +595,15 @@ async fn a_layer_upload_cut_while_streaming_goes_up_again_from_disk() {
     let host = relay.host();
     let root_arg = root.to_str().unwrap();
     let logged_save = |target: &str| {
-        labforge()
-            .args(["build", "commit", "--quiet", "--insecure-registry", &host])
-            .args(["--log", "labforge_builder=info"])
-            .args(["--root", root_arg, "--target", target, GZIP[0], GZIP[1]])
-            .output()
-            .unwrap()
+        let args = [
+            "--log",
+            "labforge_builder=info",
+            "--root",
+            root_arg,
+            "--target",
+            target,
+        ];
+        save(&[&args[..], &GZIP[..]].concat(), &host)
     };
 
     write(&root, "payload.bin", noise(3 << 20, 21));
