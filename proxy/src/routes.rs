@@ -370,9 +370,16 @@ impl Rule {
             return std::borrow::Cow::Borrowed(path);
         };
         match found.prefix_len {
+            // Kubeflow's VirtualServices rewrite a notebook's prefix to itself.
+            Some(len) if path.get(..len) == Some(rewrite.as_str()) => {
+                std::borrow::Cow::Borrowed(path)
+            }
             Some(len) => {
                 let rest = path.get(len..).unwrap_or_default();
-                std::borrow::Cow::Owned(format!("{rewrite}{rest}"))
+                let mut rewritten = String::with_capacity(rewrite.len() + rest.len());
+                rewritten.push_str(rewrite);
+                rewritten.push_str(rest);
+                std::borrow::Cow::Owned(rewritten)
             }
             None => std::borrow::Cow::Owned(rewrite.clone()),
         }
