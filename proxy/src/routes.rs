@@ -74,12 +74,13 @@ impl RouteOwner {
     }
 }
 
-/// The namespace names of a store's routes, one string each: 10,000 notebooks live in a handful
-/// of namespaces, and each route's owner and guard would otherwise hold a copy.
+/// The namespace names and hosts of a store's routes, one string each: 10,000 notebooks live in a
+/// handful of namespaces behind one or two hosts (`*` in Kubeflow), and each route's owner, guard
+/// and VirtualService would otherwise hold a copy.
 #[derive(Debug, Default)]
-pub struct NamespaceNames(Mutex<HashSet<Arc<str>>>);
+pub struct SharedNames(Mutex<HashSet<Arc<str>>>);
 
-impl NamespaceNames {
+impl SharedNames {
     pub fn intern(&self, name: &str) -> Arc<str> {
         let mut names = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(known) = names.get(name) {
@@ -321,7 +322,9 @@ pub struct Rule {
     /// Empty: matches every request. Boxed slices here and below: a table holds a rule per
     /// notebook, and a vector's spare capacity would be most of a rule's memory.
     pub matches: Box<[MatchCondition]>,
-    pub rewrite_uri: Option<String>,
+    /// Shared with the rule's prefix matcher when it is the same text (Kubeflow rewrites a
+    /// notebook's prefix to itself), as the host index shares it.
+    pub rewrite_uri: Option<Arc<str>>,
     pub request_headers: HeaderOps,
     pub response_headers: HeaderOps,
     pub destinations: Box<[Destination]>,
@@ -371,9 +374,7 @@ impl Rule {
         };
         match found.prefix_len {
             // Kubeflow's VirtualServices rewrite a notebook's prefix to itself.
-            Some(len) if path.get(..len) == Some(rewrite.as_str()) => {
-                std::borrow::Cow::Borrowed(path)
-            }
+            Some(len) if path.get(..len) == Some(&**rewrite) => std::borrow::Cow::Borrowed(path),
             Some(len) => {
                 let rest = path.get(len..).unwrap_or_default();
                 let mut rewritten = String::with_capacity(rewrite.len() + rest.len());
@@ -381,7 +382,7 @@ impl Rule {
                 rewritten.push_str(rest);
                 std::borrow::Cow::Owned(rewritten)
             }
-            None => std::borrow::Cow::Owned(rewrite.clone()),
+            None => std::borrow::Cow::Owned(rewrite.to_string()),
         }
     }
 }
@@ -522,7 +523,7 @@ pub struct RouteTable {
 #[derive(Debug)]
 pub struct CompiledVirtualService {
     /// Lowercase.
-    pub hosts: Box<[String]>,
+    pub hosts: Box<[Arc<str>]>,
     pub rules: Box<[Arc<Rule>]>,
 }
 
@@ -533,7 +534,7 @@ impl CompiledVirtualService {
         vs: &VirtualService,
         gateway: &GatewayFilter,
         activity: &Activity,
-        namespaces: &NamespaceNames,
+        names: &SharedNames,
     ) -> (Option<Self>, Vec<Skipped>) {
         let mut skipped = Vec::new();
         let namespace = vs.metadata.namespace.clone().unwrap_or_default();
@@ -545,7 +546,7 @@ impl CompiledVirtualService {
         let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
         let owner = Arc::new(RouteOwner {
             activity: activity.cell(&key),
-            namespace: namespaces.intern(&namespace),
+            namespace: names.intern(&namespace),
             virtual_service: name.into(),
             notebook,
         });
@@ -568,7 +569,7 @@ impl CompiledVirtualService {
             .spec
             .hosts
             .iter()
-            .map(|h| h.to_ascii_lowercase())
+            .map(|h| names.intern(&h.to_ascii_lowercase()))
             .collect();
         (
             Some(Self {
@@ -601,12 +602,12 @@ impl RouteTable {
         activity: &Activity,
     ) -> (RouteTable, Vec<Skipped>) {
         let mut skipped = Vec::new();
-        let namespaces = NamespaceNames::default();
+        let names = SharedNames::default();
         let compiled: Vec<CompiledVirtualService> = virtual_services
             .into_iter()
             .filter_map(|vs| {
                 let (compiled, mut s) =
-                    CompiledVirtualService::compile(vs, gateway, activity, &namespaces);
+                    CompiledVirtualService::compile(vs, gateway, activity, &names);
                 skipped.append(&mut s);
                 compiled
             })
@@ -624,7 +625,7 @@ impl RouteTable {
             table.virtual_services += 1;
             for host in &vs.hosts {
                 by_host
-                    .entry(host.as_str())
+                    .entry(&**host)
                     .or_default()
                     .extend(vs.rules.iter().cloned());
             }
@@ -762,11 +763,24 @@ fn compile_rule(
     if total_weight == 0 {
         return Err("every destination has weight 0".into());
     }
+    let rewrite_uri = route
+        .rewrite
+        .as_ref()
+        .and_then(|r| r.uri.as_deref())
+        .map(|uri| {
+            matches
+                .iter()
+                .find_map(|m| match &m.uri {
+                    Some(Matcher::Prefix(prefix)) if &**prefix == uri => Some(prefix.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| uri.into())
+        });
     let headers = route.headers.as_ref();
     Ok(Rule {
         owner: owner.clone(),
         matches,
-        rewrite_uri: route.rewrite.as_ref().and_then(|r| r.uri.clone()),
+        rewrite_uri,
         request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
         response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
         destinations,
@@ -816,8 +830,8 @@ mod tests {
     }
 
     #[test]
-    fn routes_of_one_namespace_share_its_name_until_none_holds_it() {
-        let names = NamespaceNames::default();
+    fn routes_of_one_namespace_share_its_name_and_host_until_none_holds_them() {
+        let names = SharedNames::default();
         let activity = Activity::default();
         let gateway = GatewayFilter(Some(GATEWAY.into()));
         let compile = |name: &str| {
@@ -836,9 +850,10 @@ mod tests {
             &lab_rule.namespaces[0],
             &lab_rule.owner.namespace
         ));
+        assert!(Arc::ptr_eq(&lab.hosts[0], &other.hosts[0]));
         drop(lab);
         names.forget_unused();
-        assert_eq!(names.len(), 1, "still held by the other route");
+        assert_eq!(names.len(), 2, "still held by the other route");
         drop(other);
         names.forget_unused();
         assert_eq!(names.len(), 0);
@@ -1009,6 +1024,31 @@ mod tests {
             ("rw".into(), "c:8080".into(), "/static/app.js".into())
         );
         assert_eq!(route(&t, &req("/notebook/alice/code/")).unwrap().2, "/");
+
+        // Kubeflow's shape: the prefix rewritten to itself keeps the path, and the rule holds
+        // one string for both.
+        let t = table(&[vs(
+            "x",
+            "same",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/notebook/x/nb/"}}],
+                 "rewrite": {"uri": "/notebook/x/nb/"},
+                 "route": [{"destination": {"host": "nb.x.svc.cluster.local", "port": {"number": 80}}}]},
+            ]}),
+        )]);
+        assert_eq!(
+            route(&t, &req("/notebook/x/nb/lab")).unwrap().2,
+            "/notebook/x/nb/lab"
+        );
+        let found = t.lookup(&req("/notebook/x/nb/lab").view()).unwrap();
+        let Some(Matcher::Prefix(prefix)) = &found.rule.matches[0].uri else {
+            panic!("a prefix matcher");
+        };
+        assert!(Arc::ptr_eq(
+            prefix,
+            found.rule.rewrite_uri.as_ref().unwrap()
+        ));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use crate::activity::Activity;
 use crate::metrics::Metrics;
-use crate::routes::{CompiledVirtualService, GatewayFilter, NamespaceNames, RouteTable};
+use crate::routes::{CompiledVirtualService, GatewayFilter, RouteTable, SharedNames};
 use arc_swap::ArcSwap;
 use futures::{FutureExt, StreamExt};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -84,7 +84,7 @@ pub struct RouteStore {
     records: Mutex<BTreeMap<Key, CompiledVirtualService>>,
     gateway: GatewayFilter,
     activity: Arc<Activity>,
-    namespaces: NamespaceNames,
+    names: SharedNames,
     metrics: Arc<Metrics>,
     /// Set once a source delivered its first complete list.
     ready: AtomicBool,
@@ -97,7 +97,7 @@ impl RouteStore {
             records: Mutex::new(BTreeMap::new()),
             gateway,
             activity,
-            namespaces: NamespaceNames::default(),
+            names: SharedNames::default(),
             metrics,
             ready: AtomicBool::new(false),
         }
@@ -163,7 +163,7 @@ impl RouteStore {
         let table = RouteTable::from_compiled(records.values());
         let keys: BTreeSet<String> = records.values().filter_map(|r| r.key()).collect();
         drop(records);
-        self.namespaces.forget_unused();
+        self.names.forget_unused();
         self.activity.retain(&keys);
         self.metrics.routes.set(table.rule_count() as i64);
         self.metrics
@@ -176,7 +176,7 @@ impl RouteStore {
 
     fn compile(&self, vs: &VirtualService) -> Option<(Key, CompiledVirtualService)> {
         let (compiled, skipped) =
-            CompiledVirtualService::compile(vs, &self.gateway, &self.activity, &self.namespaces);
+            CompiledVirtualService::compile(vs, &self.gateway, &self.activity, &self.names);
         for s in &skipped {
             tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
         }
