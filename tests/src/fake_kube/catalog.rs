@@ -204,6 +204,13 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         )
     },
     builtin(
+        "discovery.k8s.io",
+        "endpointslices",
+        "EndpointSlice",
+        "io.k8s.api.discovery.v1.EndpointSlice",
+        &[],
+    ),
+    builtin(
         "coordination.k8s.io",
         "leases",
         "Lease",
