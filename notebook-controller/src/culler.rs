@@ -171,68 +171,6 @@ impl ActivitySource for JupyterActivity {
     }
 }
 
-/// The proxy's view: the last successful response or websocket traffic on the notebook's route,
-/// read from the proxy's admin endpoint `<base>/activity/<namespace>/<name>`. For servers without
-/// Jupyter's API (code-server, RStudio) it is the only source; for Jupyter it also sees plain page
-/// and file traffic. The culler takes the newest of all sources.
-pub struct ProxyActivity {
-    http: reqwest::Client,
-    /// The proxy's admin address, e.g. `http://labforge-proxy.kubeflow:8081`.
-    base_url: String,
-}
-
-impl ProxyActivity {
-    pub fn new(base_url: impl Into<String>) -> Self {
-        Self {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
-            base_url: base_url.into().trim_end_matches('/').to_owned(),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl ActivitySource for ProxyActivity {
-    async fn last_activity(&self, notebook: &Notebook) -> Result<Option<Timestamp>, ActivityError> {
-        let (namespace, name) = (
-            notebook.namespace().unwrap_or_default(),
-            notebook.name_any(),
-        );
-        let url = format!("{}/activity/{namespace}/{name}", self.base_url);
-        let error = |message: String| ActivityError {
-            notebook: name.clone(),
-            message,
-        };
-        let response = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| error(format!("GET {url}: {e}")))?;
-        if response.status() == reqwest::StatusCode::NOT_FOUND {
-            // The proxy has no route for it (yet): nothing to say.
-            return Ok(None);
-        }
-        if !response.status().is_success() {
-            return Err(error(format!("GET {url}: HTTP {}", response.status())));
-        }
-        let body: serde_json::Value = response
-            .json()
-            .await
-            .map_err(|e| error(format!("GET {url}: {e}")))?;
-        match &body["last_activity"] {
-            serde_json::Value::Null => Ok(None),
-            value => value
-                .as_str()
-                .and_then(|t| t.parse().ok())
-                .map(Some)
-                .ok_or_else(|| error(format!("GET {url}: last_activity {value} is no timestamp"))),
-        }
-    }
-}
-
 /// Kubeflow's rule: any busy kernel means active now; otherwise the newest `last_activity` of
 /// kernels and terminals.
 pub fn jupyter_last_activity(

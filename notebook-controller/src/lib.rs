@@ -17,6 +17,7 @@ pub mod culler;
 mod fixtures;
 pub mod leader;
 pub mod metrics;
+pub mod proxy_activity;
 pub mod render;
 pub mod service;
 pub mod status;

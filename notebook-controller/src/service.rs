@@ -3,9 +3,10 @@
 use crate::admin::{self, AdminState};
 use crate::builders::BuilderConfig;
 use crate::controller::{self, Context, FIELD_MANAGER};
-use crate::culler::{self, ActivitySource, CullingConfig, JupyterActivity, ProxyActivity};
+use crate::culler::{self, ActivitySource, CullingConfig, JupyterActivity};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
+use crate::proxy_activity::ProxyActivity;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,7 +100,10 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
         };
         let mut sources = vec![jupyter];
         if let Some(url) = &options.proxy_activity_url {
-            sources.push(Arc::new(ProxyActivity::new(url.clone())));
+            sources.push(Arc::new(ProxyActivity::in_cluster(
+                url.clone(),
+                client.clone(),
+            )));
         }
         tokio::spawn(culler::run(
             client.clone(),

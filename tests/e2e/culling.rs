@@ -181,3 +181,114 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
     traffic.abort();
     upstream_task.abort();
 }
+
+/// Each proxy replica counts only the requests it serves: the culler reads every ready replica
+/// of the proxy's Service (its EndpointSlices, at the endpoint port behind the URL's Service
+/// port), takes the newest, and says nothing it could be wrong about when a replica is down.
+#[tokio::test]
+async fn proxy_activity_is_read_from_every_replica_of_the_proxy_service() {
+    use crate::proxy::{ALICE, proxy_for_alice_lab};
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use labforge_notebook_controller::culler::ActivitySource;
+    use labforge_notebook_controller::proxy_activity::ProxyActivity;
+
+    let app = axum::Router::new().fallback(|| async { "code-server" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let upstream_task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // Two replicas, as two pods would be: the same admin port on two addresses.
+    let first = proxy_for_alice_lab(upstream, |o| o).await;
+    let port = first.admin_addr.port();
+    let second = proxy_for_alice_lab(upstream, |mut o| {
+        o.admin = format!("127.0.0.2:{port}").parse().unwrap();
+        o
+    })
+    .await;
+
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let client = server.client();
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "labforge-proxy", "namespace": "kubeflow"},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": "labforge-proxy"},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http"},
+                {"name": "http-admin", "port": 8081, "targetPort": "http-admin"},
+            ],
+        },
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), "kubeflow")
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "labforge-proxy-7x2kq",
+            "namespace": "kubeflow",
+            "labels": {"kubernetes.io/service-name": "labforge-proxy"},
+        },
+        "addressType": "IPv4",
+        "ports": [
+            {"name": "http", "port": first.addr.port()},
+            {"name": "http-admin", "port": port},
+        ],
+        "endpoints": [
+            {"addresses": ["127.0.0.1"], "conditions": {"ready": true}},
+            {"addresses": ["127.0.0.2"], "conditions": {"ready": true}},
+        ],
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(client.clone(), "kubeflow")
+        .create(&PostParams::default(), &slice)
+        .await
+        .unwrap();
+
+    let lab = notebook("alice", "lab");
+    let all = ProxyActivity::in_cluster("http://labforge-proxy.kubeflow:8081", client.clone());
+    let first_only = ProxyActivity::new(format!("http://{}", first.admin_addr));
+    assert_eq!(all.last_activity(&lab).await.unwrap(), None);
+
+    let http = reqwest::Client::new();
+    let open = |proxy: std::net::SocketAddr| {
+        let http = http.clone();
+        async move {
+            let response = http
+                .get(format!("http://{proxy}/notebook/alice/lab/"))
+                .header("kubeflow-userid", ALICE)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+        }
+    };
+    // Used through the second replica only: the first has nothing to say.
+    open(second.addr).await;
+    let seen_by_second = second.activity.get("alice/lab").unwrap();
+    assert_eq!(first_only.last_activity(&lab).await.unwrap(), None);
+    assert_eq!(all.last_activity(&lab).await.unwrap(), Some(seen_by_second));
+
+    // Later through the first: the newest wins.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    open(first.addr).await;
+    let seen_by_first = first.activity.get("alice/lab").unwrap();
+    assert!(seen_by_first > seen_by_second);
+    assert_eq!(all.last_activity(&lab).await.unwrap(), Some(seen_by_first));
+
+    // A replica that cannot answer: no answer, rather than one from part of the traffic.
+    // (A new reader: the old one's pooled connection would outlive the admin listener.)
+    drop(second);
+    let after = ProxyActivity::in_cluster("http://labforge-proxy.kubeflow:8081", client.clone());
+    let error = eventually(
+        "the second replica gone",
+        Duration::from_secs(5),
+        || async { after.last_activity(&lab).await.err() },
+    )
+    .await
+    .to_string();
+    assert!(error.contains("127.0.0.2"), "{error}");
+    upstream_task.abort();
+}

@@ -85,7 +85,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
 }
 
 /// A proxy serving alice's notebook `lab` at `upstream`, with the test options changed by `adjust`.
-async fn proxy_for_alice_lab(
+pub async fn proxy_for_alice_lab(
     upstream: SocketAddr,
     adjust: impl FnOnce(ProxyOptions) -> ProxyOptions,
 ) -> RunningProxy {
