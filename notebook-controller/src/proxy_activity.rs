@@ -200,7 +200,8 @@ fn replica_urls(slice: &EndpointSlice, port_name: Option<&str>, scheme: &str) ->
         .ports
         .iter()
         .flatten()
-        .find(|p| p.name.as_deref() == port_name)
+        // An unnamed port reads as `""` in a slice and as no name in its Service.
+        .find(|p| p.name.as_deref().unwrap_or("") == port_name.unwrap_or(""))
         .and_then(|p| p.port)
     else {
         return Vec::new();
@@ -290,7 +291,7 @@ mod tests {
         let v6: EndpointSlice = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "v6"},
             "addressType": "IPv6",
-            "ports": [{"port": 9091}],
+            "ports": [{"name": "", "port": 9091}],
             "endpoints": [{"addresses": ["fd00::1"]}],
         }))
         .unwrap();
