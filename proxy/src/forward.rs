@@ -9,7 +9,7 @@
 //! upstream cannot be reached gets a close frame (1013) rather than a failed handshake.
 
 use crate::activity::ActivityCell;
-use crate::authz::{Decision, IdentitySource, NamespaceAccess, authorize};
+use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize};
 use crate::metrics::{ErrorLabels, Metrics};
 use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
@@ -103,14 +103,58 @@ impl Forwarder {
     }
 
     /// Answers one request; errors become the proxy's own pages here and nowhere else.
-    pub async fn handle(
-        &self,
+    ///
+    /// The request is routed before the returned future exists, and that future holds it once:
+    /// an async fn keeps its arguments for its whole life, so a chain of them taking the request
+    /// by value held a copy per step, and hyper keeps a slot that size for every connection.
+    pub fn handle(
+        self: &Arc<Self>,
         request: Request<Incoming>,
-        peer: &Peer,
+        peer: Arc<Peer>,
         tls: bool,
-    ) -> Response<ProxyBody> {
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + use<> {
         let json = wants_json(request.headers(), request.uri().path());
-        let response = match self.forward(request, peer, tls).await {
+        let routed = self.route(request);
+        self.clone().answer(routed, peer, tls, json)
+    }
+
+    async fn answer(
+        self: Arc<Self>,
+        routed: Result<Routed, ProxyError>,
+        peer: Arc<Peer>,
+        tls: bool,
+        json: bool,
+    ) -> Response<ProxyBody> {
+        // Early returns rather than nested matches: a value a match holds stays in the future's
+        // state while the arm awaits.
+        let Routed {
+            request,
+            authority,
+            target,
+            via,
+        } = match routed {
+            Ok(routed) => routed,
+            Err(error) => return self.respond(Err(error), json),
+        };
+        let address = match self.admit(&via).await {
+            Ok(address) => address,
+            Err(error) => return self.respond(Err(error), json),
+        };
+        let outgoing = match self.outgoing(request, authority, target, via, address, &peer, tls) {
+            Ok(outgoing) => outgoing,
+            Err(error) => return self.respond(Err(error), json),
+        };
+        let result = self.exchange(outgoing).await;
+        self.respond(result, json)
+    }
+
+    /// The response the client gets: the upstream's, or the proxy's page for `error`; counted.
+    fn respond(
+        &self,
+        result: Result<Response<ProxyBody>, ProxyError>,
+        json: bool,
+    ) -> Response<ProxyBody> {
+        let response = match result {
             Ok(response) => response,
             Err(error) => {
                 match &error {
@@ -131,30 +175,28 @@ impl Forwarder {
         response
     }
 
-    async fn forward(
-        &self,
-        request: Request<Incoming>,
-        peer: &Peer,
-        tls: bool,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    /// Where the request goes, before anyone decided whether it may: nothing here waits.
+    fn route(&self, request: Request<Incoming>) -> Result<Routed, ProxyError> {
         let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
-        let host = lowercase(authority.host());
         let path = normalize_path(request.uri().path())?;
         // The web app (embedded mode) authenticates its own requests; notebook paths never go there.
         if let Some(fallback) = &self.fallback
             && !path.starts_with(NOTEBOOK_PATHS)
         {
             let target = upstream_target(request.uri(), &path);
-            let address = fallback.clone();
-            return self
-                .send(request, authority, peer, tls, &address, target, None)
-                .await;
+            return Ok(Routed {
+                request,
+                authority,
+                target,
+                via: Via::Fallback(fallback.clone()),
+            });
         }
         // Authentication first: an anonymous client learns nothing about which routes exist.
         let identity = self
             .identity
             .identify(request.headers())
             .ok_or(ProxyError::Unauthenticated)?;
+        let host = lowercase(authority.host());
         let table = self.routes.table();
         let found = table
             .lookup(&RequestView {
@@ -164,38 +206,53 @@ impl Forwarder {
                 headers: request.headers(),
             })
             .ok_or(ProxyError::NoRoute)?;
+        let target = upstream_target(request.uri(), &found.rule.rewritten_path(&found, &path));
         let rule = found.rule.clone();
-        match authorize(Some(&identity), &rule.namespaces, self.access.as_ref()).await {
+        Ok(Routed {
+            request,
+            authority,
+            target,
+            via: Via::Rule(identity, rule),
+        })
+    }
+
+    /// Whether the user may go where the request was routed, and the address it goes to then.
+    async fn admit(&self, via: &Via) -> Result<Arc<str>, ProxyError> {
+        let (identity, rule) = match via {
+            Via::Fallback(address) => return Ok(address.clone()),
+            Via::Rule(identity, rule) => (identity, rule),
+        };
+        match authorize(Some(identity), &rule.namespaces, self.access.as_ref()).await {
             Decision::Allow => {}
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),
             Decision::Unknown => return Err(ProxyError::AccessUnknown),
         }
         let destination = rule.pick_destination().ok_or(ProxyError::NoRoute)?;
-        let address = self
+        Ok(self
             .upstream_addresses
             .get(&*destination.authority)
             .unwrap_or(&destination.authority)
-            .clone();
-        let target = upstream_target(request.uri(), &rule.rewritten_path(&found, &path));
-        drop(table);
-        self.send(request, authority, peer, tls, &address, target, Some(rule))
-            .await
+            .clone())
     }
 
-    /// Sends `request` to `address`, as `target` when the request's own target will not do, with
-    /// `rule`'s header changes and activity when it was routed by one.
+    /// The request as the upstream at `address` gets it: its target, the rule's header changes,
+    /// `X-Forwarded-*`, no hop-by-hop headers; an upgrade stays one.
     #[allow(clippy::too_many_arguments)]
-    async fn send(
+    fn outgoing(
         &self,
         mut request: Request<Incoming>,
         authority: Authority,
+        target: Option<String>,
+        via: Via,
+        address: Arc<str>,
         peer: &Peer,
         tls: bool,
-        address: &Arc<str>,
-        target: Option<String>,
-        rule: Option<Arc<Rule>>,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Outgoing, ProxyError> {
+        let rule = match via {
+            Via::Rule(_, rule) => Some(rule),
+            Via::Fallback(_) => None,
+        };
         let uri = target
             .map(|target| Uri::builder().path_and_query(target).build())
             .transpose()
@@ -240,20 +297,41 @@ impl Forwarder {
             parts.uri = uri;
         }
         parts.version = Version::HTTP_11;
-        let upstream_request = Request::from_parts(parts, body);
+        Ok(Outgoing {
+            request: Request::from_parts(parts, body),
+            address,
+            rule,
+            client_upgrade,
+            websocket_key,
+        })
+    }
 
-        let started = Instant::now();
-        let result = self
-            .upstreams
-            .send(address, upstream_request)
-            .await
-            .map_err(|e| {
+    /// Sends `outgoing` and turns the upstream's answer into the client's: a response streamed
+    /// back, a websocket tunnel, or a close for a websocket whose upstream cannot be reached.
+    fn exchange(
+        &self,
+        outgoing: Outgoing,
+    ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + use<> {
+        let Outgoing {
+            request,
+            address,
+            rule,
+            client_upgrade,
+            websocket_key,
+        } = outgoing;
+        let upstreams = self.upstreams.clone();
+        let metrics = self.metrics.clone();
+        // The send future is made inside: one captured from outside would be held twice, as a
+        // capture and as what is awaited.
+        async move {
+            let started = Instant::now();
+            let result = upstreams.send(address, request).await.map_err(|e| {
                 let kind = if e.is_connect() {
                     "connect"
                 } else {
                     "upstream"
                 };
-                self.metrics
+                metrics
                     .upstream_errors
                     .get_or_create(&ErrorLabels { kind })
                     .inc();
@@ -263,71 +341,100 @@ impl Forwarder {
                     ProxyError::UpstreamFailed(e)
                 }
             });
-        let (mut response, client_upgrade) = match (result, client_upgrade, websocket_key) {
-            (Ok(response), client_upgrade, _) => (response, client_upgrade),
-            // A websocket client (a kernel or terminal tab) gets a proper close it can act on,
-            // not a failed handshake.
-            (Err(error), Some(client_upgrade), Some(key)) => {
-                tracing::warn!(error = %error, "websocket upstream");
-                return Ok(close_websocket(client_upgrade, &key, &error));
-            }
-            (Err(error), _, _) => return Err(error),
-        };
-        self.metrics
-            .upstream_latency
-            .observe(started.elapsed().as_secs_f64());
-        let activity = rule.as_ref().map(|rule| rule.owner.activity.clone());
+            let (mut response, client_upgrade) = match (result, client_upgrade, websocket_key) {
+                (Ok(response), client_upgrade, _) => (response, client_upgrade),
+                // A websocket client (a kernel or terminal tab) gets a proper close it can act on,
+                // not a failed handshake.
+                (Err(error), Some(client_upgrade), Some(key)) => {
+                    tracing::warn!(error = %error, "websocket upstream");
+                    return Ok(close_websocket(client_upgrade, &key, &error));
+                }
+                (Err(error), _, _) => return Err(error),
+            };
+            metrics
+                .upstream_latency
+                .observe(started.elapsed().as_secs_f64());
+            let activity = rule.as_ref().map(|rule| rule.owner.activity.clone());
 
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS
-            && let Some(client_upgrade) = client_upgrade
-        {
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            if let Some(activity) = &activity {
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS
+                && let Some(client_upgrade) = client_upgrade
+            {
+                let upstream_upgrade = hyper::upgrade::on(&mut response);
+                if let Some(activity) = &activity {
+                    activity.touch();
+                }
+                let metrics = metrics.clone();
+                tokio::spawn(async move {
+                    let (client_io, upstream_io) =
+                        match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                            Ok(pair) => pair,
+                            Err(err) => {
+                                tracing::debug!(error = %err, "upgrade not completed");
+                                return;
+                            }
+                        };
+                    metrics.websockets.inc();
+                    metrics.websockets_active.inc();
+                    let mut client_io = Touching {
+                        io: TokioIo::new(client_io),
+                        cell: activity.clone(),
+                    };
+                    let mut upstream_io = Touching {
+                        io: TokioIo::new(upstream_io),
+                        cell: activity,
+                    };
+                    // Ends when either side closes or fails; both sockets are dropped with it.
+                    if let Err(err) =
+                        tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io).await
+                    {
+                        tracing::debug!(error = %err, "websocket tunnel ended");
+                    }
+                    metrics.websockets_active.dec();
+                });
+                let (parts, _) = response.into_parts();
+                return Ok(Response::from_parts(parts, Either::Right(Full::default())));
+            }
+
+            if let Some(activity) = &activity
+                && response.status().as_u16() < 400
+            {
                 activity.touch();
             }
-            let metrics = self.metrics.clone();
-            tokio::spawn(async move {
-                let (client_io, upstream_io) =
-                    match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                        Ok(pair) => pair,
-                        Err(err) => {
-                            tracing::debug!(error = %err, "upgrade not completed");
-                            return;
-                        }
-                    };
-                metrics.websockets.inc();
-                metrics.websockets_active.inc();
-                let mut client_io = Touching {
-                    io: TokioIo::new(client_io),
-                    cell: activity.clone(),
-                };
-                let mut upstream_io = Touching {
-                    io: TokioIo::new(upstream_io),
-                    cell: activity,
-                };
-                // Ends when either side closes or fails; both sockets are dropped with it.
-                if let Err(err) =
-                    tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io).await
-                {
-                    tracing::debug!(error = %err, "websocket tunnel ended");
-                }
-                metrics.websockets_active.dec();
-            });
-            let (parts, _) = response.into_parts();
-            return Ok(Response::from_parts(parts, Either::Right(Full::default())));
+            strip_hop_by_hop(response.headers_mut());
+            if let Some(rule) = &rule {
+                rule.response_headers.apply(response.headers_mut());
+            }
+            Ok(response.map(Either::Left))
         }
-
-        if let Some(activity) = &activity
-            && response.status().as_u16() < 400
-        {
-            activity.touch();
-        }
-        strip_hop_by_hop(response.headers_mut());
-        if let Some(rule) = &rule {
-            rule.response_headers.apply(response.headers_mut());
-        }
-        Ok(response.map(Either::Left))
     }
+}
+
+/// A request the table routed, before anyone decided whether it may go there.
+struct Routed {
+    request: Request<Incoming>,
+    authority: Authority,
+    /// The target the upstream gets when the request's own will not do.
+    target: Option<String>,
+    via: Via,
+}
+
+/// What a routed request goes through.
+enum Via {
+    /// The web app (embedded mode) at this address, which authenticates its own requests.
+    Fallback(Arc<str>),
+    /// A route's rule, for this user.
+    Rule(Identity, Arc<Rule>),
+}
+
+/// A request ready for its upstream.
+struct Outgoing {
+    request: Request<Incoming>,
+    address: Arc<str>,
+    /// The rule it was routed by (its response header changes and activity), if any.
+    rule: Option<Arc<Rule>>,
+    /// The client's side of an upgrade it asked for.
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    websocket_key: Option<HeaderValue>,
 }
 
 /// Websocket close code 1013, "try again later": the notebook is stopped or starting.

@@ -3,6 +3,7 @@
 //! serving thread runs one of these loops on its own listener (see [`crate::start`]).
 
 use crate::forward::{Forwarder, Peer};
+use futures::FutureExt as _;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -85,10 +86,11 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
         tokio::spawn(async move {
             let is_tls = tls.is_some();
             let client = Arc::new(Peer::new(peer));
+            // `map`, not an async block awaiting it: that would hold the future twice.
             let service = service_fn(move |request| {
-                let forwarder = forwarder.clone();
-                let client = client.clone();
-                async move { Ok::<_, Infallible>(forwarder.handle(request, &client, is_tls).await) }
+                forwarder
+                    .handle(request, client.clone(), is_tls)
+                    .map(Ok::<_, Infallible>)
             });
             let served = match tls {
                 Some(acceptor) => match acceptor.accept(stream).await {

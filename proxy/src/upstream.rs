@@ -109,13 +109,13 @@ impl UpstreamPool {
 
     /// Sends `request` to `address` (`host:port`) on an idle connection or a new one.
     pub async fn send(
-        self: &Arc<Self>,
-        address: &Arc<str>,
+        self: Arc<Self>,
+        address: Arc<str>,
         mut request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        while let Some(mut sender) = self.take(address) {
+        while let Some(mut sender) = self.take(&address) {
             match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.wrap(address, sender, response)),
+                Ok(response) => return Ok(self.wrap(&address, sender, response)),
                 Err(mut error) => match error.take_message() {
                     // Not sent (the connection closed meanwhile): another connection may take it.
                     Some(unsent) => request = unsent,
@@ -128,7 +128,7 @@ impl UpstreamPool {
                 },
             }
         }
-        let mut sender = self.connect(address).await?;
+        let mut sender = self.connect(&address).await?;
         let response =
             sender
                 .send_request(request)
@@ -137,7 +137,7 @@ impl UpstreamPool {
                     address: address.to_string(),
                     source,
                 })?;
-        Ok(self.wrap(address, sender, response))
+        Ok(self.wrap(&address, sender, response))
     }
 
     /// An idle connection ready for a request; closed and expired ones are dropped, busy ones
