@@ -309,7 +309,7 @@ pub struct ControllerArgs {
     pub jupyter_base_url: Option<String>,
     /// Admin URL of the labforge proxy (e.g. `http://labforge-proxy.kubeflow:8081`): its
     /// per-notebook activity counts for culling, so notebooks without Jupyter's API are culled
-    /// by their traffic.
+    /// by their traffic. A URL naming a Service is read from every ready replica behind it.
     #[arg(long, env = "PROXY_ACTIVITY_URL")]
     pub proxy_activity_url: Option<String>,
 }
