@@ -522,6 +522,11 @@ fn controller_role_grants_what_the_reconciler_writes_and_no_more() {
         grants(role, "kubeflow.org", "notebooks/status"),
         ["get", "patch"].map(String::from).into()
     );
+    // The proxy's replicas, for PROXY_ACTIVITY_URL: listed, never watched or written.
+    assert_eq!(
+        grants(role, "discovery.k8s.io", "endpointslices"),
+        ["list"].map(String::from).into()
+    );
 }
 
 fn grants(role: &Value, group: &str, resource: &str) -> BTreeSet<String> {
