@@ -2,12 +2,12 @@
 //!
 //! Each proxy replica counts only the requests it serves, so asking one replica through its
 //! Service would see a share of a notebook's traffic and cull notebooks that are in use through
-//! another. When the configured URL names a Service (`http://<service>.<namespace>[.svc[.<domain>]]:<port>`),
-//! the replicas are the ready endpoints of its EndpointSlices, at the endpoint port behind the
-//! URL's Service port; all of them are asked and the newest activity wins. Any replica that
-//! cannot answer makes the answer an error: the culler then leaves the notebook alone rather
-//! than deciding on part of its traffic. Any other URL (embedded mode, a single address) is
-//! asked as it is.
+//! another. When the configured URL names a Service
+//! (`http://<service>.<namespace>[.svc[.<domain>]]:<port>`), the replicas are the ready endpoints
+//! of its EndpointSlices, at the endpoint port behind the URL's Service port; all of them are
+//! asked and the newest activity wins. Any replica that cannot answer makes the answer an error:
+//! the culler then leaves the notebook alone rather than deciding on part of its traffic. Any
+//! other URL (embedded mode, a single address) is asked as it is.
 
 use crate::culler::{ActivityError, ActivitySource};
 use jiff::Timestamp;
