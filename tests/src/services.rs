@@ -135,6 +135,25 @@ impl Registry {
         format!("127.0.0.1:{}", self.process.port)
     }
 
+    /// Whether `repository:tag` names a manifest (a save that failed must have written none).
+    pub async fn has_tag(&self, repository: &str, tag: &str) -> bool {
+        let url = format!("http://{}/v2/{repository}/manifests/{tag}", self.host());
+        // Without a manifest type it accepts, the registry answers 404 for an OCI manifest too.
+        let status = reqwest::Client::new()
+            .get(&url)
+            .header(
+                "accept",
+                "application/vnd.oci.image.manifest.v1+json, \
+                 application/vnd.docker.distribution.manifest.v2+json",
+            )
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+            .status();
+        assert!(status == 200 || status == 404, "GET {url}: HTTP {status}");
+        status == 200
+    }
+
     /// Stops the registry now (to inject "registry down" faults).
     pub fn stop(&mut self) {
         let _ = self.process.child.kill();
