@@ -557,14 +557,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .unwrap_or("")
             .split(',')
             .map(str::trim)
-            // `close` names no header; hop-by-hop names go below in any case.
-            .filter(|token| {
-                !token.eq_ignore_ascii_case("close")
-                    && !HOP_BY_HOP
-                        .iter()
-                        .any(|name| token.eq_ignore_ascii_case(name.as_str()))
-            })
+            // `close` names no header.
+            .filter(|token| !token.eq_ignore_ascii_case("close"))
             .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+            // Hop-by-hop names go below in any case.
+            .filter(|name| hop_by_hop_index(name).is_none())
             .collect();
         for name in named {
             headers.remove(name);
