@@ -367,27 +367,12 @@ impl RegistryClient {
                 self.client.pull_blob_stream(&parent.reference, &descriptor),
             )
             .await?;
-        // A download that stops moving ends with an error instead of waiting forever.
-        let limit = self.stall_timeout;
-        let registry = parent.reference.resolve_registry().to_owned();
-        Ok(futures::stream::unfold(Some(sized.stream), move |stream| {
-            let registry = registry.clone();
-            async move {
-                let mut stream = stream?;
-                match tokio::time::timeout(limit, stream.next()).await {
-                    Ok(Some(chunk)) => Some((chunk, Some(stream))),
-                    Ok(None) => None,
-                    Err(_) => {
-                        let quiet = Stalled { quiet: limit };
-                        let error = std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("registry {registry} stopped sending a base layer: {quiet}"),
-                        );
-                        Some((Err(error), None))
-                    }
-                }
-            }
-        })
+        let registry = parent.reference.resolve_registry();
+        Ok(stall::moving(
+            self.stall_timeout,
+            sized.stream,
+            format!("registry {registry} stopped sending a base layer"),
+        )
         .boxed())
     }
 

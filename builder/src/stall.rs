@@ -6,6 +6,7 @@
 //! request, upload included. What is bounded instead is silence: a request must be answered, and
 //! an upload must keep taking bytes, within the stall timeout.
 
+use futures::{Stream, StreamExt};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +79,37 @@ pub async fn within<F: Future>(
     }
 }
 
+/// `stream`, ended by an error (`what` and how long it was quiet) once no item came for
+/// `limit`: a download that stops moving fails instead of waiting forever.
+pub fn moving<S, T>(
+    limit: Duration,
+    stream: S,
+    what: String,
+) -> impl Stream<Item = std::io::Result<T>> + Send + 'static
+where
+    S: Stream<Item = std::io::Result<T>> + Send + Unpin + 'static,
+    T: Send + 'static,
+{
+    futures::stream::unfold(Some(stream), move |stream| {
+        let what = what.clone();
+        async move {
+            let mut stream = stream?;
+            match tokio::time::timeout(limit, stream.next()).await {
+                Ok(Some(item)) => Some((item, Some(stream))),
+                Ok(None) => None,
+                Err(_) => {
+                    let quiet = Stalled { quiet: limit };
+                    let error = std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{what}: {quiet}"),
+                    );
+                    Some((Err(error), None))
+                }
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +161,38 @@ mod tests {
                 .is_err()
         );
         assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_stops_moving_ends_with_an_error_naming_it() {
+        let limit = Duration::from_secs(10);
+        // Two items 8 s apart (each within the limit), then nothing.
+        let items = futures::stream::unfold(0, |n| async move {
+            if n == 2 {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            Some((Ok::<_, std::io::Error>(n), n + 1))
+        })
+        .boxed();
+        let started = Instant::now();
+        let got: Vec<_> = moving(limit, items, "the layer".into()).collect().await;
+        assert_eq!(started.elapsed(), Duration::from_secs(26));
+        assert_eq!(got.len(), 3);
+        assert_eq!(*got[0].as_ref().unwrap(), 0);
+        assert_eq!(*got[1].as_ref().unwrap(), 1);
+        let error = got[2].as_ref().unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(error.to_string(), "the layer: no answer for 10 s");
+
+        // A stream that ends is passed through as it is.
+        let ended: Vec<_> = moving(
+            limit,
+            futures::stream::iter([Ok::<_, std::io::Error>(7)]),
+            "x".into(),
+        )
+        .collect()
+        .await;
+        assert_eq!(ended.len(), 1);
     }
 }
