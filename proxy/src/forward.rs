@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bodies the proxy sends: the upstream's, streamed, or one of its own pages.
@@ -77,10 +77,10 @@ impl Forwarder {
         metrics: Arc<Metrics>,
         upstream_addresses: HashMap<String, String>,
         fallback: Option<String>,
-        upstream_idle_timeout: Duration,
+        upstreams: UpstreamPool,
     ) -> Self {
         Self {
-            upstreams: Arc::new(UpstreamPool::new(upstream_idle_timeout)),
+            upstreams: Arc::new(upstreams),
             routes,
             identity,
             access,

@@ -16,6 +16,7 @@ pub mod activity;
 pub mod admin;
 pub mod authz;
 pub mod forward;
+pub mod heap_release;
 pub mod metrics;
 pub mod normalize;
 pub mod respond;
@@ -28,10 +29,12 @@ pub mod upstream;
 use crate::activity::Activity;
 use crate::authz::{IdentitySource, NamespaceAccess};
 use crate::forward::Forwarder;
+use crate::heap_release::HeapRelease;
 use crate::metrics::Metrics;
 use crate::routes::GatewayFilter;
 use crate::server::TlsFiles;
 use crate::source::RouteStore;
+use crate::upstream::UpstreamPool;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -91,7 +94,7 @@ pub struct RunningProxy {
     pub admin_addr: SocketAddr,
     pub routes: Arc<RouteStore>,
     pub activity: Arc<Activity>,
-    /// Admin server first, then the route watch when there is one.
+    /// Admin server first, then the heap release, then the route watch when there is one.
     tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: tokio::sync::watch::Sender<bool>,
 }
@@ -161,21 +164,29 @@ pub async fn start(
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
     let activity = Arc::new(Activity::default());
+    let heap = Arc::new(HeapRelease::default());
     let routes = Arc::new(RouteStore::new(
         options.gateway.clone(),
         activity.clone(),
         metrics.clone(),
+        heap.clone(),
     ));
     let admin_router = admin::router(admin::AdminState {
         registry: Arc::new(registry),
         routes: routes.clone(),
         activity: activity.clone(),
     });
-    let mut tasks = vec![tokio::spawn(async move {
-        if let Err(err) = axum::serve(admin_listener, admin_router).await {
-            tracing::warn!(error = %err, "admin server stopped");
-        }
-    })];
+    let mut tasks = vec![
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(admin_listener, admin_router).await {
+                tracing::warn!(error = %err, "admin server stopped");
+            }
+        }),
+        tokio::spawn(
+            heap.clone()
+                .release_when_asked(metrics.heap_releases.clone()),
+        ),
+    ];
     match routes_from {
         RoutesFrom::Files(paths) => {
             let listing = source::load_listing(&routes, &paths)?;
@@ -201,8 +212,9 @@ pub async fn start(
             metrics.clone(),
             options.upstream_addresses.clone(),
             options.fallback.clone(),
-            options.upstream_idle_timeout,
+            UpstreamPool::new(options.upstream_idle_timeout, heap.clone()),
         );
+        let heap = heap.clone();
         let tls = tls.clone();
         let mut stopped = stopped.clone();
         let serving = move || {
@@ -225,7 +237,7 @@ pub async fn start(
                     }
                 };
                 tokio::select! {
-                    () = server::serve(listener, Arc::new(forwarder), tls) => {}
+                    () = server::serve(listener, Arc::new(forwarder), tls, heap) => {}
                     _ = stopped.wait_for(|stop| *stop) => {}
                 }
             });

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub virtual_services: Gauge,
     /// Route tables built and swapped in.
     pub table_updates: Counter,
+    /// Times free memory was given back to the operating system ([`crate::heap_release`]).
+    pub heap_releases: Counter,
 }
 
 impl Metrics {
@@ -53,6 +55,7 @@ impl Metrics {
             routes: Gauge::default(),
             virtual_services: Gauge::default(),
             table_updates: Counter::default(),
+            heap_releases: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("labforge_proxy");
         registry.register(
@@ -95,6 +98,11 @@ impl Metrics {
             "route_table_updates",
             "Route tables built and swapped in",
             metrics.table_updates.clone(),
+        );
+        registry.register(
+            "heap_releases",
+            "Times free memory was given back to the operating system after a burst of connections or a new route list",
+            metrics.heap_releases.clone(),
         );
         metrics
     }

@@ -3,6 +3,7 @@
 //! serving thread runs one of these loops on its own listener (see [`crate::start`]).
 
 use crate::forward::{Forwarder, Peer};
+use crate::heap_release::HeapRelease;
 use futures::FutureExt as _;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -56,9 +57,14 @@ pub fn tls_acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Serves `listener` forever, one task per connection, and closes this thread's expired upstream
-/// connections as it goes.
-pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option<TlsAcceptor>) {
+/// Serves `listener` forever, one task per connection (each counted by `heap`), and closes this
+/// thread's expired upstream connections as it goes.
+pub async fn serve(
+    listener: TcpListener,
+    forwarder: Arc<Forwarder>,
+    tls: Option<TlsAcceptor>,
+    heap: Arc<HeapRelease>,
+) {
     tokio::spawn(forwarder.upstreams().clone().close_expired_forever());
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Slow clients may not hold a connection open by trickling headers.
@@ -81,6 +87,7 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
         let forwarder = forwarder.clone();
         let connections = forwarder.metrics().connections_open.clone();
         connections.inc();
+        let open = heap.open_connection();
         let builder = builder.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -115,6 +122,7 @@ pub async fn serve(listener: TcpListener, forwarder: Arc<Forwarder>, tls: Option
                 tracing::debug!(%peer, error = %err, "connection");
             }
             connections.dec();
+            drop(open);
         });
     }
 }

@@ -10,6 +10,7 @@
 //! objects written as any of the three arrive through it.
 
 use crate::activity::Activity;
+use crate::heap_release::HeapRelease;
 use crate::metrics::Metrics;
 use crate::routes::{CompiledVirtualService, GatewayFilter, RouteTable, SharedNames};
 use arc_swap::ArcSwap;
@@ -86,12 +87,20 @@ pub struct RouteStore {
     activity: Arc<Activity>,
     names: SharedNames,
     metrics: Arc<Metrics>,
+    /// Asked to give memory back after a complete list: its raw objects were freed between the
+    /// compiled routes.
+    heap: Arc<HeapRelease>,
     /// Set once a source delivered its first complete list.
     ready: AtomicBool,
 }
 
 impl RouteStore {
-    pub fn new(gateway: GatewayFilter, activity: Arc<Activity>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        gateway: GatewayFilter,
+        activity: Arc<Activity>,
+        metrics: Arc<Metrics>,
+        heap: Arc<HeapRelease>,
+    ) -> Self {
         Self {
             table: ArcSwap::from_pointee(RouteTable::default()),
             records: Mutex::new(BTreeMap::new()),
@@ -99,6 +108,7 @@ impl RouteStore {
             activity,
             names: SharedNames::default(),
             metrics,
+            heap,
             ready: AtomicBool::new(false),
         }
     }
@@ -141,6 +151,7 @@ impl RouteStore {
     /// Applies changes and swaps in one rebuilt table.
     pub fn apply(&self, changes: impl IntoIterator<Item = Change>) {
         let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut complete_list = false;
         for change in changes {
             match change {
                 Change::Upsert(vs) => match self.compile(&vs) {
@@ -157,6 +168,7 @@ impl RouteStore {
                 Change::Replace(listing) => {
                     *records = listing.0;
                     self.ready.store(true, Ordering::Release);
+                    complete_list = true;
                 }
             }
         }
@@ -172,6 +184,9 @@ impl RouteStore {
         self.metrics.table_updates.inc();
         tracing::debug!(rules = table.rule_count(), "route table swapped");
         self.table.store(Arc::new(table));
+        if complete_list {
+            self.heap.request();
+        }
     }
 
     fn compile(&self, vs: &VirtualService) -> Option<(Key, CompiledVirtualService)> {
@@ -345,6 +360,7 @@ mod tests {
             GatewayFilter(Some("kubeflow/kubeflow-gateway".into())),
             Arc::default(),
             Arc::new(Metrics::register(&mut registry)),
+            Arc::default(),
         )
     }
 

@@ -9,6 +9,7 @@
 //! timeout is closed (its socket and hyper's buffers, some 25 KiB, go back), as is the entry of
 //! an upstream nobody asks for anymore.
 
+use crate::heap_release::HeapRelease;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
@@ -63,6 +64,8 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct UpstreamPool {
     idle: Mutex<HashMap<Arc<str>, Vec<Idle>>>,
     idle_timeout: Duration,
+    /// Counts the connections, whose buffers are freed when they close.
+    heap: Arc<HeapRelease>,
 }
 
 struct Idle {
@@ -77,10 +80,11 @@ impl Idle {
 }
 
 impl UpstreamPool {
-    pub fn new(idle_timeout: Duration) -> Self {
+    pub fn new(idle_timeout: Duration, heap: Arc<HeapRelease>) -> Self {
         Self {
             idle: Mutex::default(),
             idle_timeout,
+            heap,
         }
     }
 
@@ -193,10 +197,12 @@ impl UpstreamPool {
             })?;
         // The connection lives in its own task until either side closes it; an upgraded one
         // (websocket) is handed over through `hyper::upgrade::on`.
+        let open = self.heap.open_connection();
         tokio::spawn(async move {
             if let Err(error) = connection.with_upgrades().await {
                 tracing::debug!(%error, "upstream connection");
             }
+            drop(open);
         });
         Ok(sender)
     }

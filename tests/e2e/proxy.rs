@@ -727,6 +727,55 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
     );
 }
 
+/// The proxy gives freed memory back to the system once a complete route list is loaded and when a
+/// burst of connections ends, not while the connections are open.
+#[tokio::test]
+async fn free_memory_is_given_back_after_a_route_list_and_after_a_burst_of_connections() {
+    const RELEASES: &str = "labforge_proxy_heap_releases_total";
+    let upstream = CountingUpstream::start().await;
+    let proxy = proxy_for_alice_lab(upstream.addr, |options| options).await;
+    eventually(
+        "one release after the complete route list",
+        Duration::from_secs(5),
+        || async { (metric(&proxy, RELEASES).await == 1.0).then_some(()) },
+    )
+    .await;
+
+    // 40 clients with a connection each, all open at once, and their upstream connections.
+    let clients: Vec<reqwest::Client> = (0..40).map(|_| reqwest::Client::new()).collect();
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    let statuses = futures::future::join_all(clients.iter().map(|http| async {
+        let response = http
+            .get(&url)
+            .headers(user_headers(ALICE))
+            .send()
+            .await
+            .unwrap();
+        response.status().as_u16()
+    }))
+    .await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_connections_open").await,
+        40.0
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        metric(&proxy, RELEASES).await,
+        1.0,
+        "none while the connections are open"
+    );
+
+    drop(clients);
+    eventually(
+        "a release once the burst's connections closed",
+        Duration::from_secs(5),
+        || async { (metric(&proxy, RELEASES).await >= 2.0).then_some(()) },
+    )
+    .await;
+    assert_eq!(metric(&proxy, "labforge_proxy_connections_open").await, 0.0);
+}
+
 /// A SubjectAccessReview that cannot be made (the API server unreachable) refuses the request as
 /// unavailable, 503 and not 403, and nothing reaches the notebook; the failure is not cached, so
 /// once the API server answers again the same user gets through.
