@@ -115,8 +115,10 @@ pub enum Matcher {
     /// every notebook's prefix.
     Exact(Arc<str>),
     Prefix(Arc<str>),
-    /// Anchored at both ends: Istio (Envoy's safe_regex) requires a full match.
-    Regex(regex::Regex),
+    /// Anchored at both ends: Istio (Envoy's safe_regex) requires a full match. Boxed: a
+    /// `Regex` is 32 bytes, and each of 10,000 notebook rules has two matcher slots (URI, a
+    /// prefix, and method, empty): 104 → 72 bytes per match condition.
+    Regex(Box<regex::Regex>),
 }
 
 impl Matcher {
@@ -124,7 +126,9 @@ impl Matcher {
         Ok(match m {
             StringMatch::Exact(s) => Matcher::Exact(s.as_str().into()),
             StringMatch::Prefix(s) => Matcher::Prefix(s.as_str().into()),
-            StringMatch::Regex(r) => Matcher::Regex(regex::Regex::new(&format!("^(?:{r})$"))?),
+            StringMatch::Regex(r) => {
+                Matcher::Regex(Box::new(regex::Regex::new(&format!("^(?:{r})$"))?))
+            }
         })
     }
 
