@@ -245,6 +245,15 @@ fn user_headers(user: &str) -> reqwest::header::HeaderMap {
     headers
 }
 
+/// `GET url` as `user` (the trusted header), on `http`'s connections.
+async fn get_as(http: &reqwest::Client, url: &str, user: &str) -> reqwest::Response {
+    http.get(url)
+        .headers(user_headers(user))
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn admin_json(proxy: &RunningProxy, path: &str) -> (u16, Value) {
     let response = reqwest::get(format!("http://{}{path}", proxy.admin_addr))
         .await
@@ -695,12 +704,7 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
     let http = reqwest::Client::new();
     let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
     let get = || async {
-        let response = http
-            .get(&url)
-            .headers(user_headers(ALICE))
-            .send()
-            .await
-            .unwrap();
+        let response = get_as(&http, &url, ALICE).await;
         (response.status().as_u16(), response.text().await.unwrap())
     };
     for _ in 0..3 {
@@ -744,15 +748,11 @@ async fn free_memory_is_given_back_after_a_route_list_and_after_a_burst_of_conne
     // 40 clients with a connection each, all open at once, and their upstream connections.
     let clients: Vec<reqwest::Client> = (0..40).map(|_| reqwest::Client::new()).collect();
     let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    let statuses = futures::future::join_all(clients.iter().map(|http| async {
-        let response = http
-            .get(&url)
-            .headers(user_headers(ALICE))
-            .send()
-            .await
-            .unwrap();
-        response.status().as_u16()
-    }))
+    let statuses = futures::future::join_all(
+        clients
+            .iter()
+            .map(|http| async { get_as(http, &url, ALICE).await.status().as_u16() }),
+    )
     .await;
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
     assert_eq!(
