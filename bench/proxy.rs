@@ -11,11 +11,15 @@
 //!   labforge's full-load rate (fixed rate via wrk's `delay` hook) to compare p99 added latency
 //!   against the upstream alone;
 //! - the same with 10,000 routes (the measured route is the last one created), with RSS;
+//! - the floor of any hyper-based proxy ([`hyper_floor`]): hyper's server and client with nothing
+//!   between them, which tells labforge's own cost apart from its building blocks';
 //! - websocket echo round trips through each proxy;
 //! - labforge's open descriptors before and after 10,000 requests to a refused upstream.
 //!
 //!   scripts/setup   # nginx, wrk, configurable-http-proxy
 //!   cargo bench --bench proxy [-- SECONDS [ROUNDS]]
+
+mod hyper_floor;
 
 use futures::{SinkExt, StreamExt};
 use std::io::Write as _;
@@ -513,8 +517,29 @@ fn print_table(title: &str, rows: &[Row], direct: &Row) {
     let _ = std::io::stdout().flush();
 }
 
+/// The bench binary again, as [`hyper_floor`] in front of the upstream.
+fn start_hyper_floor(routes: &Routes) -> Running {
+    let port = free_port();
+    let exe = std::env::current_exe().expect("the bench binary's path");
+    let child = Command::new(exe)
+        .arg("--hyper-floor")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(format!("127.0.0.1:{}", routes.upstream))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the hyper floor");
+    wait_port(port);
+    let pid = child.id();
+    Running {
+        name: "hyper alone (floor)",
+        child,
+        port,
+        pids: vec![pid],
+    }
+}
+
 async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
-    let mut list = vec![start_labforge(dir, routes)];
+    let mut list = vec![start_labforge(dir, routes), start_hyper_floor(routes)];
     match start_nginx(dir, routes) {
         Some(nginx) => list.push(nginx),
         None => eprintln!("nginx not installed (scripts/setup): skipped"),
@@ -526,8 +551,22 @@ async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
     list
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, mode, listen, upstream] = args.as_slice()
+        && mode == "--hyper-floor"
+    {
+        let address = |text: &str| text.parse().expect("--hyper-floor <listen> <upstream>");
+        return hyper_floor::run(address(listen), address(upstream));
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("bench runtime")
+        .block_on(bench());
+}
+
+async fn bench() {
     labforge_tests::init_crypto();
     let numbers: Vec<u32> = std::env::args()
         .skip(1)
