@@ -59,15 +59,16 @@ fn serve(listener: std::net::TcpListener, upstream: SocketAddr) {
                     return;
                 };
                 let sender = Arc::new(Mutex::new(sender));
-                let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                    let sender = sender.clone();
-                    async move {
-                        let mut sender = sender.lock().await;
-                        sender.ready().await?;
-                        let response = sender.send_request(request).await?;
-                        Ok::<_, hyper::Error>(response)
-                    }
-                });
+                let service =
+                    hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                        let sender = sender.clone();
+                        async move {
+                            let mut sender = sender.lock().await;
+                            sender.ready().await?;
+                            let response = sender.send_request(request).await?;
+                            Ok::<_, hyper::Error>(response)
+                        }
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;

@@ -71,6 +71,9 @@ pub struct ProxyOptions {
     /// `host:port` that requests outside `/notebook/` go to, authenticated by it rather than by
     /// the proxy: the web app, when the proxy is embedded mode's one entry point.
     pub fallback: Option<String>,
+    /// How long a client connection may go without completing a request head while none is in
+    /// flight ([`server::DEFAULT_REQUEST_HEAD_TIMEOUT`] unless configured).
+    pub request_head_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +220,7 @@ pub async fn start(
         let heap = heap.clone();
         let tls = tls.clone();
         let mut stopped = stopped.clone();
+        let request_head_timeout = options.request_head_timeout;
         let serving = move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -237,7 +241,7 @@ pub async fn start(
                     }
                 };
                 tokio::select! {
-                    () = server::serve(listener, Arc::new(forwarder), tls, heap) => {}
+                    () = server::serve(listener, Arc::new(forwarder), tls, heap, request_head_timeout) => {}
                     _ = stopped.wait_for(|stop| *stop) => {}
                 }
             });

@@ -1,18 +1,30 @@
 //! Accepting connections: HTTP/1.1 and HTTP/2 (prior knowledge on plain TCP, ALPN under TLS) on
 //! a listener, with upgrades enabled, a task per connection, and rustls when configured. Each
 //! serving thread runs one of these loops on its own listener (see [`crate::start`]).
+//!
+//! A client may not hold a connection by sending nothing, or by trickling a request head: a
+//! connection that completed no request head and had none in flight for a whole
+//! [`DEFAULT_REQUEST_HEAD_TIMEOUT`] is asked to shut down, and closed after another one if it
+//! did not ([`serve_unless_stalled`]). hyper's own header read timeout does the same with a
+//! boxed timer armed and cleared for every request, which measured 0.5 µs of a request's 6 µs of
+//! user time; this is one timer per connection that fires once per period.
 
 use crate::forward::{Forwarder, Peer};
 use crate::heap_release::HeapRelease;
+use bytes::Bytes;
 use futures::FutureExt as _;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -57,6 +69,10 @@ pub fn tls_acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// How long a connection may go without completing a request head while none is in flight,
+/// unless configured.
+pub const DEFAULT_REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves `listener` forever, one task per connection (each counted by `heap`), and closes this
 /// thread's expired upstream connections as it goes.
 pub async fn serve(
@@ -64,15 +80,10 @@ pub async fn serve(
     forwarder: Arc<Forwarder>,
     tls: Option<TlsAcceptor>,
     heap: Arc<HeapRelease>,
+    request_head_timeout: Duration,
 ) {
     tokio::spawn(forwarder.upstreams().clone().close_expired_forever());
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // Slow clients may not hold a connection open by trickling headers.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
-    let builder = Arc::new(builder);
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -93,18 +104,29 @@ pub async fn serve(
         tokio::spawn(async move {
             let is_tls = tls.is_some();
             let client = Arc::new(Peer::new(peer));
+            let progress = Arc::new(Progress::default());
+            let counted = progress.clone();
             // `map`, not an async block awaiting it: that would hold the future twice.
             let service = service_fn(move |request| {
+                let in_flight = counted.request_started();
                 forwarder
                     .handle(request, client.clone(), is_tls)
-                    .map(Ok::<_, Infallible>)
+                    .map(move |response| {
+                        Ok::<_, Infallible>(response.map(|body| InFlightBody { body, in_flight }))
+                    })
             });
             let served = match tls {
                 Some(acceptor) => match acceptor.accept(stream).await {
                     Ok(stream) => {
-                        builder
-                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                            .await
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        serve_unless_stalled(
+                            connection,
+                            |c| c.graceful_shutdown(),
+                            &progress,
+                            request_head_timeout,
+                        )
+                        .await
                     }
                     Err(err) => {
                         tracing::debug!(%peer, error = %err, "TLS handshake");
@@ -113,16 +135,113 @@ pub async fn serve(
                     }
                 },
                 None => {
-                    builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .await
+                    let connection =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    serve_unless_stalled(
+                        connection,
+                        |c| c.graceful_shutdown(),
+                        &progress,
+                        request_head_timeout,
+                    )
+                    .await
                 }
             };
-            if let Err(err) = served {
-                tracing::debug!(%peer, error = %err, "connection");
+            match served {
+                Some(Ok(())) => {}
+                Some(Err(err)) => tracing::debug!(%peer, error = %err, "connection"),
+                None => tracing::debug!(%peer, "closed: no complete request head in time"),
             }
             connections.dec();
             drop(open);
         });
+    }
+}
+
+/// What a connection's requests have done, for [`serve_unless_stalled`]: written and read on
+/// the connection's own thread, so the counters never move between cores.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Request heads received.
+    heads: AtomicU64,
+    /// Requests whose response has not been sent whole yet (HTTP/2 may have several).
+    in_flight: AtomicU64,
+}
+
+impl Progress {
+    fn request_started(self: &Arc<Self>) -> InFlight {
+        self.heads.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+/// A request until its response body is sent or dropped.
+struct InFlight(Arc<Progress>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A response body that keeps its request in flight until hyper has sent it (or dropped it).
+struct InFlightBody<B> {
+    body: B,
+    /// Held, never read: dropped with the body.
+    #[allow(dead_code)]
+    in_flight: InFlight,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for InFlightBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Drives `connection` to its end, unless it completes no request head and has none in flight
+/// for a whole `timeout`: then it is shut down gracefully (an idle HTTP/1.1 connection closes at
+/// once, HTTP/2 gets a GOAWAY), and dropped, which closes it, if it is still stalled a `timeout`
+/// later (a client trickling a head). `None` when it was dropped.
+async fn serve_unless_stalled<C: Future>(
+    connection: C,
+    shut_down: impl Fn(Pin<&mut C>),
+    progress: &Progress,
+    timeout: Duration,
+) -> Option<C::Output> {
+    let mut connection = std::pin::pin!(connection);
+    let mut heads_seen = 0;
+    let mut shutting_down = false;
+    loop {
+        tokio::select! {
+            biased;
+            served = connection.as_mut() => return Some(served),
+            () = tokio::time::sleep(timeout) => {
+                let heads = progress.heads.load(Ordering::Relaxed);
+                let stalled = heads == heads_seen && progress.in_flight.load(Ordering::Relaxed) == 0;
+                heads_seen = heads;
+                match (stalled, shutting_down) {
+                    (false, _) => shutting_down = false,
+                    (true, false) => {
+                        shut_down(connection.as_mut());
+                        shutting_down = true;
+                    }
+                    (true, true) => return None,
+                }
+            }
+        }
     }
 }

@@ -80,6 +80,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         upstream_addresses: upstreams,
         threads: 2,
         upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
+        request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
         fallback: None,
     }
 }
@@ -729,6 +730,135 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
         2,
         "a new connection"
     );
+}
+
+/// How long `stream` stays open from `since`: reads (and drops) until the proxy closes it.
+async fn open_for(stream: &mut tokio::net::TcpStream, since: Instant) -> Duration {
+    let mut buffer = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
+            Ok(Ok(0) | Err(_)) => return since.elapsed(),
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("the connection is still open after 5 s"),
+        }
+    }
+}
+
+/// A client connection that completes no request head and has none in flight for the request
+/// head timeout is closed (a silent client, an idle keep-alive connection, a client trickling
+/// its head), while a slow answer and a slowly streamed body keep theirs.
+#[tokio::test]
+async fn connections_without_a_request_head_in_time_are_closed_and_slow_answers_are_not() {
+    let timeout = Duration::from_millis(300);
+    let app = axum::Router::new()
+        .route(
+            "/notebook/alice/lab/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                "late"
+            }),
+        )
+        .route(
+            "/notebook/alice/lab/stream",
+            axum::routing::get(|| async {
+                let chunks = futures::stream::iter(0..5).then(|i| async move {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    Ok::<_, std::convert::Infallible>(bytes::Bytes::from(i.to_string()))
+                });
+                axum::body::Body::from_stream(chunks)
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
+        request_head_timeout: timeout,
+        ..options
+    })
+    .await;
+
+    // Sends nothing: closed at the first check, one timeout after connecting.
+    let connected = Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let silent_for = open_for(&mut silent, connected).await;
+    assert!(
+        silent_for >= timeout - Duration::from_millis(20) && silent_for < 3 * timeout,
+        "a silent connection was closed after {silent_for:?}"
+    );
+
+    // A request answered after three timeouts keeps its connection; then it is idle and closed.
+    let mut idle = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    idle.write_all(
+        format!(
+            "GET /notebook/alice/lab/slow HTTP/1.1\r\nHost: lab\r\nkubeflow-userid: {ALICE}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !answer.ends_with(b"late") {
+        let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buffer))
+            .await
+            .expect("the slow answer in time")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before the slow answer: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let idle_for = open_for(&mut idle, Instant::now()).await;
+    assert!(
+        idle_for < 3 * timeout,
+        "an idle connection stayed open {idle_for:?}"
+    );
+
+    // A head trickled a byte every 100 ms never completes: shut down at one check (which an
+    // unfinished head ignores), dropped at the next.
+    let started = Instant::now();
+    let mut trickler = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    trickler
+        .write_all(b"GET /notebook/alice/lab/slow HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let (mut reading, mut writing) = trickler.into_split();
+    let trickle = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if writing.write_all(b"X").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buffer = [0u8; 4096];
+    let trickled_for = loop {
+        match tokio::time::timeout(Duration::from_secs(5), reading.read(&mut buffer)).await {
+            Ok(Ok(0) | Err(_)) => break started.elapsed(),
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("a trickling client kept its connection for 5 s"),
+        }
+    };
+    trickle.abort();
+    assert!(
+        trickled_for >= 2 * timeout - Duration::from_millis(20) && trickled_for < 4 * timeout,
+        "a trickling client was closed after {trickled_for:?}"
+    );
+
+    // A body streamed over 1.25 s (four timeouts) arrives whole.
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/notebook/alice/lab/stream", proxy.addr);
+    let response = get_as(&http, &url, ALICE).await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.text().await.unwrap(), "01234");
+    serving.abort();
 }
 
 /// The proxy gives freed memory back to the system once a complete route list is loaded and when a
