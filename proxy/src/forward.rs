@@ -10,7 +10,7 @@
 
 use crate::activity::ActivityCell;
 use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize};
-use crate::metrics::{ErrorLabels, Metrics};
+use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
 use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
 use crate::routes::{RequestView, Rule};
@@ -60,6 +60,8 @@ pub struct Forwarder {
     identity: Arc<dyn IdentitySource>,
     access: Arc<dyn NamespaceAccess>,
     metrics: Arc<Metrics>,
+    /// This serving thread's share of the per-request metrics.
+    thread_metrics: Arc<ThreadMetrics>,
     /// Destination `host:port` → address to connect to instead (embedded mode, tests).
     upstream_addresses: HashMap<String, Arc<str>>,
     /// Where requests outside [`NOTEBOOK_PATHS`] go, unauthenticated (the embedded web app).
@@ -84,6 +86,7 @@ impl Forwarder {
             routes,
             identity,
             access,
+            thread_metrics: metrics.thread_shard(),
             metrics,
             upstream_addresses: upstream_addresses
                 .into_iter()
@@ -166,12 +169,7 @@ impl Forwarder {
                 error_response(&error, json).map(Either::Right)
             }
         };
-        self.metrics
-            .requests
-            .get_or_create(&crate::metrics::CodeLabels {
-                code: response.status().as_u16(),
-            })
-            .inc();
+        self.thread_metrics.response(response.status().as_u16());
         response
     }
 
@@ -309,7 +307,7 @@ impl Forwarder {
     /// Sends `outgoing` and turns the upstream's answer into the client's: a response streamed
     /// back, a websocket tunnel, or a close for a websocket whose upstream cannot be reached.
     fn exchange(
-        &self,
+        self: &Arc<Self>,
         outgoing: Outgoing,
     ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + use<> {
         let Outgoing {
@@ -319,12 +317,15 @@ impl Forwarder {
             client_upgrade,
             websocket_key,
         } = outgoing;
-        let upstreams = self.upstreams.clone();
-        let metrics = self.metrics.clone();
+        // This thread's own: its reference count stays in this core's cache, where the shared
+        // metrics' would move between the cores on every request.
+        let forwarder = self.clone();
         // The send future is made inside: one captured from outside would be held twice, as a
         // capture and as what is awaited.
         async move {
             let started = Instant::now();
+            let upstreams = forwarder.upstreams.clone();
+            let metrics = &forwarder.metrics;
             let result = upstreams.send(address, request).await.map_err(|e| {
                 let kind = if e.is_connect() {
                     "connect"
@@ -351,9 +352,7 @@ impl Forwarder {
                 }
                 (Err(error), _, _) => return Err(error),
             };
-            metrics
-                .upstream_latency
-                .observe(started.elapsed().as_secs_f64());
+            forwarder.thread_metrics.upstream_latency(started.elapsed());
             let activity = rule.as_ref().map(|rule| rule.owner.activity.clone());
 
             if response.status() == StatusCode::SWITCHING_PROTOCOLS

@@ -2,13 +2,21 @@
 //!
 //! Labels stay low-cardinality (status code, error kind): a per-route label would make 10,000
 //! notebooks 10,000 series per metric. Per-route facts live in the activity endpoint instead.
+//!
+//! What every request updates (responses by code, upstream latency) is kept per serving thread
+//! ([`ThreadMetrics`]) and summed when scraped: one shared counter family and histogram, each
+//! behind a lock, moved their cache lines between the cores on every request.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
@@ -21,10 +29,8 @@ pub struct ErrorLabels {
 }
 
 pub struct Metrics {
-    /// Responses sent, by status code (the proxy's own pages included).
-    pub requests: Family<CodeLabels, Counter>,
-    /// Time from sending upstream to the upstream's response head.
-    pub upstream_latency: Histogram,
+    /// Responses by status code and upstream latency, a shard per serving thread.
+    per_thread: Arc<PerThread>,
     /// Failures to reach an upstream, by kind (`connect`, `upstream`).
     pub upstream_errors: Family<ErrorLabels, Counter>,
     pub websockets_active: Gauge,
@@ -44,10 +50,7 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry` (prefixed `labforge_proxy`).
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
-            requests: Family::default(),
-            upstream_latency: Histogram::new([
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-            ]),
+            per_thread: Arc::default(),
             upstream_errors: Family::default(),
             websockets_active: Gauge::default(),
             connections_open: Gauge::default(),
@@ -58,16 +61,7 @@ impl Metrics {
             heap_releases: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("labforge_proxy");
-        registry.register(
-            "requests",
-            "Responses sent, by status code",
-            metrics.requests.clone(),
-        );
-        registry.register(
-            "upstream_latency_seconds",
-            "Time from forwarding a request to the upstream's response head",
-            metrics.upstream_latency.clone(),
-        );
+        registry.register_collector(Box::new(metrics.per_thread.clone()));
         registry.register(
             "upstream_errors",
             "Requests whose upstream could not be reached or failed, by kind",
@@ -105,5 +99,165 @@ impl Metrics {
             metrics.heap_releases.clone(),
         );
         metrics
+    }
+
+    /// A new serving thread's own shard of the per-request metrics.
+    pub fn thread_shard(&self) -> Arc<ThreadMetrics> {
+        let shard = Arc::new(ThreadMetrics::default());
+        self.per_thread
+            .shards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(shard.clone());
+        shard
+    }
+}
+
+/// Upper bounds of the upstream latency histogram's buckets, in seconds.
+const LATENCY_BUCKETS: [f64; 13] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+const LOWEST_CODE: u16 = 100;
+const HIGHEST_CODE: u16 = 599;
+
+/// One serving thread's responses by status code and upstream latencies. Only that thread
+/// writes them, so their cache lines stay in its core; a scrape reads them all.
+#[derive(Debug)]
+pub struct ThreadMetrics {
+    /// Responses by status code, indexed by code − 100.
+    responses: Box<[AtomicU64]>,
+    /// Upstream latencies per bucket of [`LATENCY_BUCKETS`], then above the last.
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    latency_sum_nanos: AtomicU64,
+}
+
+impl Default for ThreadMetrics {
+    fn default() -> Self {
+        Self {
+            responses: (LOWEST_CODE..=HIGHEST_CODE)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            latency_buckets: Default::default(),
+            latency_sum_nanos: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ThreadMetrics {
+    /// Counts a response sent with `code` (hyper allows 100–999; above 599 counts as 599).
+    pub fn response(&self, code: u16) {
+        let at = code.clamp(LOWEST_CODE, HIGHEST_CODE) - LOWEST_CODE;
+        if let Some(count) = self.responses.get(usize::from(at)) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records the time from forwarding a request to its upstream's response head.
+    pub fn upstream_latency(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|&upper| seconds <= upper)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.latency_sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+/// Every serving thread's shard, summed into `requests` and `upstream_latency_seconds` when
+/// scraped.
+#[derive(Debug, Default)]
+struct PerThread {
+    shards: Mutex<Vec<Arc<ThreadMetrics>>>,
+}
+
+impl Collector for PerThread {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let shards = self
+            .shards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let total = |read: &dyn Fn(&ThreadMetrics) -> &AtomicU64| -> u64 {
+            shards.iter().map(|s| read(s).load(Ordering::Relaxed)).sum()
+        };
+
+        let mut requests = encoder.encode_descriptor(
+            "requests",
+            "Responses sent, by status code",
+            None,
+            MetricType::Counter,
+        )?;
+        for (at, code) in (LOWEST_CODE..=HIGHEST_CODE).enumerate() {
+            let count = total(&|s| &s.responses[at]);
+            if count > 0 {
+                requests
+                    .encode_family(&CodeLabels { code })?
+                    .encode_counter::<NoLabelSet, _, u64>(&count, None)?;
+            }
+        }
+
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .enumerate()
+            .map(|(at, upper)| (upper, total(&|s| &s.latency_buckets[at])))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = total(&|s| &s.latency_sum_nanos) as f64 / 1e9;
+        encoder
+            .encode_descriptor(
+                "upstream_latency_seconds",
+                "Time from forwarding a request to the upstream's response head",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_thread_shards_are_summed_when_scraped() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let (one, two) = (metrics.thread_shard(), metrics.thread_shard());
+        one.response(200);
+        one.response(200);
+        two.response(200);
+        two.response(503);
+        two.response(999);
+        one.upstream_latency(Duration::from_micros(300));
+        two.upstream_latency(Duration::from_millis(2));
+        two.upstream_latency(Duration::from_secs(60));
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for expected in [
+            "# TYPE labforge_proxy_requests counter",
+            r#"labforge_proxy_requests_total{code="200"} 3"#,
+            r#"labforge_proxy_requests_total{code="503"} 1"#,
+            r#"labforge_proxy_requests_total{code="599"} 1"#,
+            "# TYPE labforge_proxy_upstream_latency_seconds histogram",
+            r#"labforge_proxy_upstream_latency_seconds_bucket{le="0.0005"} 1"#,
+            r#"labforge_proxy_upstream_latency_seconds_bucket{le="0.001"} 1"#,
+            r#"labforge_proxy_upstream_latency_seconds_bucket{le="0.0025"} 2"#,
+            r#"labforge_proxy_upstream_latency_seconds_bucket{le="10.0"} 2"#,
+            r#"labforge_proxy_upstream_latency_seconds_bucket{le="+Inf"} 3"#,
+            "labforge_proxy_upstream_latency_seconds_count 3",
+            "labforge_proxy_upstream_latency_seconds_sum 60.0023",
+        ] {
+            assert!(lines.contains(&expected), "no {expected:?} in\n{text}");
+        }
+        assert!(
+            !text.contains(r#"code="404""#),
+            "codes never sent are not listed"
+        );
     }
 }
