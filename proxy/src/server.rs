@@ -28,6 +28,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 
 /// Certificate chain and private key, PEM files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,37 +116,26 @@ pub async fn serve(
                         Ok::<_, Infallible>(response.map(|body| InFlightBody { body, in_flight }))
                     })
             });
-            let served = match tls {
+            // One connection type for both, so that one serving path drives them.
+            let io = match tls {
                 Some(acceptor) => match acceptor.accept(stream).await {
-                    Ok(stream) => {
-                        let connection =
-                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                        serve_unless_stalled(
-                            connection,
-                            |c| c.graceful_shutdown(),
-                            &progress,
-                            request_head_timeout,
-                        )
-                        .await
-                    }
+                    Ok(stream) => Either::Left(stream),
                     Err(err) => {
                         tracing::debug!(%peer, error = %err, "TLS handshake");
                         connections.dec();
                         return;
                     }
                 },
-                None => {
-                    let connection =
-                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    serve_unless_stalled(
-                        connection,
-                        |c| c.graceful_shutdown(),
-                        &progress,
-                        request_head_timeout,
-                    )
-                    .await
-                }
+                None => Either::Right(stream),
             };
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            let served = serve_unless_stalled(
+                connection,
+                |c| c.graceful_shutdown(),
+                &progress,
+                request_head_timeout,
+            )
+            .await;
             match served {
                 Some(Ok(())) => {}
                 Some(Err(err)) => tracing::debug!(%peer, error = %err, "connection"),
