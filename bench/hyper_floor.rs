@@ -36,44 +36,29 @@ fn reuse_port_listener(addr: SocketAddr) -> std::net::TcpListener {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
         .expect("hyper floor: socket");
     socket.set_reuse_port(true).expect("SO_REUSEPORT");
-    socket.set_nonblocking(true).expect("nonblocking");
     socket.bind(&addr.into()).expect("hyper floor: bind");
     socket.listen(4096).expect("hyper floor: listen");
     socket.into()
 }
 
 fn serve(listener: std::net::TcpListener, upstream: SocketAddr) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("hyper floor runtime");
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let Some(sender) = connect(upstream).await else {
-                    return;
-                };
-                let sender = Arc::new(Mutex::new(sender));
-                let service =
-                    hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                        let sender = sender.clone();
-                        async move {
-                            let mut sender = sender.lock().await;
-                            sender.ready().await?;
-                            let response = sender.send_request(request).await?;
-                            Ok::<_, hyper::Error>(response)
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
+    crate::serve_each_connection(listener, move |stream| async move {
+        let Some(sender) = connect(upstream).await else {
+            return;
+        };
+        let sender = Arc::new(Mutex::new(sender));
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let sender = sender.clone();
+            async move {
+                let mut sender = sender.lock().await;
+                sender.ready().await?;
+                let response = sender.send_request(request).await?;
+                Ok::<_, hyper::Error>(response)
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
     });
 }
 

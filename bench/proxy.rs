@@ -38,36 +38,47 @@ fn free_port() -> u16 {
     labforge_tests::tools::free_port().expect("free port")
 }
 
+/// Serves every connection `listener` accepts with `serve`, each in its own task, on a
+/// current-thread runtime that blocks the calling thread.
+fn serve_each_connection<Served>(
+    listener: std::net::TcpListener,
+    serve: impl Fn(tokio::net::TcpStream) -> Served,
+) where
+    Served: Future<Output = ()> + Send + 'static,
+{
+    listener.set_nonblocking(true).expect("nonblocking");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a serving runtime");
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(serve(stream));
+        }
+    });
+}
+
 /// A small fixed response, keep-alive, from a one-thread hyper server.
 fn start_upstream() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
     let addr = listener.local_addr().expect("upstream addr");
-    listener.set_nonblocking(true).expect("nonblocking");
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("upstream runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_request| async {
-                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
-                            http_body_util::Full::new(bytes::Bytes::from_static(b"ok\n")),
-                        ))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
-                });
-            }
-        });
+        serve_each_connection(listener, |stream| async move {
+            let service = hyper::service::service_fn(|_request| async {
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"ok\n"),
+                )))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        })
     });
     addr
 }
@@ -76,31 +87,17 @@ fn start_upstream() -> SocketAddr {
 fn start_echo() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind echo");
     let addr = listener.local_addr().expect("echo addr");
-    listener.set_nonblocking(true).expect("nonblocking");
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("echo runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(async move {
-                    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-                        return;
-                    };
-                    while let Some(Ok(message)) = ws.next().await {
-                        if message.is_text() && ws.send(message).await.is_err() {
-                            return;
-                        }
-                    }
-                });
+        serve_each_connection(listener, |stream| async move {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                return;
+            };
+            while let Some(Ok(message)) = ws.next().await {
+                if message.is_text() && ws.send(message).await.is_err() {
+                    return;
+                }
             }
-        });
+        })
     });
     addr
 }

@@ -113,7 +113,10 @@ pub async fn serve(
                 forwarder
                     .handle(request, client.clone(), is_tls)
                     .map(move |response| {
-                        Ok::<_, Infallible>(response.map(|body| InFlightBody { body, in_flight }))
+                        Ok::<_, Infallible>(response.map(|body| InFlightBody {
+                            body,
+                            _in_flight: in_flight,
+                        }))
                     })
             });
             // One connection type for both, so that one serving path drives them.
@@ -177,9 +180,7 @@ impl Drop for InFlight {
 /// A response body that keeps its request in flight until hyper has sent it (or dropped it).
 struct InFlightBody<B> {
     body: B,
-    /// Held, never read: dropped with the body.
-    #[allow(dead_code)]
-    in_flight: InFlight,
+    _in_flight: InFlight,
 }
 
 impl<B: Body<Data = Bytes> + Unpin> Body for InFlightBody<B> {
