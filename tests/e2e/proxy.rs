@@ -861,6 +861,103 @@ async fn connections_without_a_request_head_in_time_are_closed_and_slow_answers_
     serving.abort();
 }
 
+/// Sockets of this machine connecting to `port` on 127.0.0.1, their SYN not answered yet
+/// (`SYN_SENT` in /proc/net/tcp).
+fn connecting_to(port: u16) -> usize {
+    let remote = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(2) == Some(&remote.as_str()) && fields.get(3) == Some(&"02")
+        })
+        .count()
+}
+
+/// A burst of requests opens at most MAX_CONNECTING_PER_UPSTREAM connections to an upstream at a
+/// time (per serving thread), and the rest wait for one of them instead of flooding the
+/// upstream's accept queue; once the upstream accepts, every request is answered.
+#[tokio::test]
+async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_once() {
+    const LIMIT: usize = labforge_proxy::upstream::MAX_CONNECTING_PER_UPSTREAM;
+    const BURST: usize = 3 * LIMIT;
+    // An upstream whose accept queue is full: a SYN to it stays unanswered until it accepts.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(0).unwrap();
+    let listener: std::net::TcpListener = socket.try_clone().unwrap().into();
+    let upstream = listener.local_addr().unwrap();
+    // Connections until one is not answered: the queue is full then.
+    let mut queued = Vec::new();
+    while let Ok(filler) =
+        std::net::TcpStream::connect_timeout(&upstream, Duration::from_millis(100))
+    {
+        queued.push(filler);
+        assert!(
+            queued.len() < 10,
+            "the upstream's accept queue never filled"
+        );
+    }
+    assert_eq!(
+        connecting_to(upstream.port()),
+        0,
+        "the test's own SYN is gone"
+    );
+
+    let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
+        threads: 1,
+        ..options
+    })
+    .await;
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    // One client: it opens a connection to the proxy for each request in flight.
+    let http = reqwest::Client::new();
+    let requests: Vec<_> = (0..BURST)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.clone());
+            tokio::spawn(async move { get_as(&http, &url, ALICE).await.status().as_u16() })
+        })
+        .collect();
+    let mut most = 0;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(1) {
+        most = most.max(connecting_to(upstream.port()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(most, LIMIT, "connections being opened at once");
+
+    // Listening again sets the queue's length: the SYNs sent again now find room.
+    socket.listen(1024).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    let serving = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_request| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
+                    ))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    for request in requests {
+        let status = tokio::time::timeout(Duration::from_secs(15), request)
+            .await
+            .expect("every request of the burst answered")
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    serving.abort();
+}
+
 /// The proxy gives freed memory back to the system once a complete route list is loaded and when a
 /// burst of connections ends, not while the connections are open.
 #[tokio::test]
