@@ -283,10 +283,12 @@ impl Forwarder {
         if let Entry::Vacant(proto) = headers.entry(&X_FORWARDED_PROTO) {
             proto.insert(HeaderValue::from_static(if tls { "https" } else { "http" }));
         }
+        // Host is the routed authority by now: its value is shared, not parsed and copied again.
+        let host = headers.get(header::HOST).cloned();
         if let Entry::Vacant(forwarded_host) = headers.entry(&X_FORWARDED_HOST)
-            && let Ok(value) = HeaderValue::from_str(authority.as_str())
+            && let Some(host) = host
         {
-            forwarded_host.insert(value);
+            forwarded_host.insert(host);
         }
         if let Some(rule) = &rule {
             rule.request_headers.apply(headers);
@@ -537,6 +539,15 @@ fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     }
 }
 
+/// Whether a `Connection` option names nothing beyond what is dropped anyway: `close`, or a
+/// hop-by-hop header (options are case-insensitive, header names are stored in lowercase).
+fn is_dropped_anyway(option: &str) -> bool {
+    option.eq_ignore_ascii_case("close")
+        || HOP_BY_HOP
+            .iter()
+            .any(|name| option.eq_ignore_ascii_case(name.as_str()))
+}
+
 /// Drops hop-by-hop headers, including every header the Connection header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the message's few headers instead of a hashed removal per name: most
@@ -550,17 +561,21 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !present.contains(&true) {
         return;
     }
-    if let Some(connection) = headers.get(header::CONNECTION) {
-        let named: Vec<HeaderName> = connection
-            .to_str()
-            .unwrap_or("")
-            .split(',')
+    // The options are read where they are and a name is made only for an option that names
+    // another header, which almost none does: `keep-alive` alone took a header name's
+    // allocation and a vector's per response.
+    let options = || {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
             .map(str::trim)
-            // `close` names no header.
-            .filter(|token| !token.eq_ignore_ascii_case("close"))
-            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-            // Hop-by-hop names go below in any case.
-            .filter(|name| hop_by_hop_index(name).is_none())
+            .filter(|option| !is_dropped_anyway(option))
+    };
+    if options().next().is_some() {
+        let named: Vec<HeaderName> = options()
+            .filter_map(|option| HeaderName::from_bytes(option.as_bytes()).ok())
             .collect();
         for name in named {
             headers.remove(name);
@@ -690,6 +705,16 @@ mod tests {
         assert_eq!(left, ["host"]);
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1);
+
+        // Several Connection headers are one list, options in any case.
+        let mut headers = HeaderMap::new();
+        headers.append(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        headers.append(header::CONNECTION, HeaderValue::from_static("X-Trace"));
+        headers.insert("x-trace", HeaderValue::from_static("1"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]
