@@ -220,6 +220,14 @@ pub struct ProxyArgs {
     /// Seconds an upstream connection stays pooled without a request before it is closed.
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_idle_timeout: u64,
+    /// Seconds a request may take to get an upstream connection (waiting for one included)
+    /// before it is answered 503: a stopped notebook's address may drop connects unanswered.
+    #[arg(
+        long,
+        default_value_t = labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub upstream_connect_timeout: u64,
     /// Seconds a client connection may go without completing a request head while none is in
     /// flight before it is closed (idle keep-alive connections, clients trickling headers).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
@@ -288,6 +296,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             upstream_addresses,
             threads: args.threads,
             upstream_idle_timeout: Duration::from_secs(args.upstream_idle_timeout),
+            upstream_connect_timeout: Duration::from_secs(args.upstream_connect_timeout),
             request_head_timeout: Duration::from_secs(args.request_head_timeout),
             fallback: None,
         })
@@ -1099,17 +1108,24 @@ mod tests {
         );
         assert!(options.tls.is_none());
         assert_eq!(options.upstream_idle_timeout, Duration::from_secs(90));
+        assert_eq!(
+            options.upstream_connect_timeout,
+            labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT
+        );
         assert_eq!(options.request_head_timeout, Duration::from_secs(30));
         let any = ProxyOptions::try_from(&parse_proxy(&[
             "--any-gateway",
             "--upstream-idle-timeout",
             "5",
+            "--upstream-connect-timeout",
+            "3",
             "--request-head-timeout",
             "7",
         ]))
         .unwrap();
         assert_eq!(any.gateway, GatewayFilter(None));
         assert_eq!(any.upstream_idle_timeout, Duration::from_secs(5));
+        assert_eq!(any.upstream_connect_timeout, Duration::from_secs(3));
         assert_eq!(any.request_head_timeout, Duration::from_secs(7));
     }
 

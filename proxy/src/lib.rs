@@ -68,6 +68,9 @@ pub struct ProxyOptions {
     /// How long an upstream connection stays pooled without a request
     /// ([`upstream::DEFAULT_IDLE_TIMEOUT`] unless configured).
     pub upstream_idle_timeout: Duration,
+    /// How long getting an upstream connection may take, waiting for a connecting slot included
+    /// ([`upstream::DEFAULT_CONNECT_TIMEOUT`] unless configured).
+    pub upstream_connect_timeout: Duration,
     /// `host:port` that requests outside `/notebook/` go to, authenticated by it rather than by
     /// the proxy: the web app, when the proxy is embedded mode's one entry point.
     pub fallback: Option<String>,
@@ -215,7 +218,11 @@ pub async fn start(
             metrics.clone(),
             options.upstream_addresses.clone(),
             options.fallback.clone(),
-            UpstreamPool::new(options.upstream_idle_timeout, heap.clone()),
+            UpstreamPool::new(
+                options.upstream_idle_timeout,
+                options.upstream_connect_timeout,
+                heap.clone(),
+            ),
         );
         let heap = heap.clone();
         let tls = tls.clone();

@@ -13,7 +13,9 @@
 //! a request that finds neither an idle connection nor a free slot waits for either. Without
 //! that, a burst of clients (387 at once in the benchmark) made as many connections at once,
 //! overflowed the upstream's accept queue (128 for Jupyter's tornado, as for most servers), and
-//! the dropped SYNs were sent again a second later: p99 went from 4.5 ms to 508 ms.
+//! the dropped SYNs were sent again a second later: p99 went from 4.5 ms to 508 ms. Waiting
+//! counts towards the connect timeout: behind connects to an address that drops SYNs (a
+//! stopped pod's), a request gets its 503 within the timeout, not after its turn at the slots.
 
 use crate::heap_release::HeapRelease;
 use bytes::Bytes;
@@ -29,9 +31,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
-/// How long connecting may take (a stopped notebook's address may not answer at all); requests
-/// themselves have no timeout.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long getting a connection may take, unless configured: waiting for a slot and connecting
+/// (a stopped notebook's address may not answer at all). Requests themselves have no timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle connections kept per upstream address.
 const MAX_IDLE_PER_UPSTREAM: usize = 512;
 /// Connections a serving thread may be opening to one upstream address at once: with one
@@ -75,6 +77,7 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct UpstreamPool {
     upstreams: Mutex<HashMap<Arc<str>, Upstream>>,
     idle_timeout: Duration,
+    connect_timeout: Duration,
     /// Counts the connections, whose buffers are freed when they close.
     heap: Arc<HeapRelease>,
 }
@@ -152,10 +155,11 @@ impl Idle {
 }
 
 impl UpstreamPool {
-    pub fn new(idle_timeout: Duration, heap: Arc<HeapRelease>) -> Self {
+    pub fn new(idle_timeout: Duration, connect_timeout: Duration, heap: Arc<HeapRelease>) -> Self {
         Self {
             upstreams: Mutex::default(),
             idle_timeout,
+            connect_timeout,
             heap,
         }
     }
@@ -198,6 +202,8 @@ impl UpstreamPool {
         address: Arc<str>,
         mut request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        // Set when the request first has to wait: from then on it has the connect timeout.
+        let mut deadline = None;
         loop {
             match self.lease(&address) {
                 Lease::Idle(mut sender) => match sender.try_send_request(request).await {
@@ -214,25 +220,53 @@ impl UpstreamPool {
                         }
                     },
                 },
+                // Boxed, as is waiting: both are rare, and their futures inline would more than
+                // double the size of every request's, which is moved whole as it starts.
                 Lease::Connect => {
-                    let slot = Connecting {
-                        pool: self.clone(),
-                        address: address.clone(),
-                    };
-                    let connected = self.connect(&address).await;
-                    drop(slot);
-                    let mut sender = connected?;
-                    let response = sender.send_request(request).await.map_err(|source| {
-                        UpstreamError::Request {
-                            address: address.to_string(),
-                            source,
-                        }
-                    })?;
-                    return Ok(self.wrap(&address, sender, response));
+                    let deadline =
+                        deadline.unwrap_or_else(|| Instant::now() + self.connect_timeout);
+                    let connected =
+                        Box::pin(self.clone().connect_and_send(address, request, deadline));
+                    return connected.await;
                 }
-                Lease::Wait(waiting) => waiting.await,
+                Lease::Wait(waiting) => {
+                    let deadline =
+                        *deadline.get_or_insert_with(|| Instant::now() + self.connect_timeout);
+                    let woken = Box::pin(tokio::time::timeout_at(deadline.into(), waiting));
+                    if woken.await.is_err() {
+                        return Err(timed_out(&address));
+                    }
+                }
             }
         }
+    }
+
+    /// Opens a connection to `address` in a connecting slot (taken) by `deadline` and sends
+    /// `request` on it.
+    async fn connect_and_send(
+        self: Arc<Self>,
+        address: Arc<str>,
+        request: Request<Incoming>,
+        deadline: Instant,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let slot = Connecting {
+            pool: self.clone(),
+            address: address.clone(),
+        };
+        let connected = tokio::time::timeout_at(deadline.into(), self.connect(&address))
+            .await
+            .unwrap_or_else(|_| Err(timed_out(&address)));
+        drop(slot);
+        let mut sender = connected?;
+        let response =
+            sender
+                .send_request(request)
+                .await
+                .map_err(|source| UpstreamError::Request {
+                    address: address.to_string(),
+                    source,
+                })?;
+        Ok(self.wrap(&address, sender, response))
     }
 
     /// An idle connection ready for a request, else a slot to open one, else something to wait
@@ -271,9 +305,8 @@ impl UpstreamPool {
             address: address.to_owned(),
             source,
         };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address))
+        let stream = tokio::net::TcpStream::connect(address)
             .await
-            .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
         configure_socket(&stream);
         let (sender, connection) = http1::Builder::new()
@@ -305,6 +338,13 @@ impl UpstreamPool {
         let back = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
             .then(|| (self.clone(), address.clone(), sender));
         response.map(|inner| PooledBody { inner, back })
+    }
+}
+
+fn timed_out(address: &str) -> UpstreamError {
+    UpstreamError::Connect {
+        address: address.to_owned(),
+        source: std::io::ErrorKind::TimedOut.into(),
     }
 }
 

@@ -80,6 +80,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         upstream_addresses: upstreams,
         threads: 2,
         upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
+        upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
         request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
         fallback: None,
     }
@@ -880,25 +881,20 @@ fn connecting_to(port: u16) -> usize {
         .count()
 }
 
-/// A burst of requests opens at most MAX_CONNECTING_PER_UPSTREAM connections to an upstream at a
-/// time (per serving thread), and the rest wait for one of them instead of flooding the
-/// upstream's accept queue; once the upstream accepts, every request is answered.
-#[tokio::test]
-async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_once() {
-    const LIMIT: usize = labforge_proxy::upstream::MAX_CONNECTING_PER_UPSTREAM;
-    const BURST: usize = 3 * LIMIT;
-    // An upstream whose accept queue is full: a SYN to it stays unanswered until it accepts.
+/// A listener whose accept queue is full, so that a SYN to it stays unanswered until it accepts
+/// or listens again with a longer queue (as an address that drops SYNs does), with the
+/// connections that fill the queue.
+fn unanswering_listener() -> (socket2::Socket, Vec<std::net::TcpStream>) {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     socket
         .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
         .unwrap();
     socket.listen(0).unwrap();
-    let listener: std::net::TcpListener = socket.try_clone().unwrap().into();
-    let upstream = listener.local_addr().unwrap();
+    let address = socket.local_addr().unwrap().as_socket().unwrap();
     // Connections until one is not answered: the queue is full then.
     let mut queued = Vec::new();
     while let Ok(filler) =
-        std::net::TcpStream::connect_timeout(&upstream, Duration::from_millis(100))
+        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100))
     {
         queued.push(filler);
         assert!(
@@ -907,10 +903,23 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
         );
     }
     assert_eq!(
-        connecting_to(upstream.port()),
+        connecting_to(address.port()),
         0,
         "the test's own SYN is gone"
     );
+    (socket, queued)
+}
+
+/// A burst of requests opens at most MAX_CONNECTING_PER_UPSTREAM connections to an upstream at a
+/// time (per serving thread), and the rest wait for one of them instead of flooding the
+/// upstream's accept queue; once the upstream accepts, every request is answered.
+#[tokio::test]
+async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_once() {
+    const LIMIT: usize = labforge_proxy::upstream::MAX_CONNECTING_PER_UPSTREAM;
+    const BURST: usize = 3 * LIMIT;
+    let (socket, _queued) = unanswering_listener();
+    let listener: std::net::TcpListener = socket.try_clone().unwrap().into();
+    let upstream = listener.local_addr().unwrap();
 
     let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
         threads: 1,
@@ -953,6 +962,42 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
             .expect("every request of the burst answered")
             .unwrap();
         assert_eq!(status, 200);
+    }
+}
+
+/// Requests that wait behind connects nobody answers (a stopped notebook's address drops SYNs)
+/// get their 503 within the connect timeout, waiting included, rather than one timeout per
+/// round of connecting slots ahead of them.
+#[tokio::test]
+async fn requests_waiting_for_a_connection_get_503_within_the_connect_timeout() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    // Three rounds of connecting slots: the last requests would wait two timeouts for a slot.
+    const BURST: usize = 3 * labforge_proxy::upstream::MAX_CONNECTING_PER_UPSTREAM;
+    let (socket, _queued) = unanswering_listener();
+    let upstream = socket.local_addr().unwrap().as_socket().unwrap();
+    let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
+        threads: 1,
+        upstream_connect_timeout: TIMEOUT,
+        ..options
+    })
+    .await;
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    let http = reqwest::Client::new();
+    let requests: Vec<_> = (0..BURST)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.clone());
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let status = get_as(&http, &url, ALICE).await.status().as_u16();
+                (status, sent.elapsed())
+            })
+        })
+        .collect();
+    for request in requests {
+        let (status, took) = request.await.unwrap();
+        assert_eq!(status, 503);
+        // One timeout and scheduling; without the bound the last third took three.
+        assert!(took < 2 * TIMEOUT, "answered after {took:?}");
     }
 }
 

@@ -302,6 +302,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             upstream_addresses: Default::default(),
             threads: 0,
             upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
+            upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
             request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
             fallback: Some(web_addr.to_string()),
         },
