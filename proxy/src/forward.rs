@@ -215,9 +215,9 @@ impl Forwarder {
     }
 
     /// Whether the user may go where the request was routed, and the address it goes to then.
-    async fn admit(&self, via: &Via) -> Result<Arc<str>, ProxyError> {
+    async fn admit(&self, via: &Via) -> Result<Address, ProxyError> {
         let (identity, rule) = match via {
-            Via::Fallback(address) => return Ok(address.clone()),
+            Via::Fallback(address) => return Ok(Address::Own(address.clone())),
             Via::Rule(identity, rule) => (identity, rule),
         };
         match authorize(Some(identity), &rule.namespaces, self.access.as_ref()).await {
@@ -226,12 +226,12 @@ impl Forwarder {
             Decision::Forbidden => return Err(ProxyError::Forbidden),
             Decision::Unknown => return Err(ProxyError::AccessUnknown),
         }
-        let destination = rule.pick_destination().ok_or(ProxyError::NoRoute)?;
-        Ok(self
-            .upstream_addresses
-            .get(&*destination.authority)
-            .unwrap_or(&destination.authority)
-            .clone())
+        let index = rule.pick_destination_index().ok_or(ProxyError::NoRoute)?;
+        let destination = rule.destinations.get(index).ok_or(ProxyError::NoRoute)?;
+        Ok(match self.upstream_addresses.get(&*destination.authority) {
+            Some(mapped) => Address::Own(mapped.clone()),
+            None => Address::Destination(index),
+        })
     }
 
     /// The request as the upstream at `address` gets it: its target, the rule's header changes,
@@ -243,7 +243,7 @@ impl Forwarder {
         authority: Authority,
         target: Option<String>,
         via: Via,
-        address: Arc<str>,
+        address: Address,
         peer: &Peer,
         tls: bool,
     ) -> Result<Outgoing, ProxyError> {
@@ -328,6 +328,16 @@ impl Forwarder {
             let started = Instant::now();
             let upstreams = forwarder.upstreams.clone();
             let metrics = &forwarder.metrics;
+            let address = match &address {
+                Address::Own(address) => Some(&**address),
+                Address::Destination(index) => rule
+                    .as_ref()
+                    .and_then(|rule| rule.destinations.get(*index))
+                    .map(|destination| &*destination.authority),
+            };
+            let Some(address) = address else {
+                return Err(ProxyError::NoRoute);
+            };
             let result = upstreams.send(address, request).await.map_err(|e| {
                 let kind = if e.is_connect() {
                     "connect"
@@ -355,7 +365,7 @@ impl Forwarder {
                 (Err(error), _, _) => return Err(error),
             };
             forwarder.thread_metrics.upstream_latency(started.elapsed());
-            let activity = rule.as_ref().map(|rule| rule.owner.activity.clone());
+            let activity = rule.as_ref().map(|rule| &rule.owner.activity);
 
             if response.status() == StatusCode::SWITCHING_PROTOCOLS
                 && let Some(client_upgrade) = client_upgrade
@@ -365,6 +375,7 @@ impl Forwarder {
                     activity.touch();
                 }
                 let metrics = metrics.clone();
+                let activity = activity.cloned();
                 tokio::spawn(async move {
                     let (client_io, upstream_io) =
                         match tokio::try_join!(client_upgrade, upstream_upgrade) {
@@ -427,10 +438,19 @@ enum Via {
     Rule(Identity, Arc<Rule>),
 }
 
+/// The address a request goes to, named without a reference count that other threads share:
+/// each clone of one would move its cache line between the cores.
+enum Address {
+    /// This serving thread's own copy (the fallback, a mapped destination).
+    Own(Arc<str>),
+    /// The routed rule's destination at this index in [`Rule::destinations`].
+    Destination(usize),
+}
+
 /// A request ready for its upstream.
 struct Outgoing {
     request: Request<Incoming>,
-    address: Arc<str>,
+    address: Address,
     /// The rule it was routed by (its response header changes and activity), if any.
     rule: Option<Arc<Rule>>,
     /// The client's side of an upgrade it asked for.

@@ -345,16 +345,21 @@ impl Rule {
     /// The destination for the next request: weights are honoured exactly over every
     /// `total_weight` requests.
     pub fn pick_destination(&self) -> Option<&Destination> {
+        self.destinations.get(self.pick_destination_index()?)
+    }
+
+    /// Where the destination for the next request is in [`Rule::destinations`].
+    pub fn pick_destination_index(&self) -> Option<usize> {
         match &*self.destinations {
             [] => None,
-            [only] => Some(only),
+            [_] => Some(0),
             all => {
                 if self.total_weight == 0 {
                     return None;
                 }
                 let n = self.next.fetch_add(1, Ordering::Relaxed) % u64::from(self.total_weight);
                 let mut acc = 0u64;
-                all.iter().find(|d| {
+                all.iter().position(|d| {
                     acc += u64::from(d.weight);
                     n < acc
                 })

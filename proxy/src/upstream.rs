@@ -83,8 +83,10 @@ pub struct UpstreamPool {
 }
 
 /// One upstream address's connections.
-#[derive(Default)]
 struct Upstream {
+    /// The address, this pool's own copy: what its requests and connections hold of it, and so
+    /// the reference count only this thread touches.
+    address: Arc<str>,
     idle: Vec<Idle>,
     /// Connections being opened now.
     connecting: usize,
@@ -107,6 +109,15 @@ enum Lease {
 }
 
 impl Upstream {
+    fn new(address: Arc<str>) -> Self {
+        Self {
+            address,
+            idle: Vec::new(),
+            connecting: 0,
+            ready: Arc::default(),
+        }
+    }
+
     /// Closed and expired idle connections are dropped, busy ones stay.
     fn lease(&mut self, now: Instant, idle_timeout: Duration) -> Lease {
         // From the most recently returned one, which is nearly always ready: a request looks at
@@ -199,13 +210,14 @@ impl UpstreamPool {
     /// Sends `request` to `address` (`host:port`) on an idle connection or a new one.
     pub async fn send(
         self: Arc<Self>,
-        address: Arc<str>,
+        address: &str,
         mut request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         // Set when the request first has to wait: from then on it has the connect timeout.
         let mut deadline = None;
         loop {
-            match self.lease(&address) {
+            let (address, lease) = self.lease(address);
+            match lease {
                 Lease::Idle(mut sender) => match sender.try_send_request(request).await {
                     Ok(response) => return Ok(self.wrap(&address, sender, response)),
                     Err(mut error) => match error.take_message() {
@@ -270,34 +282,28 @@ impl UpstreamPool {
     }
 
     /// An idle connection ready for a request, else a slot to open one, else something to wait
-    /// on.
-    fn lease(&self, address: &Arc<str>) -> Lease {
+    /// on; with this pool's copy of the address.
+    fn lease(&self, address: &str) -> (Arc<str>, Lease) {
         let now = Instant::now();
-        let mut upstreams = self.lock();
-        // Looked up by `&str`: the address's reference count is shared by every thread's
-        // requests, and only a new entry needs a copy of it.
-        match upstreams.get_mut(&**address) {
-            Some(upstream) => upstream.lease(now, self.idle_timeout),
-            None => upstreams
-                .entry(address.clone())
-                .or_default()
-                .lease(now, self.idle_timeout),
-        }
+        with_upstream(&mut self.lock(), address, |upstream| {
+            let lease = upstream.lease(now, self.idle_timeout);
+            (upstream.address.clone(), lease)
+        })
     }
 
     fn put_back(&self, address: Arc<str>, sender: SendRequest<Incoming>) {
         if sender.is_closed() {
             return;
         }
-        let mut upstreams = self.lock();
-        let upstream = upstreams.entry(address).or_default();
-        if upstream.idle.len() < MAX_IDLE_PER_UPSTREAM {
-            upstream.idle.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
-            upstream.ready.notify_one();
-        }
+        with_upstream(&mut self.lock(), &address, |upstream| {
+            if upstream.idle.len() < MAX_IDLE_PER_UPSTREAM {
+                upstream.idle.push(Idle {
+                    sender,
+                    since: Instant::now(),
+                });
+                upstream.ready.notify_one();
+            }
+        });
     }
 
     async fn connect(&self, address: &str) -> Result<SendRequest<Incoming>, UpstreamError> {
@@ -338,6 +344,24 @@ impl UpstreamPool {
         let back = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
             .then(|| (self.clone(), address.clone(), sender));
         response.map(|inner| PooledBody { inner, back })
+    }
+}
+
+/// `f` on the entry for `address`, made when there is none.
+fn with_upstream<R>(
+    upstreams: &mut HashMap<Arc<str>, Upstream>,
+    address: &str,
+    f: impl FnOnce(&mut Upstream) -> R,
+) -> R {
+    // Looked up by `&str`: only a new entry needs a copy of the address.
+    match upstreams.get_mut(address) {
+        Some(upstream) => f(upstream),
+        None => {
+            let address: Arc<str> = address.into();
+            f(upstreams
+                .entry(address.clone())
+                .or_insert_with(|| Upstream::new(address)))
+        }
     }
 }
 
