@@ -910,6 +910,26 @@ fn unanswering_listener() -> (socket2::Socket, Vec<std::net::TcpStream>) {
     (socket, queued)
 }
 
+/// `count` requests of alice to her notebook sent at once, each answering with its status and
+/// how long it took. One client: it opens a connection to the proxy for each request in flight.
+fn burst_of_gets_to_alice_lab(
+    proxy: SocketAddr,
+    count: usize,
+) -> Vec<tokio::task::JoinHandle<(u16, Duration)>> {
+    let url = format!("http://{proxy}/notebook/alice/lab/x");
+    let http = reqwest::Client::new();
+    (0..count)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.clone());
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let status = get_as(&http, &url, ALICE).await.status().as_u16();
+                (status, sent.elapsed())
+            })
+        })
+        .collect()
+}
+
 /// A burst of requests opens at most MAX_CONNECTING_PER_UPSTREAM connections to an upstream at a
 /// time (per serving thread), and the rest wait for one of them instead of flooding the
 /// upstream's accept queue; once the upstream accepts, every request is answered.
@@ -926,15 +946,7 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
         ..options
     })
     .await;
-    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    // One client: it opens a connection to the proxy for each request in flight.
-    let http = reqwest::Client::new();
-    let requests: Vec<_> = (0..BURST)
-        .map(|_| {
-            let (http, url) = (http.clone(), url.clone());
-            tokio::spawn(async move { get_as(&http, &url, ALICE).await.status().as_u16() })
-        })
-        .collect();
+    let requests = burst_of_gets_to_alice_lab(proxy.addr, BURST);
     // Until the limit is reached (a loaded machine may take a while to send the burst), then
     // half a second more: the unanswered SYNs stay for at least a second, so any others would
     // show up beside them.
@@ -957,7 +969,7 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
     listener.set_nonblocking(true).unwrap();
     let _serving = CountingUpstream::serve(tokio::net::TcpListener::from_std(listener).unwrap());
     for request in requests {
-        let status = tokio::time::timeout(Duration::from_secs(15), request)
+        let (status, _) = tokio::time::timeout(Duration::from_secs(15), request)
             .await
             .expect("every request of the burst answered")
             .unwrap();
@@ -981,19 +993,7 @@ async fn requests_waiting_for_a_connection_get_503_within_the_connect_timeout() 
         ..options
     })
     .await;
-    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    let http = reqwest::Client::new();
-    let requests: Vec<_> = (0..BURST)
-        .map(|_| {
-            let (http, url) = (http.clone(), url.clone());
-            tokio::spawn(async move {
-                let sent = Instant::now();
-                let status = get_as(&http, &url, ALICE).await.status().as_u16();
-                (status, sent.elapsed())
-            })
-        })
-        .collect();
-    for request in requests {
+    for request in burst_of_gets_to_alice_lab(proxy.addr, BURST) {
         let (status, took) = request.await.unwrap();
         assert_eq!(status, 503);
         // One timeout and scheduling; without the bound the last third took three.
