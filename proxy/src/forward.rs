@@ -256,12 +256,16 @@ impl Forwarder {
             .transpose()
             .map_err(|_| ProxyError::NoRoute)?;
 
-        let upgrade = is_upgrade(request.headers()) && request.version() == Version::HTTP_11;
-        let upgrade_protocol = upgrade
-            .then(|| request.headers().get(header::UPGRADE).cloned())
-            .flatten();
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-        let websocket_key = request.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
+        // Looked up only for an upgrade: each lookup hashes a name, and most requests are not.
+        let (upgrade_protocol, client_upgrade, websocket_key) =
+            if request.version() == Version::HTTP_11 && is_upgrade(request.headers()) {
+                let headers = request.headers();
+                let protocol = headers.get(header::UPGRADE).cloned();
+                let key = headers.get(header::SEC_WEBSOCKET_KEY).cloned();
+                (protocol, Some(hyper::upgrade::on(&mut request)), key)
+            } else {
+                (None, None, None)
+            };
 
         let (mut parts, body) = request.into_parts();
         let headers = &mut parts.headers;
@@ -273,18 +277,18 @@ impl Forwarder {
         // The upstream sees the host the request was routed by: HTTP/2's :authority (there is no
         // Host header) and an absolute-form target both override Host (RFC 9112 §3.2.2); the
         // notebook checks Origin against it.
-        if (parts.uri.authority().is_some() || !headers.contains_key(header::HOST))
-            && let Ok(value) = HeaderValue::from_str(authority.as_str())
-        {
-            headers.insert(header::HOST, value);
-        }
+        let host = match headers.get(header::HOST) {
+            Some(host) if parts.uri.authority().is_none() => Some(host.clone()),
+            _ => HeaderValue::from_str(authority.as_str()).ok().inspect(|host| {
+                headers.insert(header::HOST, host.clone());
+            }),
+        };
         append_forwarded_for(headers, peer);
         // Entries: one hash of the name, not one to look and one to insert.
         if let Entry::Vacant(proto) = headers.entry(&X_FORWARDED_PROTO) {
             proto.insert(HeaderValue::from_static(if tls { "https" } else { "http" }));
         }
-        // Host is the routed authority by now: its value is shared, not parsed and copied again.
-        let host = headers.get(header::HOST).cloned();
+        // The routed authority's value, shared rather than parsed and copied again.
         if let Entry::Vacant(forwarded_host) = headers.entry(&X_FORWARDED_HOST)
             && let Some(host) = host
         {

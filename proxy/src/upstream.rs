@@ -6,8 +6,8 @@
 //! to it when the response body ends, which [`PooledBody`] observes. A request that could not be
 //! sent on a reused connection (the upstream closed it meanwhile) is retried on another one; a
 //! request that was sent is never retried. A connection idle for longer than the pool's idle
-//! timeout is closed (its socket and hyper's buffers, some 25 KiB, go back), as is the entry of
-//! an upstream nobody asks for anymore.
+//! timeout is closed by a sweep every half timeout (its socket and hyper's buffers, some 25 KiB,
+//! go back), as is the entry of an upstream nobody asks for anymore.
 //!
 //! A thread opens at most [`MAX_CONNECTING_PER_UPSTREAM`] connections to one upstream at a time;
 //! a request that finds neither an idle connection nor a free slot waits for either. Without
@@ -118,14 +118,16 @@ impl Upstream {
         }
     }
 
-    /// Closed and expired idle connections are dropped, busy ones stay.
-    fn lease(&mut self, now: Instant, idle_timeout: Duration) -> Lease {
+    /// Closed idle connections are dropped, busy ones stay. Expired ones are left to the sweep
+    /// ([`UpstreamPool::close_expired`]): a request takes the most recently returned connection,
+    /// which has not expired, and reading the clock to tell cost every request.
+    fn lease(&mut self) -> Lease {
         // From the most recently returned one, which is nearly always ready: a request looks at
-        // one or two entries, not all of them (the sweep drops the expired ones nobody reached).
+        // one or two entries, not all of them.
         let mut at = self.idle.len();
         while at > 0 {
             at -= 1;
-            if !self.idle[at].is_usable(now, idle_timeout) {
+            if self.idle[at].sender.is_closed() {
                 self.idle.swap_remove(at);
             } else if self.idle[at].sender.is_ready() {
                 return Lease::Idle(self.idle.swap_remove(at).sender);
@@ -284,9 +286,8 @@ impl UpstreamPool {
     /// An idle connection ready for a request, else a slot to open one, else something to wait
     /// on; with this pool's copy of the address.
     fn lease(&self, address: &str) -> (Arc<str>, Lease) {
-        let now = Instant::now();
         with_upstream(&mut self.lock(), address, |upstream| {
-            let lease = upstream.lease(now, self.idle_timeout);
+            let lease = upstream.lease();
             (upstream.address.clone(), lease)
         })
     }
