@@ -279,9 +279,11 @@ impl Forwarder {
         // notebook checks Origin against it.
         let host = match headers.get(header::HOST) {
             Some(host) if parts.uri.authority().is_none() => Some(host.clone()),
-            _ => HeaderValue::from_str(authority.as_str()).ok().inspect(|host| {
-                headers.insert(header::HOST, host.clone());
-            }),
+            _ => HeaderValue::from_str(authority.as_str())
+                .ok()
+                .inspect(|host| {
+                    headers.insert(header::HOST, host.clone());
+                }),
         };
         append_forwarded_for(headers, peer);
         // Entries: one hash of the name, not one to look and one to insert.
@@ -595,7 +597,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
             .map(str::trim)
-            .filter(|option| !is_dropped_anyway(option))
+            .filter(|option| !option.is_empty() && !is_dropped_anyway(option))
     };
     if options().next().is_some() {
         let named: Vec<HeaderName> = options()

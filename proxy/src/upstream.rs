@@ -234,8 +234,8 @@ impl UpstreamPool {
                         }
                     },
                 },
-                // Boxed, as is waiting: both are rare, and their futures inline would more than
-                // double the size of every request's, which is moved whole as it starts.
+                // Boxed, as is waiting: both are rare, and inline their futures (a connect, a
+                // timer) would be part of every request's, which is moved whole as it starts.
                 Lease::Connect => {
                     let deadline =
                         deadline.unwrap_or_else(|| Instant::now() + self.connect_timeout);
