@@ -1147,10 +1147,16 @@ mod tests {
             Cli::try_parse_from(["labforge", "proxy", "--tls-cert", "c.pem"]).is_err(),
             "a certificate without its key"
         );
-        let zero = Cli::try_parse_from(["labforge", "proxy", "--upstream-idle-timeout", "0"])
-            .unwrap_err()
-            .to_string();
-        assert!(zero.contains("--upstream-idle-timeout"), "{zero}");
+        for flag in [
+            "--upstream-idle-timeout",
+            "--upstream-connect-timeout",
+            "--request-head-timeout",
+        ] {
+            let zero = Cli::try_parse_from(["labforge", "proxy", flag, "0"])
+                .unwrap_err()
+                .to_string();
+            assert!(zero.contains(flag), "{zero}");
+        }
     }
 
     #[test]
