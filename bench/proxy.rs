@@ -165,6 +165,24 @@ impl Drop for Running {
     }
 }
 
+impl Running {
+    /// Starts `command`, a single process serving on `port`, and waits until it listens.
+    fn serving(name: &'static str, command: &mut Command, port: u16) -> Running {
+        let child = command
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        wait_port(port);
+        let pid = child.id();
+        Running {
+            name,
+            child,
+            port,
+            pids: vec![pid],
+        }
+    }
+}
+
 fn wait_port(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -182,24 +200,15 @@ fn start_labforge(dir: &Path, routes: &Routes) -> Running {
     std::fs::write(&file, yaml).expect("routes file");
     let port = free_port();
     // The proxy-only binary, as the proxy's Deployment runs it.
-    let child = Command::new(env!("CARGO_BIN_EXE_labforge-proxy"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_labforge-proxy"));
+    command
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
         .args(["--access", "static", "--member", &format!("bench={USER}")])
         .arg("--routes-file")
         .arg(&file)
-        .env("LABFORGE_LOG", "error")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start labforge proxy");
-    wait_port(port);
-    let pid = child.id();
-    Running {
-        name: "labforge",
-        child,
-        port,
-        pids: vec![pid],
-    }
+        .env("LABFORGE_LOG", "error");
+    Running::serving("labforge", &mut command, port)
 }
 
 fn start_nginx(dir: &Path, routes: &Routes) -> Option<Running> {
@@ -518,21 +527,12 @@ fn print_table(title: &str, rows: &[Row], direct: &Row) {
 fn start_hyper_floor(routes: &Routes) -> Running {
     let port = free_port();
     let exe = std::env::current_exe().expect("the bench binary's path");
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .arg("--hyper-floor")
         .arg(format!("127.0.0.1:{port}"))
-        .arg(format!("127.0.0.1:{}", routes.upstream))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start the hyper floor");
-    wait_port(port);
-    let pid = child.id();
-    Running {
-        name: "hyper alone (floor)",
-        child,
-        port,
-        pids: vec![pid],
-    }
+        .arg(format!("127.0.0.1:{}", routes.upstream));
+    Running::serving("hyper alone (floor)", &mut command, port)
 }
 
 async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
