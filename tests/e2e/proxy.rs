@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -738,7 +738,7 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
 }
 
 /// How long `stream` stays open from `since`: reads (and drops) until the proxy closes it.
-async fn open_for(stream: &mut tokio::net::TcpStream, since: Instant) -> Duration {
+async fn open_for(stream: &mut (impl AsyncRead + Unpin), since: Instant) -> Duration {
     let mut buffer = [0u8; 4096];
     loop {
         match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
@@ -843,14 +843,7 @@ async fn connections_without_a_request_head_in_time_are_closed_and_slow_answers_
             }
         }
     });
-    let mut buffer = [0u8; 4096];
-    let trickled_for = loop {
-        match tokio::time::timeout(Duration::from_secs(5), reading.read(&mut buffer)).await {
-            Ok(Ok(0) | Err(_)) => break started.elapsed(),
-            Ok(Ok(_)) => {}
-            Err(_) => panic!("a trickling client kept its connection for 5 s"),
-        }
-    };
+    let trickled_for = open_for(&mut reading, started).await;
     trickle.abort();
     assert!(
         trickled_for >= 2 * timeout - Duration::from_millis(20) && trickled_for < 4 * timeout,
