@@ -6,8 +6,10 @@
 //! to it when the response body ends, which [`PooledBody`] observes. A request that could not be
 //! sent on a reused connection (the upstream closed it meanwhile) is retried on another one; a
 //! request that was sent is never retried. A connection idle for longer than the pool's idle
-//! timeout is closed by a sweep every half timeout (its socket and hyper's buffers, some 25 KiB,
-//! go back), as is the entry of an upstream nobody asks for anymore.
+//! timeout is closed by a sweep every half timeout, as is the entry of an upstream nobody asks for
+//! anymore. An idle connection holds about 40 KiB, nearly all of it hyper's (heaptrack): an 8 KiB
+//! read buffer, an 8 KiB write buffer, and the channel its requests go through, a 9 KiB block of
+//! 32 slots and a second one from its 32nd request on.
 //!
 //! A thread opens at most [`MAX_CONNECTING_PER_UPSTREAM`] connections to one upstream at a time;
 //! a request that finds neither an idle connection nor a free slot waits for either. Without
