@@ -8,8 +8,8 @@
 //! - wrk at full load (req/s, p50, p99, and each contender's CPU time per request), in rounds
 //!   that take the contenders in turn (the machine's speed drifts by a fifth within minutes, so
 //!   one run each would compare moments, not proxies; medians are reported); then at half of
-//!   labforge's full-load rate (fixed rate via wrk's `delay` hook) to compare p99 added latency
-//!   against the upstream alone;
+//!   labforge's full-load rate (each connection waits a random time between its requests, so
+//!   arrivals spread out) to compare p99 added latency against the upstream alone;
 //! - the same with 10,000 routes (the measured route is the last one created), with RSS;
 //! - the floor of any hyper-based proxy ([`hyper_floor`]): hyper's server and client with nothing
 //!   between them, which tells labforge's own cost apart from its building blocks';
@@ -385,16 +385,31 @@ fn parse_latency(value: &str) -> f64 {
     number.parse::<f64>().unwrap_or(f64::NAN) * factor
 }
 
-/// wrk against `url`; `rate` fixes the request rate through a per-connection delay.
+/// wrk against `url`; `rate` sets the request rate through a wait between each connection's
+/// requests.
 fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
     let mut command = Command::new("wrk");
     let mut connections = CONNECTIONS;
     if let Some(rate) = rate {
-        // Each connection waits `delay` ms between requests: rate ≈ connections × 1000 / delay.
-        let delay_ms = 10.0;
-        connections = ((rate * delay_ms / 1000.0).round() as u32).clamp(THREADS, 1000);
-        let script = dir.join("delay.lua");
-        std::fs::write(&script, format!("function delay() return {delay_ms} end\n")).expect("lua");
+        // Each connection waits a random 0–20 ms between requests (10 on average): rate ≈
+        // connections × 1000 / 10. A fixed wait would keep the connections in step, all started
+        // at once: they would send in waves of every connection at once, a burst at full load
+        // every 10 ms rather than half load. Each wrk thread has its own seed, the same in every
+        // run, so every contender gets the same arrivals.
+        let mean_delay_ms = 10.0;
+        connections = ((rate * mean_delay_ms / 1000.0).round() as u32).clamp(THREADS, 1000);
+        let script = dir.join("spread.lua");
+        std::fs::write(
+            &script,
+            format!(
+                "local threads = 0\n\
+                 function setup(thread) threads = threads + 1; thread:set(\"seed\", threads) end\n\
+                 function init(args) math.randomseed(seed) end\n\
+                 function delay() return math.random() * {} end\n",
+                2.0 * mean_delay_ms
+            ),
+        )
+        .expect("lua");
         command.arg("-s").arg(script);
     }
     let output = command
@@ -482,6 +497,8 @@ struct Row {
     /// Median over rounds of labforge's req/s ÷ this contender's, both from the same round.
     ratio: Option<f64>,
     half: Option<Wrk>,
+    /// Resident size after the full-load rounds, and after the half-load phase.
+    rss_after_full_kb: u64,
     rss_kb: u64,
     ws: Option<(f64, f64)>,
 }
@@ -489,7 +506,7 @@ struct Row {
 fn print_table(title: &str, rows: &[Row], direct: &Row) {
     println!("\n### {title}\n");
     println!(
-        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request | p99 at half load (added vs upstream) | RSS | ws echo RTT p50 / p99 | errors |"
+        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request | p99 at half load (added vs upstream) | RSS after full / half load | ws echo RTT p50 / p99 | errors |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in std::iter::once(direct).chain(rows) {
@@ -511,7 +528,11 @@ fn print_table(title: &str, rows: &[Row], direct: &Row) {
             .map(|(p50, p99)| format!("{p50:.0} / {p99:.0} µs"))
             .unwrap_or_default();
         let rss = if row.rss_kb > 0 {
-            format!("{:.1} MiB", row.rss_kb as f64 / 1024.0)
+            format!(
+                "{:.1} / {:.1} MiB",
+                row.rss_after_full_kb as f64 / 1024.0,
+                row.rss_kb as f64 / 1024.0
+            )
         } else {
             String::new()
         };
@@ -629,6 +650,7 @@ async fn bench() {
                     full: median_run(runs),
                     ratio,
                     half: None,
+                    rss_after_full_kb: rss_kb(&contender.pids, false),
                     rss_kb: 0,
                     ws: None,
                 }
@@ -641,6 +663,7 @@ async fn bench() {
             full: median_run(&direct_runs),
             ratio: None,
             half: Some(wrk(&direct_url, seconds, Some(half_rate), &dir)),
+            rss_after_full_kb: 0,
             rss_kb: 0,
             ws: None,
         };
@@ -651,7 +674,7 @@ async fn bench() {
             row.rss_kb = rss_kb(&contender.pids, false);
         }
         print_table(
-            &format!("{count} route(s), fixed rate for the half-load column: {half_rate:.0} req/s"),
+            &format!("{count} route(s), rate of the half-load column: {half_rate:.0} req/s"),
             &rows,
             &direct,
         );
