@@ -10,7 +10,8 @@
 //!   one run each would compare moments, not proxies; medians are reported); then at half of
 //!   labforge's full-load rate (each connection waits a random time between its requests, so
 //!   arrivals spread out) to compare p99 added latency against the upstream alone;
-//! - the same with 10,000 routes (the measured route is the last one created), with RSS;
+//! - each contender's RSS after the full-load rounds and after the half-load phase;
+//! - the same with 10,000 routes (the measured route is the last one created);
 //! - the floor of any hyper-based proxy ([`hyper_floor`]): hyper's server and client with nothing
 //!   between them, which tells labforge's own cost apart from its building blocks';
 //! - websocket echo round trips through each proxy;
@@ -392,10 +393,10 @@ fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
     let mut connections = CONNECTIONS;
     if let Some(rate) = rate {
         // Each connection waits a random 0–20 ms between requests (10 on average): rate ≈
-        // connections × 1000 / 10. A fixed wait would keep the connections in step, all started
-        // at once: they would send in waves of every connection at once, a burst at full load
-        // every 10 ms rather than half load. Each wrk thread has its own seed, the same in every
-        // run, so every contender gets the same arrivals.
+        // connections × 1000 / 10. A fixed wait keeps the connections, all started together, in
+        // step: every one of them sends at once every 10 ms, a burst at full load rather than
+        // half load. Each wrk thread has its own seed, the same in every run, so every contender
+        // gets the same arrivals.
         let mean_delay_ms = 10.0;
         connections = ((rate * mean_delay_ms / 1000.0).round() as u32).clamp(THREADS, 1000);
         let script = dir.join("spread.lua");
@@ -499,7 +500,7 @@ struct Row {
     half: Option<Wrk>,
     /// Resident size after the full-load rounds, and after the half-load phase.
     rss_after_full_kb: u64,
-    rss_kb: u64,
+    rss_after_half_kb: u64,
     ws: Option<(f64, f64)>,
 }
 
@@ -527,11 +528,11 @@ fn print_table(title: &str, rows: &[Row], direct: &Row) {
             .ws
             .map(|(p50, p99)| format!("{p50:.0} / {p99:.0} µs"))
             .unwrap_or_default();
-        let rss = if row.rss_kb > 0 {
+        let rss = if row.rss_after_half_kb > 0 {
             format!(
                 "{:.1} / {:.1} MiB",
                 row.rss_after_full_kb as f64 / 1024.0,
-                row.rss_kb as f64 / 1024.0
+                row.rss_after_half_kb as f64 / 1024.0
             )
         } else {
             String::new()
@@ -651,7 +652,7 @@ async fn bench() {
                     ratio,
                     half: None,
                     rss_after_full_kb: rss_kb(&contender.pids, false),
-                    rss_kb: 0,
+                    rss_after_half_kb: 0,
                     ws: None,
                 }
             })
@@ -664,14 +665,14 @@ async fn bench() {
             ratio: None,
             half: Some(wrk(&direct_url, seconds, Some(half_rate), &dir)),
             rss_after_full_kb: 0,
-            rss_kb: 0,
+            rss_after_half_kb: 0,
             ws: None,
         };
         for (row, contender) in rows.iter_mut().zip(&running) {
             let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
             row.half = Some(wrk(&url, seconds, Some(half_rate), &dir));
             row.ws = ws_round_trips(contender.port, 2000).await;
-            row.rss_kb = rss_kb(&contender.pids, false);
+            row.rss_after_half_kb = rss_kb(&contender.pids, false);
         }
         print_table(
             &format!("{count} route(s), rate of the half-load column: {half_rate:.0} req/s"),
