@@ -5,11 +5,14 @@
 //! here a serving thread owns its pool (the lock is never contended) and a connection goes back
 //! to it when the response body ends, which [`PooledBody`] observes. A request that could not be
 //! sent on a reused connection (the upstream closed it meanwhile) is retried on another one; a
-//! request that was sent is never retried. A connection idle for longer than the pool's idle
-//! timeout is closed by a sweep every half timeout, as is the entry of an upstream nobody asks for
-//! anymore. An idle connection holds about 40 KiB, nearly all of it hyper's (heaptrack): an 8 KiB
-//! read buffer, an 8 KiB write buffer, and the channel its requests go through, a 9 KiB block of
-//! 32 slots and a second one from its 32nd request on.
+//! request that was sent is never retried.
+//!
+//! An upstream's most recently returned connection stays idle for up to the pool's idle timeout,
+//! the others (a burst's) for up to [`SURPLUS_IDLE_TIMEOUT`]; a sweep every second closes the
+//! expired ones, and forgets the entry of an upstream nobody asks for anymore. An idle
+//! connection holds about 40 KiB, nearly all of it hyper's (heaptrack): an 8 KiB read buffer, an
+//! 8 KiB write buffer, and the channel its requests go through, a 9 KiB block of 32 slots and a
+//! second one from its 32nd request on.
 //!
 //! A thread opens at most [`MAX_CONNECTING_PER_UPSTREAM`] connections to one upstream at a time;
 //! a request that finds neither an idle connection nor a free slot waits for either. Without
@@ -74,11 +77,22 @@ impl UpstreamError {
 /// How long a pooled connection may stay idle, unless configured: hyper-util's default. Jupyter
 /// keeps idle connections for an hour, so without it a burst's connections would stay as long.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an upstream's idle connections other than its most recently returned one may stay
+/// idle (at most the idle timeout). Requests take the most recently returned connection first, so
+/// the others stay idle only when fewer requests are in flight than when they were opened: a
+/// burst ended. A browser opens up to six connections to a notebook for a page, and each costs
+/// about 40 KiB kept, so with the idle timeout alone a proxy in front of many notebooks would
+/// hold five idle ones per notebook and thread for 90 s. Not shorter: at 2 s, under load whose
+/// peaks come seconds apart (the benchmark's half load), connections closed between peaks were
+/// opened again at the next one, and p99 rose by 0.2–0.4 ms.
+pub const SURPLUS_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections by upstream address.
 pub struct UpstreamPool {
     upstreams: Mutex<HashMap<Arc<str>, Upstream>>,
     idle_timeout: Duration,
+    /// [`SURPLUS_IDLE_TIMEOUT`], or the idle timeout when that is shorter.
+    surplus_idle_timeout: Duration,
     connect_timeout: Duration,
     /// Counts the connections, whose buffers are freed when they close.
     heap: Arc<HeapRelease>,
@@ -169,11 +183,31 @@ impl Idle {
     }
 }
 
+impl Upstream {
+    /// Closes the connections idle for longer than their timeout: `idle_timeout` for the most
+    /// recently returned one (the next request after a pause takes it), `surplus_idle_timeout`
+    /// for the others.
+    fn close_expired(&mut self, now: Instant, idle_timeout: Duration, surplus: Duration) {
+        let newest = (0..self.idle.len()).max_by_key(|&i| self.idle[i].since);
+        let mut at = 0;
+        self.idle.retain(|idle| {
+            let timeout = if Some(at) == newest {
+                idle_timeout
+            } else {
+                surplus
+            };
+            at += 1;
+            idle.is_usable(now, timeout)
+        });
+    }
+}
+
 impl UpstreamPool {
     pub fn new(idle_timeout: Duration, connect_timeout: Duration, heap: Arc<HeapRelease>) -> Self {
         Self {
             upstreams: Mutex::default(),
             idle_timeout,
+            surplus_idle_timeout: SURPLUS_IDLE_TIMEOUT.min(idle_timeout),
             connect_timeout,
             heap,
         }
@@ -185,10 +219,12 @@ impl UpstreamPool {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Closes expired connections every half idle timeout, forever: spawned on the serving
-    /// thread's runtime, it ends with it.
+    /// Closes expired connections every second (every half surplus idle timeout when that is
+    /// shorter), forever: spawned on the serving thread's runtime, it ends with it.
     pub async fn close_expired_forever(self: Arc<Self>) {
-        let period = (self.idle_timeout / 2).max(Duration::from_millis(10));
+        let period = (self.surplus_idle_timeout / 2)
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(10));
         let mut sweep = tokio::time::interval(period);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -197,14 +233,12 @@ impl UpstreamPool {
         }
     }
 
-    /// Closes connections idle for longer than the timeout, and forgets upstreams left without
+    /// Closes connections idle for longer than their timeout, and forgets upstreams left without
     /// any and with nobody connecting or waiting.
     fn close_expired(&self) {
         let now = Instant::now();
         self.lock().retain(|_, upstream| {
-            upstream
-                .idle
-                .retain(|s| s.is_usable(now, self.idle_timeout));
+            upstream.close_expired(now, self.idle_timeout, self.surplus_idle_timeout);
             !upstream.idle.is_empty()
                 || upstream.connecting > 0
                 || Arc::strong_count(&upstream.ready) > 1

@@ -188,6 +188,11 @@ impl CountingUpstream {
 
     /// Answers on `listener`, which may have connections waiting already.
     fn serve(listener: tokio::net::TcpListener) -> Self {
+        Self::serve_after(listener, Duration::ZERO)
+    }
+
+    /// Answers each request `delay` after it came: requests sent together are in flight together.
+    fn serve_after(listener: tokio::net::TcpListener, delay: Duration) -> Self {
         let addr = listener.local_addr().unwrap();
         let (accepted, open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (accepted_count, open_count) = (accepted.clone(), open.clone());
@@ -197,7 +202,8 @@ impl CountingUpstream {
                 open_count.fetch_add(1, Ordering::SeqCst);
                 let open = open_count.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_request| async {
+                    let service = hyper::service::service_fn(|_request| async move {
+                        tokio::time::sleep(delay).await;
                         Ok::<_, std::convert::Infallible>(hyper::Response::new(
                             http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
                         ))
@@ -735,6 +741,55 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
         2,
         "a new connection"
     );
+}
+
+/// After a burst, the pool keeps one idle connection to the upstream for the idle timeout and
+/// closes the burst's others once idle for the surplus timeout; the next request reuses the kept
+/// one.
+#[tokio::test]
+async fn a_bursts_surplus_upstream_connections_close_soon_and_the_last_one_stays() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = CountingUpstream::serve_after(listener, Duration::from_millis(300));
+    let proxy = proxy_for_alice_lab(upstream.addr, |options| ProxyOptions {
+        threads: 1,
+        upstream_idle_timeout: Duration::from_secs(60),
+        ..options
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    let get = || async {
+        let response = get_as(&http, &url, ALICE).await;
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+    let burst = futures::future::join_all((0..4).map(|_| get())).await;
+    assert!(burst.iter().all(|answer| *answer == (200, "ok".to_owned())));
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        4,
+        "four requests in flight at once, four connections"
+    );
+    let idle_since = Instant::now();
+
+    eventually(
+        "the burst's surplus connections closed",
+        Duration::from_secs(20),
+        || async { (upstream.open.load(Ordering::SeqCst) == 1).then_some(()) },
+    )
+    .await;
+    let surplus_closed_after = idle_since.elapsed();
+    assert!(
+        surplus_closed_after
+            >= labforge_proxy::upstream::SURPLUS_IDLE_TIMEOUT - Duration::from_millis(50),
+        "closed after {surplus_closed_after:?}, before the surplus timeout"
+    );
+    assert_eq!(get().await, (200, "ok".to_owned()));
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        4,
+        "the kept connection is reused"
+    );
+    assert_eq!(upstream.open.load(Ordering::SeqCst), 1);
 }
 
 /// How long `stream` stays open from `since`: reads (and drops) until the proxy closes it.
