@@ -217,7 +217,8 @@ pub struct ProxyArgs {
     /// Serving threads (each with its own listener and upstream pool); 0: one per CPU.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Seconds an upstream connection stays pooled without a request before it is closed.
+    /// Seconds an upstream's most recently used connection stays pooled without a request before
+    /// it is closed; its other idle ones (a burst's) stay at most 10 s, or this when shorter.
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_idle_timeout: u64,
     /// Seconds a request may take to get an upstream connection (waiting for one included)

@@ -65,8 +65,9 @@ pub struct ProxyOptions {
     pub upstream_addresses: HashMap<String, String>,
     /// Serving threads; 0 means one per CPU.
     pub threads: usize,
-    /// How long an upstream connection stays pooled without a request
-    /// ([`upstream::DEFAULT_IDLE_TIMEOUT`] unless configured).
+    /// How long an upstream's most recently used connection stays pooled without a request
+    /// ([`upstream::DEFAULT_IDLE_TIMEOUT`] unless configured); its other idle ones stay at most
+    /// [`upstream::SURPLUS_IDLE_TIMEOUT`].
     pub upstream_idle_timeout: Duration,
     /// How long getting an upstream connection may take, waiting for a connecting slot included
     /// ([`upstream::DEFAULT_CONNECT_TIMEOUT`] unless configured).
