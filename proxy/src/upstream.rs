@@ -14,13 +14,19 @@
 //! 8 KiB write buffer, and the channel its requests go through, a 9 KiB block of 32 slots and a
 //! second one from its 32nd request on.
 //!
-//! A thread opens at most [`MAX_CONNECTING_PER_UPSTREAM`] connections to one upstream at a time;
-//! a request that finds neither an idle connection nor a free slot waits for either. Without
-//! that, a burst of clients (387 at once in the benchmark) made as many connections at once,
-//! overflowed the upstream's accept queue (128 for Jupyter's tornado, as for most servers), and
-//! the dropped SYNs were sent again a second later: p99 went from 4.5 ms to 508 ms. Waiting
-//! counts towards the connect timeout: behind connects to an address that drops SYNs (a
-//! stopped pod's), a request gets its 503 within the timeout, not after its turn at the slots.
+//! A thread has at most [`MAX_CONNECTING_PER_UPSTREAM`] new connections to one upstream that have
+//! not answered yet; a request that finds neither an idle connection nor a free slot waits for
+//! either. Without that, a burst of clients (387 at once in the benchmark) made as many
+//! connections at once, overflowed the upstream's accept queue (128 for Jupyter's tornado, as for
+//! most servers), and the dropped SYNs were sent again a second later: p99 went from 4.5 ms to
+//! 508 ms. A slot is held until the connection's first response head, not until it is
+//! connected: the kernel completes a connect as soon as the handshake is done, while the
+//! connection may still wait in the accept queue, and a burst of 415 clients still overflowed a
+//! busy upstream's queue that way (32 handshakes' last packet dropped, requests sent again after
+//! the 200 ms retransmission timeout: p99 233–258 ms); a slow first response holds its slot for
+//! at most [`SLOT_HELD_FOR_ANSWER`]. Waiting counts towards the connect timeout: behind connects
+//! to an address that drops SYNs (a stopped pod's), a request gets its 503 within the timeout,
+//! not after its turn at the slots.
 
 use crate::heap_release::HeapRelease;
 use bytes::Bytes;
@@ -41,9 +47,15 @@ use tokio::sync::futures::OwnedNotified;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle connections kept per upstream address.
 const MAX_IDLE_PER_UPSTREAM: usize = 512;
-/// Connections a serving thread may be opening to one upstream address at once: with one
-/// thread per core, well inside the usual accept queue of 128.
+/// New connections to one upstream address a serving thread may have that have not answered yet
+/// (being opened, or waiting to be accepted): with one thread per core, well inside the usual
+/// accept queue of 128.
 pub const MAX_CONNECTING_PER_UPSTREAM: usize = 16;
+/// How long a new connection's first request may hold its connecting slot while the upstream has
+/// not answered. A queued connection is accepted within milliseconds when the upstream is merely
+/// busy; a first request unanswered for longer is a slow one (a notebook saving a large file), and
+/// the requests waiting behind it would otherwise get their 503 at the connect timeout.
+pub const SLOT_HELD_FOR_ANSWER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -303,19 +315,24 @@ impl UpstreamPool {
             pool: self.clone(),
             address: address.clone(),
         };
-        let connected = tokio::time::timeout_at(deadline.into(), self.connect(&address))
+        let mut sender = tokio::time::timeout_at(deadline.into(), self.connect(&address))
             .await
-            .unwrap_or_else(|_| Err(timed_out(&address)));
+            .unwrap_or_else(|_| Err(timed_out(&address)))?;
+        // The slot is held until the upstream has answered on the connection, not just until it
+        // connected: the kernel completes a connect before the upstream accepts it, so slots
+        // freed then let a burst fill the upstream's accept queue all the same. But not for
+        // longer than SLOT_HELD_FOR_ANSWER (see the module doc).
+        let mut sending = std::pin::pin!(sender.send_request(request));
+        let answered = tokio::time::timeout(SLOT_HELD_FOR_ANSWER, sending.as_mut()).await;
         drop(slot);
-        let mut sender = connected?;
-        let response =
-            sender
-                .send_request(request)
-                .await
-                .map_err(|source| UpstreamError::Request {
-                    address: address.to_string(),
-                    source,
-                })?;
+        let response = match answered {
+            Ok(answered) => answered,
+            Err(_) => sending.await,
+        }
+        .map_err(|source| UpstreamError::Request {
+            address: address.to_string(),
+            source,
+        })?;
         Ok(self.wrap(&address, sender, response))
     }
 

@@ -914,9 +914,14 @@ async fn connections_without_a_request_head_in_time_are_closed_and_slow_answers_
     serving.abort();
 }
 
-/// Sockets of this machine connecting to `port` on 127.0.0.1, their SYN not answered yet
-/// (`SYN_SENT` in /proc/net/tcp).
-fn connecting_to(port: u16) -> usize {
+/// A socket's state in /proc/net/tcp: its SYN sent and not answered yet.
+const SYN_SENT: &str = "02";
+/// Connected.
+const ESTABLISHED: &str = "01";
+
+/// Sockets of this machine connecting or connected to `port` on 127.0.0.1 (not the listener's
+/// side of them) that are in `state`.
+fn sockets_to(port: u16, state: &str) -> usize {
     let remote = format!("0100007F:{port:04X}");
     std::fs::read_to_string("/proc/net/tcp")
         .unwrap()
@@ -924,9 +929,32 @@ fn connecting_to(port: u16) -> usize {
         .skip(1)
         .filter(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            fields.get(2) == Some(&remote.as_str()) && fields.get(3) == Some(&"02")
+            fields.get(2) == Some(&remote.as_str()) && fields.get(3) == Some(&state)
         })
         .count()
+}
+
+fn connecting_to(port: u16) -> usize {
+    sockets_to(port, SYN_SENT)
+}
+
+/// The most sockets to `port` in `state` seen at once: watched until `limit` is reached (a loaded
+/// machine may take a while to send a burst), then half a second more, so that any beyond it
+/// would show up.
+async fn most_sockets_at_once(port: u16, state: &str, limit: usize) -> usize {
+    let mut most = 0;
+    let watched = Instant::now();
+    let mut reached = None;
+    while watched.elapsed() < Duration::from_secs(10)
+        && reached.is_none_or(|at: Instant| at.elapsed() < Duration::from_millis(500))
+    {
+        most = most.max(sockets_to(port, state));
+        if most >= limit && reached.is_none() {
+            reached = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    most
 }
 
 /// A listener whose accept queue is full, so that a SYN to it stays unanswered until it accepts
@@ -995,21 +1023,8 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
     })
     .await;
     let requests = burst_of_gets_to_alice_lab(proxy.addr, BURST);
-    // Until the limit is reached (a loaded machine may take a while to send the burst), then
-    // half a second more: the unanswered SYNs stay for at least a second, so any others would
-    // show up beside them.
-    let mut most = 0;
-    let watched = Instant::now();
-    let mut reached = None;
-    while watched.elapsed() < Duration::from_secs(10)
-        && reached.is_none_or(|at: Instant| at.elapsed() < Duration::from_millis(500))
-    {
-        most = most.max(connecting_to(upstream.port()));
-        if most >= LIMIT && reached.is_none() {
-            reached = Some(Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The unanswered SYNs stay for at least a second, so any others would show up beside them.
+    let most = most_sockets_at_once(upstream.port(), SYN_SENT, LIMIT).await;
     assert_eq!(most, LIMIT, "connections being opened at once");
 
     // Listening again sets the queue's length: the SYNs sent again now find room.
@@ -1023,6 +1038,62 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
             .unwrap();
         assert_eq!(status, 200);
     }
+}
+
+/// A busy upstream completes handshakes before it accepts them (the kernel queues them): a burst
+/// has at most MAX_CONNECTING_PER_UPSTREAM new connections that have not answered yet, not that
+/// many handshakes at a time, which would fill the accept queue all the same.
+#[tokio::test]
+async fn a_burst_waits_for_new_upstream_connections_to_answer_before_opening_more() {
+    const LIMIT: usize = labforge_proxy::upstream::MAX_CONNECTING_PER_UPSTREAM;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
+        threads: 1,
+        ..options
+    })
+    .await;
+    let requests = burst_of_gets_to_alice_lab(proxy.addr, 3 * LIMIT);
+    // Nobody accepts yet: connected sockets wait in the listener's queue (128 long).
+    let most = most_sockets_at_once(upstream.port(), ESTABLISHED, LIMIT).await;
+    assert_eq!(most, LIMIT, "connections opened and not answered yet");
+
+    listener.set_nonblocking(true).unwrap();
+    let _serving = CountingUpstream::serve(tokio::net::TcpListener::from_std(listener).unwrap());
+    for request in requests {
+        let (status, _) = tokio::time::timeout(Duration::from_secs(15), request)
+            .await
+            .expect("every request of the burst answered")
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+}
+
+/// Slow first answers hold their connecting slots for SLOT_HELD_FOR_ANSWER only: the requests
+/// waiting behind them open their own connections within the connect timeout instead of getting
+/// a 503.
+#[tokio::test]
+async fn requests_behind_slow_first_answers_get_connections_within_the_connect_timeout() {
+    const LIMIT: usize = labforge_proxy::upstream::MAX_CONNECTING_PER_UPSTREAM;
+    let connect_timeout = 2 * labforge_proxy::upstream::SLOT_HELD_FOR_ANSWER;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // Slower than the connect timeout: slots held until the answer would time the waiting out.
+    let upstream =
+        CountingUpstream::serve_after(listener, connect_timeout + Duration::from_secs(1));
+    let proxy = proxy_for_alice_lab(upstream.addr, |options| ProxyOptions {
+        threads: 1,
+        upstream_connect_timeout: connect_timeout,
+        ..options
+    })
+    .await;
+    for request in burst_of_gets_to_alice_lab(proxy.addr, 2 * LIMIT) {
+        let (status, _) = tokio::time::timeout(Duration::from_secs(15), request)
+            .await
+            .expect("every request of the burst answered")
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2 * LIMIT);
 }
 
 /// Requests that wait behind connects nobody answers (a stopped notebook's address drops SYNs)
