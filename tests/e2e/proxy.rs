@@ -702,6 +702,27 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
         "one review for the burst"
     );
 }
+/// One client of alice's (its connections to the proxy reused) getting her notebook's `x`.
+struct AliceClient {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl AliceClient {
+    fn new(proxy: SocketAddr) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            url: format!("http://{proxy}/notebook/alice/lab/x"),
+        }
+    }
+
+    /// Status and body.
+    async fn get(&self) -> (u16, String) {
+        let response = get_as(&self.http, &self.url, ALICE).await;
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+}
+
 /// Requests in a row share one pooled upstream connection; once it has been idle for longer than
 /// the pool's idle timeout the proxy closes it, and the next request opens a new one.
 #[tokio::test]
@@ -713,14 +734,9 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
         ..options
     })
     .await;
-    let http = reqwest::Client::new();
-    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    let get = || async {
-        let response = get_as(&http, &url, ALICE).await;
-        (response.status().as_u16(), response.text().await.unwrap())
-    };
+    let alice = AliceClient::new(proxy.addr);
     for _ in 0..3 {
-        assert_eq!(get().await, (200, "ok".to_owned()));
+        assert_eq!(alice.get().await, (200, "ok".to_owned()));
     }
     assert_eq!(
         upstream.accepted.load(Ordering::SeqCst),
@@ -735,7 +751,7 @@ async fn pooled_upstream_connections_are_reused_and_closed_once_idle_too_long() 
         || async { (upstream.open.load(Ordering::SeqCst) == 0).then_some(()) },
     )
     .await;
-    assert_eq!(get().await, (200, "ok".to_owned()));
+    assert_eq!(alice.get().await, (200, "ok".to_owned()));
     assert_eq!(
         upstream.accepted.load(Ordering::SeqCst),
         2,
@@ -756,13 +772,8 @@ async fn a_bursts_surplus_upstream_connections_close_soon_and_the_last_one_stays
         ..options
     })
     .await;
-    let http = reqwest::Client::new();
-    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    let get = || async {
-        let response = get_as(&http, &url, ALICE).await;
-        (response.status().as_u16(), response.text().await.unwrap())
-    };
-    let burst = futures::future::join_all((0..4).map(|_| get())).await;
+    let alice = AliceClient::new(proxy.addr);
+    let burst = futures::future::join_all((0..4).map(|_| alice.get())).await;
     assert!(burst.iter().all(|answer| *answer == (200, "ok".to_owned())));
     assert_eq!(
         upstream.accepted.load(Ordering::SeqCst),
@@ -783,7 +794,7 @@ async fn a_bursts_surplus_upstream_connections_close_soon_and_the_last_one_stays
             >= labforge_proxy::upstream::SURPLUS_IDLE_TIMEOUT - Duration::from_millis(50),
         "closed after {surplus_closed_after:?}, before the surplus timeout"
     );
-    assert_eq!(get().await, (200, "ok".to_owned()));
+    assert_eq!(alice.get().await, (200, "ok".to_owned()));
     assert_eq!(
         upstream.accepted.load(Ordering::SeqCst),
         4,
@@ -1006,6 +1017,17 @@ fn burst_of_gets_to_alice_lab(
         .collect()
 }
 
+/// Waits for each request of a burst, 15 s at most, and asserts it was answered `status`.
+async fn every_answer_is(requests: Vec<tokio::task::JoinHandle<(u16, Duration)>>, status: u16) {
+    for request in requests {
+        let (answered, _) = tokio::time::timeout(Duration::from_secs(15), request)
+            .await
+            .expect("every request of the burst answered")
+            .unwrap();
+        assert_eq!(answered, status);
+    }
+}
+
 /// A burst of requests opens at most MAX_CONNECTING_PER_UPSTREAM connections to an upstream at a
 /// time (per serving thread), and the rest wait for one of them instead of flooding the
 /// upstream's accept queue; once the upstream accepts, every request is answered.
@@ -1031,13 +1053,7 @@ async fn a_burst_of_requests_opens_a_bounded_number_of_upstream_connections_at_o
     socket.listen(1024).unwrap();
     listener.set_nonblocking(true).unwrap();
     let _serving = CountingUpstream::serve(tokio::net::TcpListener::from_std(listener).unwrap());
-    for request in requests {
-        let (status, _) = tokio::time::timeout(Duration::from_secs(15), request)
-            .await
-            .expect("every request of the burst answered")
-            .unwrap();
-        assert_eq!(status, 200);
-    }
+    every_answer_is(requests, 200).await;
 }
 
 /// A busy upstream completes handshakes before it accepts them (the kernel queues them): a burst
@@ -1060,13 +1076,7 @@ async fn a_burst_waits_for_new_upstream_connections_to_answer_before_opening_mor
 
     listener.set_nonblocking(true).unwrap();
     let _serving = CountingUpstream::serve(tokio::net::TcpListener::from_std(listener).unwrap());
-    for request in requests {
-        let (status, _) = tokio::time::timeout(Duration::from_secs(15), request)
-            .await
-            .expect("every request of the burst answered")
-            .unwrap();
-        assert_eq!(status, 200);
-    }
+    every_answer_is(requests, 200).await;
 }
 
 /// Slow first answers hold their connecting slots for SLOT_HELD_FOR_ANSWER only: the requests
@@ -1086,13 +1096,7 @@ async fn requests_behind_slow_first_answers_get_connections_within_the_connect_t
         ..options
     })
     .await;
-    for request in burst_of_gets_to_alice_lab(proxy.addr, 2 * LIMIT) {
-        let (status, _) = tokio::time::timeout(Duration::from_secs(15), request)
-            .await
-            .expect("every request of the burst answered")
-            .unwrap();
-        assert_eq!(status, 200);
-    }
+    every_answer_is(burst_of_gets_to_alice_lab(proxy.addr, 2 * LIMIT), 200).await;
     assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2 * LIMIT);
 }
 
