@@ -22,11 +22,11 @@
 //! 508 ms. A slot is held until the connection's first response head, not until it is
 //! connected: the kernel completes a connect as soon as the handshake is done, while the
 //! connection may still wait in the accept queue, and a burst of 415 clients still overflowed a
-//! busy upstream's queue that way (32 handshakes' last packet dropped, requests sent again after
-//! the 200 ms retransmission timeout: p99 233–258 ms); a slow first response holds its slot for
-//! at most [`SLOT_HELD_FOR_ANSWER`]. Waiting counts towards the connect timeout: behind connects
-//! to an address that drops SYNs (a stopped pod's), a request gets its 503 within the timeout,
-//! not after its turn at the slots.
+//! busy upstream's queue that way (the last packet of 29–32 handshakes dropped, their requests
+//! sent again after the 200 ms retransmission timeout: p99 160–258 ms in 3 of 8 runs); a slow
+//! first response holds its slot for at most [`SLOT_HELD_FOR_ANSWER`]. Waiting counts towards
+//! the connect timeout: behind connects to an address that drops SYNs (a stopped pod's), a
+//! request gets its 503 within the timeout, not after its turn at the slots.
 
 use crate::heap_release::HeapRelease;
 use bytes::Bytes;
