@@ -702,6 +702,7 @@ async fn authorization_by_subject_access_review_matches_the_matrix() {
         "one review for the burst"
     );
 }
+
 /// One client of alice's (its connections to the proxy reused) getting her notebook's `x`.
 struct AliceClient {
     http: reqwest::Client,
