@@ -484,11 +484,36 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
     let root_arg = root.to_str().unwrap();
     let target = format!("{host}/e2e/faulty:v1");
 
+    // Logged, and shown when a save took long: once in a dozen CI runs one waited out the
+    // 300 s stall timeout, and which one, and where, is not known yet.
+    let logged_save = || {
+        let started = std::time::Instant::now();
+        let out = save(
+            &[
+                "--log",
+                "labforge_builder=info",
+                "--root",
+                root_arg,
+                "--target",
+                &target,
+                GZIP[0],
+                GZIP[1],
+            ],
+            &host,
+        );
+        let took = started.elapsed();
+        if took > std::time::Duration::from_secs(30) {
+            eprintln!(
+                "a save took {took:?}; its output:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        out
+    };
+
     relay.fail_after(512 * 1024);
-    let out = save(
-        &["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]],
-        &host,
-    );
+    let out = logged_save();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -499,10 +524,7 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
     // No tag was written: the manifest goes last.
     assert!(!registry.has_tag("e2e/faulty", "v1").await);
 
-    succeeded(&save(
-        &["--root", root_arg, "--target", &target, GZIP[0], GZIP[1]],
-        &host,
-    ));
+    succeeded(&logged_save());
     // A full copy reads every blob the tag points at.
     let (_work, rootfs) = unpack(&target);
     assert_eq!(
