@@ -465,6 +465,31 @@ async fn pip_install_in_a_running_notebook_is_saved_through_the_agent() {
     );
 }
 
+/// A gzip save of `root` to `target` with the builder's log on stderr. A save that takes long has
+/// its output printed: once in a dozen CI runs the registry-cut test's save waited out the 300 s
+/// stall timeout, and which one, and on what, is not known yet.
+fn logged_save(root: &str, target: &str, registry: &str) -> Output {
+    let started = std::time::Instant::now();
+    let args = [
+        "--log",
+        "labforge_builder=info",
+        "--root",
+        root,
+        "--target",
+        target,
+    ];
+    let out = save(&[&args[..], &GZIP[..]].concat(), registry);
+    let took = started.elapsed();
+    if took > std::time::Duration::from_secs(30) {
+        eprintln!(
+            "a save took {took:?}; its output:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
 /// A registry reached through a relay that can cut connections, and a base tree to save.
 async fn registry_behind_relay() -> (Registry, FaultyRelay, tempfile::TempDir, PathBuf) {
     let registry = need(Registry::start().await);
@@ -484,36 +509,8 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
     let root_arg = root.to_str().unwrap();
     let target = format!("{host}/e2e/faulty:v1");
 
-    // Logged, and shown when a save took long: once in a dozen CI runs one waited out the
-    // 300 s stall timeout, and which one, and where, is not known yet.
-    let logged_save = || {
-        let started = std::time::Instant::now();
-        let out = save(
-            &[
-                "--log",
-                "labforge_builder=info",
-                "--root",
-                root_arg,
-                "--target",
-                &target,
-                GZIP[0],
-                GZIP[1],
-            ],
-            &host,
-        );
-        let took = started.elapsed();
-        if took > std::time::Duration::from_secs(30) {
-            eprintln!(
-                "a save took {took:?}; its output:\n{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        out
-    };
-
     relay.fail_after(512 * 1024);
-    let out = logged_save();
+    let out = logged_save(root_arg, &target, &host);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -524,7 +521,7 @@ async fn registry_cut_mid_push_fails_cleanly_and_a_retry_succeeds() {
     // No tag was written: the manifest goes last.
     assert!(!registry.has_tag("e2e/faulty", "v1").await);
 
-    succeeded(&logged_save());
+    succeeded(&logged_save(root_arg, &target, &host));
     // A full copy reads every blob the tag points at.
     let (_work, rootfs) = unpack(&target);
     assert_eq!(
@@ -608,20 +605,10 @@ async fn a_layer_upload_cut_while_streaming_goes_up_again_from_disk() {
     let (_registry, relay, _tree, root) = registry_behind_relay().await;
     let host = relay.host();
     let root_arg = root.to_str().unwrap();
-    let logged_save = |target: &str| {
-        let args = [
-            "--log",
-            "labforge_builder=info",
-            "--root",
-            root_arg,
-            "--target",
-            target,
-        ];
-        save(&[&args[..], &GZIP[..]].concat(), &host)
-    };
+    let save_to = |target: &str| logged_save(root_arg, target, &host);
 
     write(&root, "payload.bin", noise(3 << 20, 21));
-    let streamed = logged_save(&format!("{host}/e2e/streamed:v1"));
+    let streamed = save_to(&format!("{host}/e2e/streamed:v1"));
     succeeded(&streamed);
     let log = String::from_utf8_lossy(&streamed.stderr);
     assert!(log.contains("layer uploaded while it was written"), "{log}");
@@ -630,7 +617,7 @@ async fn a_layer_upload_cut_while_streaming_goes_up_again_from_disk() {
     write(&root, "payload.bin", noise(3 << 20, 22));
     relay.cut_once_after(1 << 20);
     let target = format!("{host}/e2e/streamed:v2");
-    let recovered = logged_save(&target);
+    let recovered = save_to(&target);
     succeeded(&recovered);
     let log = String::from_utf8_lossy(&recovered.stderr);
     assert!(log.contains("uploading it again from disk"), "{log}");
