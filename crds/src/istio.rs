@@ -57,6 +57,25 @@ pub struct HttpMatchRequest {
     pub method: Option<StringMatch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_uri_case: Option<bool>,
+    /// The request's authority (`Host`, or HTTP/2's `:authority`) as sent, port included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<StringMatch>,
+    /// `http` or `https`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<StringMatch>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub query_params: BTreeMap<String, StringMatch>,
+    /// Headers that must not match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub without_headers: BTreeMap<String, StringMatch>,
+    /// Gateways this match applies at, in place of the VirtualService's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<String>,
+    /// Every other field (`port`, `sourceLabels`, `sourceNamespace`, `name`, ...), kept so that a
+    /// reader can tell a condition it does not evaluate from no condition: serde would otherwise
+    /// drop it, and the match would apply to more requests than Istio's does.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 /// Istio's StringMatch: exactly one of exact, prefix, regex (RE2 syntax).

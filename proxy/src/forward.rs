@@ -117,7 +117,7 @@ impl Forwarder {
         tls: bool,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<> {
         let json = wants_json(request.headers(), request.uri().path());
-        let routed = self.route(request);
+        let routed = self.route(request, tls);
         self.clone().answer(routed, peer, tls, json)
     }
 
@@ -174,7 +174,7 @@ impl Forwarder {
     }
 
     /// Where the request goes, before anyone decided whether it may: nothing here waits.
-    fn route(&self, request: Request<Incoming>) -> Result<Routed, ProxyError> {
+    fn route(&self, request: Request<Incoming>, tls: bool) -> Result<Routed, ProxyError> {
         let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
         let path = normalize_path(request.uri().path())?;
         // The web app (embedded mode) authenticates its own requests; notebook paths never go there.
@@ -199,6 +199,9 @@ impl Forwarder {
         let found = table
             .lookup(&RequestView {
                 host: &host,
+                authority: authority.as_str(),
+                scheme: if tls { "https" } else { "http" },
+                query: request.uri().query(),
                 path: &path,
                 method: request.method(),
                 headers: request.headers(),

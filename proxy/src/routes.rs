@@ -8,8 +8,13 @@
 //! VirtualService for a host merged in creation order (then namespace/name), catch-all rules moved
 //! last; inside that list the first matching rule wins. `uri.prefix` is a plain string prefix,
 //! `exact` is whole-path equality, `regex` (RE2 syntax) must match the whole path; the query is
-//! never part of the match. `rewrite.uri` replaces the matched prefix (the whole path for the
-//! other match kinds) and the query is kept.
+//! never part of the URI match. A match may also hold `method`, `headers`, `withoutHeaders`,
+//! `queryParams` (the raw value of a parameter's first occurrence), `authority` (as sent, port
+//! included) and `scheme`, and its own `gateways`, which replace the VirtualService's for it. A
+//! condition this proxy does not evaluate (`port`, `sourceLabels`, `sourceNamespace`) leaves its
+//! match out, reported: dropping the condition instead would send the rule requests Istio does
+//! not. `rewrite.uri` replaces the matched prefix (the whole path for the other match kinds) and
+//! the query is kept.
 //!
 //! Kubeflow clusters hold one rule per notebook, all plain prefixes, so a table of 10,000
 //! notebooks must not be scanned rule by rule: pure-prefix and pure-exact matches are indexed by
@@ -156,6 +161,123 @@ pub struct MatchCondition {
     pub ignore_uri_case: bool,
     pub method: Option<Matcher>,
     pub headers: Box<[(HeaderName, Matcher)]>,
+    /// The conditions few routes have; boxed, so that a notebook's match holds 8 bytes for them.
+    pub other: Option<Box<OtherConditions>>,
+}
+
+/// A match's conditions on the authority, scheme, query and absent headers.
+#[derive(Clone, Debug, Default)]
+pub struct OtherConditions {
+    /// On the authority as sent (port included), case-sensitively, as Istio's `authority`.
+    pub authority: Option<Matcher>,
+    /// On `http` or `https`.
+    pub scheme: Option<Matcher>,
+    /// On the raw value of the query parameter's first occurrence; a missing one never matches.
+    pub query_params: Box<[(Box<str>, Matcher)]>,
+    /// Headers none of whose values may match (`withoutHeaders`); a missing one passes.
+    pub without_headers: Box<[(HeaderName, Matcher)]>,
+}
+
+impl OtherConditions {
+    fn compile(m: &HttpMatchRequest) -> Result<Option<Box<Self>>, String> {
+        if m.authority.is_none()
+            && m.scheme.is_none()
+            && m.query_params.is_empty()
+            && m.without_headers.is_empty()
+        {
+            return Ok(None);
+        }
+        let compile = |what: &str, matcher: &StringMatch| {
+            Matcher::compile(matcher).map_err(|e| format!("{what} regex: {e}"))
+        };
+        Ok(Some(Box::new(Self {
+            authority: m
+                .authority
+                .as_ref()
+                .map(|a| compile("authority", a))
+                .transpose()?,
+            scheme: m
+                .scheme
+                .as_ref()
+                .map(|s| compile("scheme", s))
+                .transpose()?,
+            query_params: m
+                .query_params
+                .iter()
+                .map(|(name, matcher)| {
+                    Ok((
+                        name.as_str().into(),
+                        compile(&format!("query {name}"), matcher)?,
+                    ))
+                })
+                .collect::<Result<_, String>>()?,
+            without_headers: compile_header_matches(&m.without_headers)?,
+        })))
+    }
+
+    fn matches(&self, request: &RequestView<'_>) -> bool {
+        self.authority
+            .as_ref()
+            .is_none_or(|m| m.matches(request.authority))
+            && self
+                .scheme
+                .as_ref()
+                .is_none_or(|m| m.matches(request.scheme))
+            && self.query_params.iter().all(|(name, m)| {
+                request
+                    .query
+                    .and_then(|query| query_param(query, name))
+                    .is_some_and(|value| m.matches(value))
+            })
+            && self
+                .without_headers
+                .iter()
+                .all(|(name, m)| !header_matches(request.headers, name, m))
+    }
+}
+
+/// The raw value of `name`'s first occurrence in `query` (`""` for a bare `name`), as Envoy's
+/// query parameter matching reads it: not percent-decoded.
+fn query_param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then_some(value)
+    })
+}
+
+/// Whether any value of header `name` matches `m` (none does when it is missing).
+fn header_matches(headers: &HeaderMap, name: &HeaderName, m: &Matcher) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| m.matches(v)))
+}
+
+fn compile_header_matches(
+    headers: &std::collections::BTreeMap<String, StringMatch>,
+) -> Result<Box<[(HeaderName, Matcher)]>, String> {
+    headers
+        .iter()
+        .map(|(name, matcher)| {
+            let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                .map_err(|e| format!("header {name:?}: {e}"))?;
+            let matcher =
+                Matcher::compile(matcher).map_err(|e| format!("header {name} regex: {e}"))?;
+            Ok((name, matcher))
+        })
+        .collect()
+}
+
+/// Match fields that say nothing about which requests match.
+const DESCRIPTIVE_MATCH_FIELDS: [&str; 2] = ["name", "statPrefix"];
+
+/// The first condition of `m` this proxy does not evaluate (`port`, `sourceLabels`,
+/// `sourceNamespace`, or one newer than this code), if any.
+fn unevaluated_condition(m: &HttpMatchRequest) -> Option<&str> {
+    m.other
+        .keys()
+        .map(String::as_str)
+        .find(|field| !DESCRIPTIVE_MATCH_FIELDS.contains(field))
 }
 
 impl MatchCondition {
@@ -174,22 +296,12 @@ impl MatchCondition {
             .map(Matcher::compile)
             .transpose()
             .map_err(|e| format!("method regex: {e}"))?;
-        let headers = m
-            .headers
-            .iter()
-            .map(|(name, matcher)| {
-                let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-                    .map_err(|e| format!("header {name:?}: {e}"))?;
-                let matcher =
-                    Matcher::compile(matcher).map_err(|e| format!("header {name} regex: {e}"))?;
-                Ok((name, matcher))
-            })
-            .collect::<Result<_, String>>()?;
         Ok(Self {
             uri,
             ignore_uri_case,
             method,
-            headers,
+            headers: compile_header_matches(&m.headers)?,
+            other: OtherConditions::compile(m)?,
         })
     }
 
@@ -199,7 +311,7 @@ impl MatchCondition {
             &self.uri,
             self.ignore_uri_case,
             &self.method,
-            self.headers.is_empty(),
+            self.headers.is_empty() && self.other.is_none(),
         ) {
             (Some(Matcher::Prefix(p)), false, None, true) => Some(p),
             _ => None,
@@ -211,7 +323,7 @@ impl MatchCondition {
             &self.uri,
             self.ignore_uri_case,
             &self.method,
-            self.headers.is_empty(),
+            self.headers.is_empty() && self.other.is_none(),
         ) {
             (Some(Matcher::Exact(p)), false, None, true) => Some(p),
             _ => None,
@@ -222,6 +334,7 @@ impl MatchCondition {
     fn is_catch_all(&self) -> bool {
         self.method.is_none()
             && self.headers.is_empty()
+            && self.other.is_none()
             && match &self.uri {
                 None => true,
                 Some(Matcher::Prefix(p)) => &**p == "/",
@@ -241,13 +354,11 @@ impl MatchCondition {
                 .method
                 .as_ref()
                 .is_none_or(|m| m.matches(request.method.as_str()))
-            && self.headers.iter().all(|(name, m)| {
-                request
-                    .headers
-                    .get_all(name)
-                    .iter()
-                    .any(|v| v.to_str().is_ok_and(|v| m.matches(v)))
-            })
+            && self
+                .headers
+                .iter()
+                .all(|(name, m)| header_matches(request.headers, name, m))
+            && self.other.as_deref().is_none_or(|o| o.matches(request))
     }
 }
 
@@ -401,6 +512,12 @@ impl Rule {
 pub struct RequestView<'a> {
     /// Host without port, lowercase.
     pub host: &'a str,
+    /// The authority as sent (`Host` or `:authority`), port included.
+    pub authority: &'a str,
+    /// `http` or `https`.
+    pub scheme: &'a str,
+    /// The raw query, without `?`.
+    pub query: Option<&'a str>,
     /// Normalized path, without query.
     pub path: &'a str,
     pub method: &'a Method,
@@ -548,7 +665,22 @@ impl CompiledVirtualService {
         let mut skipped = Vec::new();
         let namespace = vs.metadata.namespace.clone().unwrap_or_default();
         let name = vs.metadata.name.clone().unwrap_or_default();
-        if !gateway.accepts(&namespace, &vs.spec.gateways) {
+        let bound_here = gateway.accepts(&namespace, &vs.spec.gateways);
+        // A match's own `gateways` replace the VirtualService's for that match.
+        let match_bound_here = |m: &HttpMatchRequest| {
+            if m.gateways.is_empty() {
+                bound_here
+            } else {
+                gateway.accepts(&namespace, &m.gateways)
+            }
+        };
+        let any_match_bound_here = vs
+            .spec
+            .http
+            .iter()
+            .flat_map(|route| &route.matches)
+            .any(|m| !m.gateways.is_empty() && match_bound_here(m));
+        if !bound_here && !any_match_bound_here {
             return (None, skipped);
         }
         let notebook = notebook_of(vs, &namespace, &name);
@@ -562,7 +694,37 @@ impl CompiledVirtualService {
         let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let mut rules = Vec::new();
         for (position, route) in vs.spec.http.iter().enumerate() {
-            match compile_rule(route, &owner, (created, position)) {
+            let mut applicable = Vec::new();
+            for (index, m) in route.matches.iter().enumerate() {
+                if !match_bound_here(m) {
+                    continue;
+                }
+                // Left out rather than matched without the condition: that would send the rule
+                // requests Istio does not.
+                if let Some(field) = unevaluated_condition(m) {
+                    skipped.push(Skipped {
+                        namespace: owner.namespace.to_string(),
+                        name: owner.virtual_service.to_string(),
+                        reason: format!(
+                            "http[{position}].match[{index}]: `{field}` is not evaluated by this \
+                             proxy, so this match never applies"
+                        ),
+                    });
+                    continue;
+                }
+                applicable.push(m);
+            }
+            // A rule without matches takes every request where its VirtualService is bound; one
+            // whose matches all were left out takes none.
+            let applies = if route.matches.is_empty() {
+                bound_here
+            } else {
+                !applicable.is_empty()
+            };
+            if !applies {
+                continue;
+            }
+            match compile_rule(route, &applicable, &owner, (created, position)) {
                 Ok(rule) => rules.push(Arc::new(rule)),
                 Err(reason) => skipped.push(Skipped {
                     namespace: owner.namespace.to_string(),
@@ -722,15 +884,16 @@ fn destination_namespace(host: &str) -> Option<&str> {
     }
 }
 
+/// `route` as a rule with the `applicable` ones of its matches.
 fn compile_rule(
     route: &HttpRoute,
+    applicable: &[&HttpMatchRequest],
     owner: &Arc<RouteOwner>,
     created: (Option<jiff::Timestamp>, usize),
 ) -> Result<Rule, String> {
-    let matches = route
-        .matches
+    let matches = applicable
         .iter()
-        .map(MatchCondition::compile)
+        .map(|m| MatchCondition::compile(m))
         .collect::<Result<Box<[_]>, _>>()?;
     let weighted = route.route.iter().any(|d| d.weight.is_some());
     let destinations: Box<[Destination]> = route
@@ -880,6 +1043,9 @@ mod tests {
 
     struct Req {
         host: String,
+        authority: String,
+        scheme: &'static str,
+        query: Option<String>,
         path: String,
         method: Method,
         headers: HeaderMap,
@@ -888,6 +1054,9 @@ mod tests {
     fn req(path: &str) -> Req {
         Req {
             host: "lab.example.com".into(),
+            authority: "lab.example.com".into(),
+            scheme: "http",
+            query: None,
             path: path.into(),
             method: Method::GET,
             headers: HeaderMap::new(),
@@ -897,6 +1066,19 @@ mod tests {
     impl Req {
         fn host(mut self, host: &str) -> Self {
             self.host = host.into();
+            self.authority = host.into();
+            self
+        }
+        fn authority(mut self, authority: &str) -> Self {
+            self.authority = authority.into();
+            self
+        }
+        fn https(mut self) -> Self {
+            self.scheme = "https";
+            self
+        }
+        fn query(mut self, query: &str) -> Self {
+            self.query = Some(query.into());
             self
         }
         fn method(mut self, method: Method) -> Self {
@@ -910,6 +1092,9 @@ mod tests {
         fn view(&self) -> RequestView<'_> {
             RequestView {
                 host: &self.host,
+                authority: &self.authority,
+                scheme: self.scheme,
+                query: self.query.as_deref(),
                 path: &self.path,
                 method: &self.method,
                 headers: &self.headers,
@@ -1248,6 +1433,119 @@ mod tests {
         let all = |name| headers.get_all(name).iter().collect::<Vec<_>>();
         assert_eq!(all("x-extra"), ["two"]);
         assert_eq!(all("x-both"), ["set", "added"]);
+    }
+
+    #[test]
+    fn authority_scheme_query_and_absent_header_conditions_narrow_a_match() {
+        let rule = |condition: serde_json::Value, host: &str| {
+            let mut condition = condition;
+            condition["uri"] = json!({"prefix": "/app/"});
+            json!({"match": [condition], "route": [{"destination": {"host": host}}]})
+        };
+        let t = table(&[vs(
+            "x",
+            "conditions",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                rule(json!({"authority": {"exact": "lab.example.com:8443"}}), "by-authority"),
+                rule(json!({"scheme": {"exact": "https"}}), "by-scheme"),
+                rule(json!({"queryParams": {"debug": {"exact": "1"}, "v": {"regex": "[0-9]+"}}}), "by-query"),
+                rule(json!({"withoutHeaders": {"x-canary": {"prefix": ""}}}), "not-canary"),
+                {"match": [{"uri": {"prefix": "/app/"}}], "route": [{"destination": {"host": "canary"}}]}
+            ]}),
+        )]);
+        let dest = |request: Req| route(&t, &request).unwrap().1;
+        // The authority as sent, port included, case-sensitively.
+        assert_eq!(
+            dest(req("/app/").authority("lab.example.com:8443").https()),
+            "by-authority:80"
+        );
+        assert_eq!(
+            dest(req("/app/").authority("LAB.example.com:8443").https()),
+            "by-scheme:80"
+        );
+        // Every listed parameter, raw, first occurrence; anything else goes past the rule.
+        assert_eq!(dest(req("/app/").query("a=b&debug=1&v=22")), "by-query:80");
+        assert_eq!(
+            dest(req("/app/").query("debug=1&v=22&debug=0")),
+            "by-query:80"
+        );
+        assert_eq!(
+            dest(req("/app/").query("debug=0&debug=1&v=22")),
+            "not-canary:80"
+        );
+        assert_eq!(dest(req("/app/").query("debug=1&v=2x")), "not-canary:80");
+        assert_eq!(dest(req("/app/").query("debug=1")), "not-canary:80");
+        assert_eq!(dest(req("/app/").query("debug%3D1&v=1")), "not-canary:80");
+        // A header that must be absent: present with any value, it is not.
+        assert_eq!(dest(req("/app/")), "not-canary:80");
+        assert_eq!(dest(req("/app/").header("x-canary", "yes")), "canary:80");
+        // A notebook prefix with such a condition is not indexed as a plain prefix.
+        assert!(route(&t, &req("/elsewhere/")).is_none());
+    }
+
+    #[test]
+    fn matches_with_conditions_not_evaluated_never_apply_and_are_reported() {
+        let list = [vs(
+            "x",
+            "unevaluated",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/a/"}, "sourceLabels": {"app": "client"}}],
+                 "route": [{"destination": {"host": "labelled"}}]},
+                {"match": [{"uri": {"prefix": "/a/"}, "port": 8080}, {"uri": {"prefix": "/b/"}, "name": "b"}],
+                 "route": [{"destination": {"host": "ported"}}]},
+                {"match": [{"uri": {"prefix": "/"}, "statPrefix": "rest"}], "route": [{"destination": {"host": "rest"}}]}
+            ]}),
+        )];
+        let (t, skipped) = RouteTable::build(
+            &list,
+            &GatewayFilter(Some(GATEWAY.into())),
+            &Activity::default(),
+        );
+        let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "http[0].match[0]: `sourceLabels` is not evaluated by this proxy, so this match never applies",
+                "http[1].match[0]: `port` is not evaluated by this proxy, so this match never applies",
+            ]
+        );
+        // Not "every request matches": the rules go without those matches.
+        assert_eq!(route(&t, &req("/a/x")).unwrap().1, "rest:80");
+        // The rule's other match, with a name only, still applies.
+        assert_eq!(route(&t, &req("/b/x")).unwrap().1, "ported:80");
+    }
+
+    #[test]
+    fn a_match_with_its_own_gateways_applies_only_at_those() {
+        let t = table(&[
+            vs(
+                "x",
+                "mixed",
+                "2026-01-01T00:00:00Z",
+                json!({"hosts": ["*"], "gateways": ["mesh", GATEWAY], "http": [
+                    {"match": [{"uri": {"prefix": "/internal/"}, "gateways": ["mesh"]}],
+                     "route": [{"destination": {"host": "internal"}}]},
+                    {"route": [{"destination": {"host": "public"}}]}
+                ]}),
+            ),
+            vs(
+                "y",
+                "mesh-only",
+                "2026-01-01T00:00:00Z",
+                json!({"hosts": ["special.example.com"], "gateways": ["mesh"], "http": [
+                    {"match": [{"uri": {"prefix": "/edge/"}, "gateways": [GATEWAY]}],
+                     "route": [{"destination": {"host": "edge"}}]},
+                    {"route": [{"destination": {"host": "sidecar-only"}}]}
+                ]}),
+            ),
+        ]);
+        assert_eq!(route(&t, &req("/internal/x")).unwrap().1, "public:80");
+        let special = |path: &str| route(&t, &req(path).host("special.example.com"));
+        assert_eq!(special("/edge/x").unwrap().1, "edge:80");
+        // The rest of a mesh-only VirtualService stays with the mesh.
+        assert!(special("/other").is_none());
     }
 
     #[test]

@@ -369,6 +369,9 @@ mod tests {
         let table = store.table();
         let found = table.lookup(&RequestView {
             host: "x",
+            authority: "x",
+            scheme: "http",
+            query: None,
             path,
             method: &Method::GET,
             headers: &headers,

@@ -1195,6 +1195,9 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
             let found = table
                 .lookup(&RequestView {
                     host: "labforge.example.com",
+                    authority: "labforge.example.com",
+                    scheme: "https",
+                    query: None,
                     path,
                     method: &method,
                     headers: &headers,

@@ -552,6 +552,88 @@ async fn virtual_service_changes_are_served_within_100_ms_for_every_version() {
     assert_eq!(status, 404, "a route of another gateway");
 }
 
+// Istio's other match conditions narrow a rule as in Istio, and one the proxy does not evaluate
+// leaves its match out instead of being dropped from it (which would widen the rule).
+#[tokio::test]
+async fn authority_query_and_absent_header_conditions_route_as_in_istio() {
+    let one = Upstream::start("one").await;
+    let two = Upstream::start("two").await;
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let proxy = start_proxy(
+        RoutesFrom::Kubernetes(server.client()),
+        HashMap::from([
+            (
+                "one.alice.svc.cluster.local:80".to_owned(),
+                one.addr.to_string(),
+            ),
+            (
+                "two.alice.svc.cluster.local:80".to_owned(),
+                two.addr.to_string(),
+            ),
+        ]),
+    )
+    .await;
+    let prefix = "/notebook/alice/lab/";
+    let to = |host: &str| json!([{"destination": {"host": format!("{host}.alice.svc.cluster.local"), "port": {"number": 80}}}]);
+    let rule = |mut condition: Value, host: &str| {
+        condition["uri"] = json!({"prefix": prefix});
+        json!({"match": [condition], "route": to(host)})
+    };
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": "conditions", "namespace": "alice"},
+        "spec": {"hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"], "http": [
+            rule(json!({"queryParams": {"view": {"exact": "two"}}}), "two"),
+            rule(json!({"sourceLabels": {"app": "elsewhere"}}), "two"),
+            rule(json!({"authority": {"prefix": "lab.example.com:"}}), "two"),
+            rule(json!({"withoutHeaders": {"x-canary": {"exact": "1"}}}), "one"),
+            {"match": [{"uri": {"prefix": prefix}}], "route": to("two")}
+        ]}
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(
+        server.client(),
+        "alice",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
+            "virtualservices",
+        ),
+    )
+    .create(&PostParams::default(), &object)
+    .await
+    .unwrap();
+    let url = format!("http://{}{prefix}x", proxy.addr);
+    served_within(&url, |s, _| s == 200).await;
+
+    let http = reqwest::Client::new();
+    let upstream_of = |query: &'static str, extra: &'static [(&'static str, &'static str)]| {
+        let mut request = http
+            .get(format!("{url}{query}"))
+            .headers(user_headers(ALICE));
+        for (name, value) in extra {
+            request = request.header(*name, *value);
+        }
+        async move {
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            answer.json::<Value>().await.unwrap()["upstream"].clone()
+        }
+    };
+    // The `sourceLabels` rule, were its condition dropped, would take all of these.
+    assert_eq!(upstream_of("", &[]).await, "one");
+    assert_eq!(upstream_of("?view=two", &[]).await, "two");
+    assert_eq!(upstream_of("?view=one", &[]).await, "one");
+    assert_eq!(
+        upstream_of("", &[("host", "lab.example.com:8080")]).await,
+        "two"
+    );
+    assert_eq!(upstream_of("", &[("x-canary", "1")]).await, "two");
+    assert_eq!(upstream_of("", &[("x-canary", "0")]).await, "one");
+}
+
 /// Where a path lands after normalization: `Ok(Some(ns))` a notebook of `ns`, `Ok(None)` no
 /// route, `Err(status)` refused before routing. This is the specification the matrix checks.
 /// `Ok(Some(ns))`, `Ok(None)` or `Err(status)`, as above.
