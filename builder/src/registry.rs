@@ -698,7 +698,9 @@ where
         match request().await {
             Ok(value) => return Ok(value),
             Err(err) if attempt < ATTEMPTS && is_transient(&err) => {
-                tracing::warn!(attempt, "registry request failed, retrying: {err}");
+                // With its causes: "error sending request" alone does not say what went wrong.
+                let error = crate::save::error_chain(&err);
+                tracing::warn!(attempt, "registry request failed, retrying: {error}");
                 tokio::time::sleep(Duration::from_millis(300 * 2u64.pow(attempt))).await;
                 attempt += 1;
             }
