@@ -44,6 +44,54 @@ pub struct HttpRoute {
     /// Istio duration (`300s`); labforge writes none: notebooks keep long-lived connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// Answered with a redirect instead of forwarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<HttpRedirect>,
+    /// Answered with this response instead of forwarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_response: Option<HttpDirectResponse>,
+    /// Handed to another VirtualService's rules (`name`, `namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegate: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRedirect {
+    /// Replaces the whole path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    /// Replaces the matched prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_rewrite: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// `FROM_PROTOCOL_DEFAULT` or `FROM_REQUEST_PORT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derive_port: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// 301 unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_code: Option<u32>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct HttpDirectResponse {
+    pub status: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<HttpBody>,
+}
+
+/// A direct response's body: text, or base64 bytes.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct HttpBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -88,9 +136,16 @@ pub enum StringMatch {
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct HttpRewrite {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uri: Option<String>,
+    /// Replaces the `Host` the destination gets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    /// `{match, rewrite}`: a regex substitution on the path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri_regex_rewrite: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -352,7 +352,10 @@ pub fn virtual_service(
             uri: Some(StringMatch::Prefix(prefix.clone())),
             ..Default::default()
         }],
-        rewrite: Some(HttpRewrite { uri: Some(rewrite) }),
+        rewrite: Some(HttpRewrite {
+            uri: Some(rewrite),
+            ..Default::default()
+        }),
         route: vec![HttpRouteDestination {
             destination: Destination {
                 host: format!("{}.{}.svc.{}", id.name, id.namespace, config.cluster_domain),

@@ -13,7 +13,7 @@ use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authoriz
 use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
 use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
-use crate::routes::{RequestView, Rule};
+use crate::routes::{FixedAnswer, RequestView, Rule};
 use crate::source::RouteStore;
 use crate::upstream::{PooledBody, UpstreamPool};
 use bytes::Bytes;
@@ -143,6 +143,9 @@ impl Forwarder {
             Ok(address) => address,
             Err(error) => return self.respond(Err(error), json),
         };
+        if let (Address::Answered, Via::Rule(_, rule)) = (&address, &via) {
+            return self.respond(rule_answer(rule, target), json);
+        }
         let outgoing = match self.outgoing(request, authority, target, via, address, &peer, tls) {
             Ok(outgoing) => outgoing,
             Err(error) => return self.respond(Err(error), json),
@@ -196,18 +199,22 @@ impl Forwarder {
             .ok_or(ProxyError::Unauthenticated)?;
         let host = lowercase(authority.host());
         let table = self.routes.table();
-        let found = table
-            .lookup(&RequestView {
-                host: &host,
-                authority: authority.as_str(),
-                scheme: if tls { "https" } else { "http" },
-                query: request.uri().query(),
-                path: &path,
-                method: request.method(),
-                headers: request.headers(),
-            })
-            .ok_or(ProxyError::NoRoute)?;
-        let target = upstream_target(request.uri(), &found.rule.rewritten_path(&found, &path));
+        let view = RequestView {
+            host: &host,
+            authority: authority.as_str(),
+            scheme: if tls { "https" } else { "http" },
+            query: request.uri().query(),
+            path: &path,
+            method: request.method(),
+            headers: request.headers(),
+        };
+        let found = table.lookup(&view).ok_or(ProxyError::NoRoute)?;
+        let target = match found.rule.answer.as_deref() {
+            Some(FixedAnswer::Redirect(redirect)) => {
+                Some(redirect.location(&view, found.prefix_len))
+            }
+            _ => upstream_target(request.uri(), &found.rule.rewritten_path(&found, &path)),
+        };
         let rule = found.rule.clone();
         Ok(Routed {
             request,
@@ -228,6 +235,9 @@ impl Forwarder {
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),
             Decision::Unknown => return Err(ProxyError::AccessUnknown),
+        }
+        if rule.answer.is_some() {
+            return Ok(Address::Answered);
         }
         let index = rule.pick_destination_index().ok_or(ProxyError::NoRoute)?;
         let destination = rule.destinations.get(index).ok_or(ProxyError::NoRoute)?;
@@ -300,6 +310,10 @@ impl Forwarder {
             forwarded_host.insert(host);
         }
         if let Some(rule) = &rule {
+            // Host only: X-Forwarded-Host keeps the authority the client asked for.
+            if let Some(authority) = &rule.rewrite_authority {
+                headers.insert(header::HOST, authority.clone());
+            }
             rule.request_headers.apply(headers);
         }
         if let Some(uri) = uri {
@@ -343,6 +357,7 @@ impl Forwarder {
                     .as_ref()
                     .and_then(|rule| rule.destinations.get(*index))
                     .map(|destination| &*destination.authority),
+                Address::Answered => None,
             };
             let Some(address) = address else {
                 return Err(ProxyError::NoRoute);
@@ -434,7 +449,8 @@ impl Forwarder {
 struct Routed {
     request: Request<Incoming>,
     authority: Authority,
-    /// The target the upstream gets when the request's own will not do.
+    /// The target the upstream gets when the request's own will not do; for a rule that
+    /// redirects, the `Location`.
     target: Option<String>,
     via: Via,
 }
@@ -454,6 +470,28 @@ enum Address {
     Own(Arc<str>),
     /// The routed rule's destination at this index in [`Rule::destinations`].
     Destination(usize),
+    /// Nowhere: the rule answers itself ([`Rule::answer`]).
+    Answered,
+}
+
+/// The response of a rule that answers itself; `location` is its redirect's.
+fn rule_answer(rule: &Rule, location: Option<String>) -> Result<Response<ProxyBody>, ProxyError> {
+    let (status, location, body) = match rule.answer.as_deref() {
+        Some(FixedAnswer::Redirect(redirect)) => (redirect.status, location, Bytes::new()),
+        Some(FixedAnswer::Respond { status, body }) => (*status, None, body.clone()),
+        Some(FixedAnswer::NotServed) | None => return Err(ProxyError::NoRoute),
+    };
+    let mut response = Response::new(Either::Right(Full::new(body.clone())));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Some(location) = location.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        headers.insert(header::LOCATION, location);
+    }
+    if !body.is_empty() {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    }
+    rule.response_headers.apply(headers);
+    Ok(response)
 }
 
 /// A request ready for its upstream.

@@ -14,7 +14,11 @@
 //! condition this proxy does not evaluate (`port`, `sourceLabels`, `sourceNamespace`) leaves its
 //! match out, reported: dropping the condition instead would send the rule requests Istio does
 //! not. `rewrite.uri` replaces the matched prefix (the whole path for the other match kinds) and
-//! the query is kept.
+//! the query is kept; `rewrite.uriRegexRewrite` replaces every match of its regex in the path;
+//! `rewrite.authority` replaces the `Host` the destination gets. A rule with `directResponse` or
+//! `redirect` answers itself (`Location` built as Envoy builds it: the request's scheme, host,
+//! port and query unless replaced); one that `delegate`s cannot be served here and answers 404,
+//! so that its requests do not fall through to a later rule.
 //!
 //! Kubeflow clusters hold one rule per notebook, all plain prefixes, so a table of 10,000
 //! notebooks must not be scanned rule by rule: pure-prefix and pure-exact matches are indexed by
@@ -440,6 +444,12 @@ pub struct Rule {
     /// Shared with the rule's prefix matcher when it is the same text (Kubeflow rewrites a
     /// notebook's prefix to itself), as the host index shares it.
     pub rewrite_uri: Option<Arc<str>>,
+    /// `rewrite.uriRegexRewrite`: every match of the regex in the path replaced.
+    pub rewrite_regex: Option<Box<RegexRewrite>>,
+    /// `rewrite.authority`: the `Host` the destination gets.
+    pub rewrite_authority: Option<HeaderValue>,
+    /// What the rule answers itself (`redirect`, `directResponse`) instead of forwarding.
+    pub answer: Option<Box<FixedAnswer>>,
     pub request_headers: HeaderOps,
     pub response_headers: HeaderOps,
     pub destinations: Box<[Destination]>,
@@ -489,6 +499,11 @@ impl Rule {
         found: &Found<'_>,
         path: &'p str,
     ) -> std::borrow::Cow<'p, str> {
+        if let Some(rewrite) = &self.rewrite_regex {
+            return rewrite
+                .regex
+                .replace_all(path, rewrite.replacement.as_str());
+        }
         let Some(rewrite) = &self.rewrite_uri else {
             return std::borrow::Cow::Borrowed(path);
         };
@@ -504,6 +519,195 @@ impl Rule {
             }
             None => std::borrow::Cow::Owned(rewrite.to_string()),
         }
+    }
+}
+
+/// Istio's `uriRegexRewrite`, with the replacement in the regex crate's syntax.
+#[derive(Debug)]
+pub struct RegexRewrite {
+    pub regex: regex::Regex,
+    pub replacement: String,
+}
+
+impl RegexRewrite {
+    fn compile(value: &serde_json::Value) -> Result<Self, String> {
+        let field = |name: &str| value.get(name).and_then(serde_json::Value::as_str);
+        let pattern = field("match").ok_or("uriRegexRewrite without a match")?;
+        let regex =
+            regex::Regex::new(pattern).map_err(|e| format!("uriRegexRewrite regex: {e}"))?;
+        Ok(Self {
+            regex,
+            replacement: re2_replacement(field("rewrite").unwrap_or_default()),
+        })
+    }
+}
+
+/// An RE2 substitution (`\1` for a group) in the regex crate's syntax (`${1}`, `$$` for `$`).
+fn re2_replacement(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '$' => out.push_str("$$"),
+            '\\' => match chars.peek() {
+                Some(d) if d.is_ascii_digit() => {
+                    out.push_str("${");
+                    out.push(*d);
+                    out.push('}');
+                    chars.next();
+                }
+                Some('\\') => {
+                    out.push('\\');
+                    chars.next();
+                }
+                _ => out.push('\\'),
+            },
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A rule's own answer, sent without reaching any upstream (after authorization, like any).
+#[derive(Debug)]
+pub enum FixedAnswer {
+    Redirect(Redirect),
+    Respond {
+        status: http::StatusCode,
+        body: bytes::Bytes,
+    },
+    /// A rule this proxy cannot serve (`delegate`): the requests it matches get the proxy's
+    /// 404 rather than reaching a later rule, which Istio would not send them to.
+    NotServed,
+}
+
+/// Istio's `HTTPRedirect`.
+#[derive(Debug)]
+pub struct Redirect {
+    pub status: http::StatusCode,
+    /// Replaces the whole path.
+    pub uri: Option<Box<str>>,
+    /// Replaces the matched prefix.
+    pub prefix_rewrite: Option<Box<str>>,
+    pub authority: Option<Box<str>>,
+    pub scheme: Option<Box<str>>,
+    pub port: RedirectPort,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedirectPort {
+    /// The port the request named, if any.
+    FromRequest,
+    /// None: the scheme's default.
+    ProtocolDefault,
+    Number(u16),
+}
+
+impl FixedAnswer {
+    fn compile(route: &HttpRoute) -> Result<Option<Self>, String> {
+        use base64::Engine as _;
+        if route.delegate.is_some() {
+            return Ok(Some(Self::NotServed));
+        }
+        if let Some(direct) = &route.direct_response {
+            let status = u16::try_from(direct.status)
+                .ok()
+                .and_then(|code| http::StatusCode::from_u16(code).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "directResponse status {} is not an HTTP status",
+                        direct.status
+                    )
+                })?;
+            let body = match direct.body.as_ref().map(|b| (&b.string, &b.bytes)) {
+                Some((Some(text), _)) => bytes::Bytes::from(text.clone()),
+                Some((None, Some(encoded))) => base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| format!("directResponse body bytes: {e}"))?
+                    .into(),
+                _ => bytes::Bytes::new(),
+            };
+            return Ok(Some(Self::Respond { status, body }));
+        }
+        let Some(redirect) = &route.redirect else {
+            return Ok(None);
+        };
+        let code = redirect.redirect_code.unwrap_or(301);
+        let status = u16::try_from(code)
+            .ok()
+            .and_then(|code| http::StatusCode::from_u16(code).ok())
+            .filter(http::StatusCode::is_redirection)
+            .ok_or_else(|| format!("redirectCode {code} is not a redirection"))?;
+        let port = match (redirect.port, redirect.derive_port.as_deref()) {
+            (Some(number), _) => RedirectPort::Number(
+                u16::try_from(number).map_err(|_| format!("redirect port {number}"))?,
+            ),
+            (None, Some("FROM_PROTOCOL_DEFAULT")) => RedirectPort::ProtocolDefault,
+            (None, Some("FROM_REQUEST_PORT") | None) => RedirectPort::FromRequest,
+            (None, Some(other)) => return Err(format!("redirect derivePort {other:?}")),
+        };
+        let boxed = |text: &Option<String>| text.as_deref().map(Box::from);
+        Ok(Some(Self::Redirect(Redirect {
+            status,
+            uri: boxed(&redirect.uri),
+            prefix_rewrite: boxed(&redirect.prefix_rewrite),
+            authority: boxed(&redirect.authority),
+            scheme: boxed(&redirect.scheme),
+            port,
+        })))
+    }
+}
+
+impl Redirect {
+    /// The `Location` for a request to `scheme://authority` + `path` (normalized) `?query`,
+    /// whose matched prefix (if the match was one) was `prefix_len` long.
+    pub fn location(&self, request: &RequestView<'_>, prefix_len: Option<usize>) -> String {
+        let scheme = self.scheme.as_deref().unwrap_or(request.scheme);
+        let (request_host, request_port) = split_port(request.authority);
+        let host = self
+            .authority
+            .as_deref()
+            .map_or(request_host, |a| split_port(a).0);
+        let port = match self.port {
+            RedirectPort::Number(port) => Some(port.to_string()),
+            RedirectPort::FromRequest => request_port.map(str::to_owned),
+            RedirectPort::ProtocolDefault => None,
+        }
+        .filter(|port| !matches!((scheme, port.as_str()), ("http", "80") | ("https", "443")));
+        let path = match (&self.uri, &self.prefix_rewrite, prefix_len) {
+            (Some(uri), _, _) => std::borrow::Cow::Borrowed(&**uri),
+            (None, Some(prefix), Some(len)) => std::borrow::Cow::Owned(format!(
+                "{prefix}{}",
+                request.path.get(len..).unwrap_or_default()
+            )),
+            (None, Some(prefix), None) => std::borrow::Cow::Borrowed(&**prefix),
+            (None, None, _) => std::borrow::Cow::Borrowed(request.path),
+        };
+        let mut location = format!("{scheme}://{host}");
+        if let Some(port) = port {
+            location.push(':');
+            location.push_str(&port);
+        }
+        location.push_str(&path);
+        if let Some(query) = request.query {
+            location.push('?');
+            location.push_str(query);
+        }
+        location
+    }
+}
+
+/// `host` and `port` of an authority (`[v6]:port` kept whole as the host when it has no port).
+fn split_port(authority: &str) -> (&str, Option<&str>) {
+    match authority.rsplit_once(':') {
+        Some((host, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && !host.ends_with(':') =>
+        {
+            (host, Some(port))
+        }
+        _ => (authority, None),
     }
 }
 
@@ -917,8 +1121,9 @@ fn compile_rule(
             },
         })
         .collect();
-    if destinations.is_empty() {
-        return Err("no route destination (redirects and direct responses are not served)".into());
+    let answer = FixedAnswer::compile(route)?.map(Box::new);
+    if destinations.is_empty() && answer.is_none() {
+        return Err("no route destination, redirect or direct response".into());
     }
     let total_weight = destinations.iter().map(|d| d.weight).sum();
     // The VirtualService's own namespace is the owner's string, not a copy of it.
@@ -932,9 +1137,21 @@ fn compile_rule(
         .collect();
     namespaces.sort();
     namespaces.dedup();
-    if total_weight == 0 {
+    if total_weight == 0 && answer.is_none() {
         return Err("every destination has weight 0".into());
     }
+    let rewrite = route.rewrite.as_ref();
+    let rewrite_regex = rewrite
+        .and_then(|r| r.uri_regex_rewrite.as_ref())
+        .map(RegexRewrite::compile)
+        .transpose()?
+        .map(Box::new);
+    let rewrite_authority = rewrite
+        .and_then(|r| r.authority.as_deref())
+        .map(|authority| {
+            HeaderValue::from_str(authority).map_err(|e| format!("rewrite authority: {e}"))
+        })
+        .transpose()?;
     let rewrite_uri = route
         .rewrite
         .as_ref()
@@ -953,6 +1170,9 @@ fn compile_rule(
         owner: owner.clone(),
         matches,
         rewrite_uri,
+        rewrite_regex,
+        rewrite_authority,
+        answer,
         request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
         response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
         destinations,
@@ -1549,6 +1769,87 @@ mod tests {
     }
 
     #[test]
+    fn redirects_build_their_location_as_envoy_does() {
+        let redirect = |spec: serde_json::Value| {
+            let route: HttpRoute = serde_json::from_value(json!({"redirect": spec})).unwrap();
+            match FixedAnswer::compile(&route).unwrap() {
+                Some(FixedAnswer::Redirect(redirect)) => redirect,
+                other => panic!("{other:?}"),
+            }
+        };
+        let request = req("/old/page")
+            .authority("lab.example.com:8080")
+            .query("a=1");
+        let view = request.view();
+        let at = |spec: serde_json::Value, prefix_len: Option<usize>| {
+            redirect(spec).location(&view, prefix_len)
+        };
+        // The path replaced whole, the query kept, scheme, host and port as requested.
+        assert_eq!(
+            at(json!({"uri": "/new"}), Some(5)),
+            "http://lab.example.com:8080/new?a=1"
+        );
+        // Only the matched prefix replaced.
+        assert_eq!(
+            at(json!({"prefixRewrite": "/fresh/"}), Some(5)),
+            "http://lab.example.com:8080/fresh/page?a=1"
+        );
+        assert_eq!(
+            at(
+                json!({"authority": "other.example.com", "scheme": "https", "derivePort": "FROM_PROTOCOL_DEFAULT"}),
+                None
+            ),
+            "https://other.example.com/old/page?a=1"
+        );
+        // A scheme's default port is not written.
+        assert_eq!(
+            at(json!({"scheme": "https", "port": 443}), None),
+            "https://lab.example.com/old/page?a=1"
+        );
+        assert_eq!(
+            at(json!({"port": 9000}), None),
+            "http://lab.example.com:9000/old/page?a=1"
+        );
+        assert_eq!(
+            redirect(json!({})).status,
+            http::StatusCode::MOVED_PERMANENTLY
+        );
+        assert_eq!(
+            redirect(json!({"redirectCode": 307})).status,
+            http::StatusCode::TEMPORARY_REDIRECT
+        );
+        let refused = |spec: serde_json::Value| {
+            let route: HttpRoute = serde_json::from_value(spec).unwrap();
+            FixedAnswer::compile(&route).unwrap_err()
+        };
+        assert_eq!(
+            refused(json!({"redirect": {"redirectCode": 200}})),
+            "redirectCode 200 is not a redirection"
+        );
+        assert_eq!(
+            refused(json!({"directResponse": {"status": 1000}})),
+            "directResponse status 1000 is not an HTTP status"
+        );
+    }
+
+    #[test]
+    fn regex_rewrites_take_re2_substitutions() {
+        assert_eq!(re2_replacement(r"/v2/\1/$x\\"), r"/v2/${1}/$$x\");
+        let t = table(&[vs(
+            "x",
+            "regex",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [{
+                "match": [{"uri": {"prefix": "/api/"}}],
+                "rewrite": {"uriRegexRewrite": {"match": "^/api/v([0-9]+)/(.*)$", "rewrite": "/\\2/v\\1"}},
+                "route": [{"destination": {"host": "api"}}]
+            }]}),
+        )]);
+        assert_eq!(route(&t, &req("/api/v3/items")).unwrap().2, "/items/v3");
+        assert_eq!(route(&t, &req("/api/other")).unwrap().2, "/api/other");
+    }
+
+    #[test]
     fn bad_rules_are_skipped_and_reported_without_losing_the_others() {
         let list = [
             vs(
@@ -1573,7 +1874,7 @@ mod tests {
         assert!(
             skipped[1]
                 .reason
-                .starts_with("http[2]: no route destination")
+                .starts_with("http[2]: no route destination, redirect or direct response")
         );
         assert_eq!(route(&t, &req("/ok/")).unwrap().1, "ok:80");
         assert!(route(&t, &req("/notebook/alice/lab/")).is_some());

@@ -634,6 +634,90 @@ async fn authority_query_and_absent_header_conditions_route_as_in_istio() {
     assert_eq!(upstream_of("", &[("x-canary", "0")]).await, "one");
 }
 
+// A rule may answer itself (Istio's directResponse and redirect), after authorization like any;
+// a delegating rule, which the proxy cannot serve, keeps its requests from later rules.
+#[tokio::test]
+async fn rules_answer_directly_redirect_rewrite_the_authority_and_never_pass_on_a_delegation() {
+    let one = Upstream::start("one").await;
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let proxy = start_proxy(
+        RoutesFrom::Kubernetes(server.client()),
+        HashMap::from([(
+            "one.alice.svc.cluster.local:80".to_owned(),
+            one.addr.to_string(),
+        )]),
+    )
+    .await;
+    let prefix = "/notebook/alice/lab/";
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": "answers", "namespace": "alice"},
+        "spec": {"hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"], "http": [
+            {"match": [{"uri": {"exact": format!("{prefix}blocked")}}],
+             "directResponse": {"status": 403, "body": {"string": "blocked by policy"}}},
+            {"match": [{"uri": {"prefix": format!("{prefix}old/")}}],
+             "redirect": {"prefixRewrite": format!("{prefix}new/"), "redirectCode": 302}},
+            {"match": [{"uri": {"prefix": format!("{prefix}delegated/")}}],
+             "delegate": {"name": "elsewhere", "namespace": "alice"}},
+            {"match": [{"uri": {"prefix": prefix}}],
+             "rewrite": {"authority": "internal.example.com"},
+             "route": [{"destination": {"host": "one.alice.svc.cluster.local", "port": {"number": 80}}}]}
+        ]}
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(
+        server.client(),
+        "alice",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
+            "virtualservices",
+        ),
+    )
+    .create(&PostParams::default(), &object)
+    .await
+    .unwrap();
+    let base = format!("http://{}", proxy.addr);
+    served_within(&format!("{base}{prefix}x"), |s, _| s == 200).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+
+    let blocked = get_as(&http, &format!("{base}{prefix}blocked"), ALICE).await;
+    assert_eq!(blocked.status(), 403);
+    assert_eq!(blocked.text().await.unwrap(), "blocked by policy");
+
+    let moved = get_as(&http, &format!("{base}{prefix}old/a?x=1"), ALICE).await;
+    assert_eq!(moved.status(), 302);
+    assert_eq!(
+        moved.headers()["location"],
+        format!("http://{}{prefix}new/a?x=1", proxy.addr).as_str()
+    );
+    // Answers are authorized like forwarded requests.
+    let other = get_as(&http, &format!("{base}{prefix}old/a"), BOB).await;
+    assert_eq!(other.status(), 403);
+
+    let delegated = get_as(&http, &format!("{base}{prefix}delegated/x"), ALICE).await;
+    assert_eq!(delegated.status(), 404);
+
+    let hits = one.hits();
+    let forwarded: Value = get_as(&http, &format!("{base}{prefix}x"), ALICE)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(forwarded["host"], "internal.example.com");
+    assert_eq!(forwarded["x-forwarded-host"], proxy.addr.to_string());
+    assert_eq!(
+        one.hits(),
+        hits + 1,
+        "only the forwarded request reached the notebook"
+    );
+}
+
 /// Where a path lands after normalization: `Ok(Some(ns))` a notebook of `ns`, `Ok(None)` no
 /// route, `Err(status)` refused before routing. This is the specification the matrix checks.
 /// `Ok(Some(ns))`, `Ok(None)` or `Err(status)`, as above.
