@@ -697,14 +697,10 @@ impl Redirect {
     }
 }
 
-/// `host` and `port` of an authority (`[v6]:port` kept whole as the host when it has no port).
+/// `host` and `port` of an authority (a bracketed IPv6 host keeps its brackets).
 fn split_port(authority: &str) -> (&str, Option<&str>) {
     match authority.rsplit_once(':') {
-        Some((host, port))
-            if !port.is_empty()
-                && port.bytes().all(|b| b.is_ascii_digit())
-                && !host.ends_with(':') =>
-        {
+        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
             (host, Some(port))
         }
         _ => (authority, None),
@@ -929,7 +925,19 @@ impl CompiledVirtualService {
                 continue;
             }
             match compile_rule(route, &applicable, &owner, (created, position)) {
-                Ok(rule) => rules.push(Arc::new(rule)),
+                Ok(rule) => {
+                    if matches!(rule.answer.as_deref(), Some(FixedAnswer::NotServed)) {
+                        skipped.push(Skipped {
+                            namespace: owner.namespace.to_string(),
+                            name: owner.virtual_service.to_string(),
+                            reason: format!(
+                                "http[{position}]: delegation is not served by this proxy; the \
+                                 requests this rule matches get 404"
+                            ),
+                        });
+                    }
+                    rules.push(Arc::new(rule));
+                }
                 Err(reason) => skipped.push(Skipped {
                     namespace: owner.namespace.to_string(),
                     name: owner.virtual_service.to_string(),
@@ -1830,6 +1838,37 @@ mod tests {
             refused(json!({"directResponse": {"status": 1000}})),
             "directResponse status 1000 is not an HTTP status"
         );
+    }
+
+    #[test]
+    fn a_delegating_rule_is_reported_and_keeps_its_requests() {
+        let list = [vs(
+            "x",
+            "delegating",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/team/"}}], "delegate": {"name": "team", "namespace": "x"}},
+                {"route": [{"destination": {"host": "rest"}}]}
+            ]}),
+        )];
+        let (t, skipped) = RouteTable::build(
+            &list,
+            &GatewayFilter(Some(GATEWAY.into())),
+            &Activity::default(),
+        );
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert!(
+            skipped[0]
+                .reason
+                .starts_with("http[0]: delegation is not served")
+        );
+        let view = req("/team/a");
+        let found = t.lookup(&view.view()).unwrap();
+        assert!(matches!(
+            found.rule.answer.as_deref(),
+            Some(FixedAnswer::NotServed)
+        ));
+        assert_eq!(route(&t, &req("/other")).unwrap().1, "rest:80");
     }
 
     #[test]
