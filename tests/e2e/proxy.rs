@@ -454,27 +454,55 @@ async fn served_within(url: &str, check: impl Fn(u16, &Value) -> bool) -> Durati
     }
 }
 
+/// A proxy reading VirtualServices from a fake API server, with each `(name, upstream)` as the
+/// Service `name.alice.svc.cluster.local:80`.
+async fn proxy_on_fake_api_server(
+    upstreams: &[(&str, &Upstream)],
+) -> (FakeApiServer, RunningProxy) {
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let addresses = upstreams
+        .iter()
+        .map(|(name, upstream)| {
+            (
+                format!("{name}.alice.svc.cluster.local:80"),
+                upstream.addr.to_string(),
+            )
+        })
+        .collect();
+    let proxy = start_proxy(RoutesFrom::Kubernetes(server.client()), addresses).await;
+    (server, proxy)
+}
+
+/// Creates a `networking.istio.io/v1` VirtualService `name` in alice's namespace, bound to the
+/// proxy's gateway, with `http` as its rules.
+async fn create_alice_virtual_service(server: &FakeApiServer, name: &str, http: Value) {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": name, "namespace": "alice"},
+        "spec": {"hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"], "http": http}
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(
+        server.client(),
+        "alice",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
+            "virtualservices",
+        ),
+    )
+    .create(&PostParams::default(), &object)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn virtual_service_changes_are_served_within_100_ms_for_every_version() {
     let one = Upstream::start("one").await;
     let two = Upstream::start("two").await;
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
-    let proxy = start_proxy(
-        RoutesFrom::Kubernetes(server.client()),
-        HashMap::from([
-            (
-                "one.alice.svc.cluster.local:80".to_owned(),
-                one.addr.to_string(),
-            ),
-            (
-                "two.alice.svc.cluster.local:80".to_owned(),
-                two.addr.to_string(),
-            ),
-        ]),
-    )
-    .await;
+    let (server, proxy) = proxy_on_fake_api_server(&[("one", &one), ("two", &two)]).await;
     eventually("proxy ready", Duration::from_secs(10), || async {
         (admin_json(&proxy, "/readyz").await.0 == 200).then_some(())
     })
@@ -558,53 +586,25 @@ async fn virtual_service_changes_are_served_within_100_ms_for_every_version() {
 async fn authority_query_and_absent_header_conditions_route_as_in_istio() {
     let one = Upstream::start("one").await;
     let two = Upstream::start("two").await;
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
-    let proxy = start_proxy(
-        RoutesFrom::Kubernetes(server.client()),
-        HashMap::from([
-            (
-                "one.alice.svc.cluster.local:80".to_owned(),
-                one.addr.to_string(),
-            ),
-            (
-                "two.alice.svc.cluster.local:80".to_owned(),
-                two.addr.to_string(),
-            ),
-        ]),
-    )
-    .await;
+    let (server, proxy) = proxy_on_fake_api_server(&[("one", &one), ("two", &two)]).await;
     let prefix = "/notebook/alice/lab/";
     let to = |host: &str| json!([{"destination": {"host": format!("{host}.alice.svc.cluster.local"), "port": {"number": 80}}}]);
     let rule = |mut condition: Value, host: &str| {
         condition["uri"] = json!({"prefix": prefix});
         json!({"match": [condition], "route": to(host)})
     };
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "VirtualService",
-        "metadata": {"name": "conditions", "namespace": "alice"},
-        "spec": {"hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"], "http": [
+    create_alice_virtual_service(
+        &server,
+        "conditions",
+        json!([
             rule(json!({"queryParams": {"view": {"exact": "two"}}}), "two"),
             rule(json!({"sourceLabels": {"app": "elsewhere"}}), "two"),
             rule(json!({"authority": {"prefix": "lab.example.com:"}}), "two"),
             rule(json!({"withoutHeaders": {"x-canary": {"exact": "1"}}}), "one"),
             {"match": [{"uri": {"prefix": prefix}}], "route": to("two")}
-        ]}
-    }))
-    .unwrap();
-    Api::<DynamicObject>::namespaced_with(
-        server.client(),
-        "alice",
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
-            "virtualservices",
-        ),
+        ]),
     )
-    .create(&PostParams::default(), &object)
-    .await
-    .unwrap();
+    .await;
     let url = format!("http://{}{prefix}x", proxy.addr);
     served_within(&url, |s, _| s == 200).await;
 
@@ -639,23 +639,12 @@ async fn authority_query_and_absent_header_conditions_route_as_in_istio() {
 #[tokio::test]
 async fn rules_answer_directly_redirect_rewrite_the_authority_and_never_pass_on_a_delegation() {
     let one = Upstream::start("one").await;
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
-    let proxy = start_proxy(
-        RoutesFrom::Kubernetes(server.client()),
-        HashMap::from([(
-            "one.alice.svc.cluster.local:80".to_owned(),
-            one.addr.to_string(),
-        )]),
-    )
-    .await;
+    let (server, proxy) = proxy_on_fake_api_server(&[("one", &one)]).await;
     let prefix = "/notebook/alice/lab/";
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "VirtualService",
-        "metadata": {"name": "answers", "namespace": "alice"},
-        "spec": {"hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"], "http": [
+    create_alice_virtual_service(
+        &server,
+        "answers",
+        json!([
             {"match": [{"uri": {"exact": format!("{prefix}blocked")}}],
              "directResponse": {"status": 403, "body": {"string": "blocked by policy"}}},
             {"match": [{"uri": {"prefix": format!("{prefix}old/")}}],
@@ -665,20 +654,9 @@ async fn rules_answer_directly_redirect_rewrite_the_authority_and_never_pass_on_
             {"match": [{"uri": {"prefix": prefix}}],
              "rewrite": {"authority": "internal.example.com"},
              "route": [{"destination": {"host": "one.alice.svc.cluster.local", "port": {"number": 80}}}]}
-        ]}
-    }))
-    .unwrap();
-    Api::<DynamicObject>::namespaced_with(
-        server.client(),
-        "alice",
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
-            "virtualservices",
-        ),
+        ]),
     )
-    .create(&PostParams::default(), &object)
-    .await
-    .unwrap();
+    .await;
     let base = format!("http://{}", proxy.addr);
     served_within(&format!("{base}{prefix}x"), |s, _| s == 200).await;
     let http = reqwest::Client::builder()
