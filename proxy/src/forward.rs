@@ -311,7 +311,11 @@ impl Forwarder {
         }
         if let Some(rule) = &rule {
             // Host only: X-Forwarded-Host keeps the authority the client asked for.
-            if let Some(authority) = &rule.rewrite_authority {
+            if let Some(authority) = rule
+                .other_rewrites
+                .as_ref()
+                .and_then(|o| o.authority.as_ref())
+            {
                 headers.insert(header::HOST, authority.clone());
             }
             rule.request_headers.apply(headers);

@@ -164,14 +164,14 @@ pub struct MatchCondition {
     pub uri: Option<Matcher>,
     pub ignore_uri_case: bool,
     pub method: Option<Matcher>,
-    pub headers: Box<[(HeaderName, Matcher)]>,
     /// The conditions few routes have; boxed, so that a notebook's match holds 8 bytes for them.
     pub other: Option<Box<OtherConditions>>,
 }
 
-/// A match's conditions on the authority, scheme, query and absent headers.
+/// A match's conditions on headers, the authority, scheme and query.
 #[derive(Clone, Debug, Default)]
 pub struct OtherConditions {
+    pub headers: Box<[(HeaderName, Matcher)]>,
     /// On the authority as sent (port included), case-sensitively, as Istio's `authority`.
     pub authority: Option<Matcher>,
     /// On `http` or `https`.
@@ -184,7 +184,8 @@ pub struct OtherConditions {
 
 impl OtherConditions {
     fn compile(m: &HttpMatchRequest) -> Result<Option<Box<Self>>, String> {
-        if m.authority.is_none()
+        if m.headers.is_empty()
+            && m.authority.is_none()
             && m.scheme.is_none()
             && m.query_params.is_empty()
             && m.without_headers.is_empty()
@@ -195,6 +196,7 @@ impl OtherConditions {
             Matcher::compile(matcher).map_err(|e| format!("{what} regex: {e}"))
         };
         Ok(Some(Box::new(Self {
+            headers: compile_header_matches(&m.headers)?,
             authority: m
                 .authority
                 .as_ref()
@@ -220,9 +222,13 @@ impl OtherConditions {
     }
 
     fn matches(&self, request: &RequestView<'_>) -> bool {
-        self.authority
-            .as_ref()
-            .is_none_or(|m| m.matches(request.authority))
+        self.headers
+            .iter()
+            .all(|(name, m)| header_matches(request.headers, name, m))
+            && self
+                .authority
+                .as_ref()
+                .is_none_or(|m| m.matches(request.authority))
             && self
                 .scheme
                 .as_ref()
@@ -304,7 +310,6 @@ impl MatchCondition {
             uri,
             ignore_uri_case,
             method,
-            headers: compile_header_matches(&m.headers)?,
             other: OtherConditions::compile(m)?,
         })
     }
@@ -315,7 +320,7 @@ impl MatchCondition {
             &self.uri,
             self.ignore_uri_case,
             &self.method,
-            self.headers.is_empty() && self.other.is_none(),
+            self.other.is_none(),
         ) {
             (Some(Matcher::Prefix(p)), false, None, true) => Some(p),
             _ => None,
@@ -327,7 +332,7 @@ impl MatchCondition {
             &self.uri,
             self.ignore_uri_case,
             &self.method,
-            self.headers.is_empty() && self.other.is_none(),
+            self.other.is_none(),
         ) {
             (Some(Matcher::Exact(p)), false, None, true) => Some(p),
             _ => None,
@@ -337,7 +342,6 @@ impl MatchCondition {
     /// Matches everything (`{}` or `uri.prefix: /`): such rules go last when merging.
     fn is_catch_all(&self) -> bool {
         self.method.is_none()
-            && self.headers.is_empty()
             && self.other.is_none()
             && match &self.uri {
                 None => true,
@@ -358,10 +362,6 @@ impl MatchCondition {
                 .method
                 .as_ref()
                 .is_none_or(|m| m.matches(request.method.as_str()))
-            && self
-                .headers
-                .iter()
-                .all(|(name, m)| header_matches(request.headers, name, m))
             && self.other.as_deref().is_none_or(|o| o.matches(request))
     }
 }
@@ -444,10 +444,9 @@ pub struct Rule {
     /// Shared with the rule's prefix matcher when it is the same text (Kubeflow rewrites a
     /// notebook's prefix to itself), as the host index shares it.
     pub rewrite_uri: Option<Arc<str>>,
-    /// `rewrite.uriRegexRewrite`: every match of the regex in the path replaced.
-    pub rewrite_regex: Option<Box<RegexRewrite>>,
-    /// `rewrite.authority`: the `Host` the destination gets.
-    pub rewrite_authority: Option<HeaderValue>,
+    /// `rewrite.uriRegexRewrite` and `rewrite.authority`, which few rules have: boxed, so that a
+    /// notebook's rule holds 8 bytes for them.
+    pub other_rewrites: Option<Box<OtherRewrites>>,
     /// What the rule answers itself (`redirect`, `directResponse`) instead of forwarding.
     pub answer: Option<Box<FixedAnswer>>,
     pub request_headers: HeaderOps,
@@ -499,7 +498,7 @@ impl Rule {
         found: &Found<'_>,
         path: &'p str,
     ) -> std::borrow::Cow<'p, str> {
-        if let Some(rewrite) = &self.rewrite_regex {
+        if let Some(rewrite) = self.other_rewrites.as_ref().and_then(|o| o.regex.as_ref()) {
             return rewrite
                 .regex
                 .replace_all(path, rewrite.replacement.as_str());
@@ -520,6 +519,15 @@ impl Rule {
             None => std::borrow::Cow::Owned(rewrite.to_string()),
         }
     }
+}
+
+/// A rule's rewrites besides `rewrite.uri`.
+#[derive(Debug, Default)]
+pub struct OtherRewrites {
+    /// `uriRegexRewrite`: every match of the regex in the path replaced.
+    pub regex: Option<RegexRewrite>,
+    /// `authority`: the `Host` the destination gets.
+    pub authority: Option<HeaderValue>,
 }
 
 /// Istio's `uriRegexRewrite`, with the replacement in the regex crate's syntax.
@@ -1149,17 +1157,20 @@ fn compile_rule(
         return Err("every destination has weight 0".into());
     }
     let rewrite = route.rewrite.as_ref();
-    let rewrite_regex = rewrite
-        .and_then(|r| r.uri_regex_rewrite.as_ref())
-        .map(RegexRewrite::compile)
-        .transpose()?
-        .map(Box::new);
-    let rewrite_authority = rewrite
-        .and_then(|r| r.authority.as_deref())
-        .map(|authority| {
-            HeaderValue::from_str(authority).map_err(|e| format!("rewrite authority: {e}"))
-        })
-        .transpose()?;
+    let other_rewrites = OtherRewrites {
+        regex: rewrite
+            .and_then(|r| r.uri_regex_rewrite.as_ref())
+            .map(RegexRewrite::compile)
+            .transpose()?,
+        authority: rewrite
+            .and_then(|r| r.authority.as_deref())
+            .map(|authority| {
+                HeaderValue::from_str(authority).map_err(|e| format!("rewrite authority: {e}"))
+            })
+            .transpose()?,
+    };
+    let other_rewrites = (other_rewrites.regex.is_some() || other_rewrites.authority.is_some())
+        .then(|| Box::new(other_rewrites));
     let rewrite_uri = route
         .rewrite
         .as_ref()
@@ -1178,8 +1189,7 @@ fn compile_rule(
         owner: owner.clone(),
         matches,
         rewrite_uri,
-        rewrite_regex,
-        rewrite_authority,
+        other_rewrites,
         answer,
         request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
         response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
