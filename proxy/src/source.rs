@@ -324,11 +324,7 @@ pub async fn watch_kubernetes(client: kube::Client, store: Arc<RouteStore>) {
                 Ok(watcher::Event::InitDone) => {
                     changes.push(Change::Replace(listing.take().unwrap_or_default()));
                 }
-                Ok(watcher::Event::Apply(object)) => {
-                    if let Some(vs) = convert(object) {
-                        changes.push(Change::Upsert(Box::new(vs)));
-                    }
-                }
+                Ok(watcher::Event::Apply(object)) => changes.push(applied(object)),
                 Ok(watcher::Event::Delete(object)) => changes.push(Change::Remove {
                     namespace: object.metadata.namespace.unwrap_or_default(),
                     name: object.metadata.name.unwrap_or_default(),
@@ -338,6 +334,21 @@ pub async fn watch_kubernetes(client: kube::Client, store: Arc<RouteStore>) {
         }
         if !changes.is_empty() {
             store.apply(changes);
+        }
+    }
+}
+
+/// The change a created or updated VirtualService makes. One this proxy cannot read takes its
+/// earlier version out of the table: serving the rules its owner replaced would be worse than
+/// serving none.
+fn applied(object: DynamicObject) -> Change {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    match from_dynamic(object) {
+        Ok(vs) => Change::Upsert(Box::new(vs)),
+        Err(err) => {
+            tracing::warn!(error = %err, %namespace, %name, "VirtualService not served");
+            Change::Remove { namespace, name }
         }
     }
 }
@@ -377,6 +388,32 @@ mod tests {
             headers: &headers,
         })?;
         Some(found.rule.destinations[0].authority.to_string())
+    }
+
+    #[test]
+    fn an_update_that_cannot_be_read_stops_the_old_rules() {
+        let object = |spec: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "networking.istio.io/v1",
+                "kind": "VirtualService",
+                "metadata": {"name": "vs", "namespace": "ns"},
+                "spec": spec
+            }))
+            .unwrap()
+        };
+        let store = store();
+        store.apply([Change::Replace(Listing::default())]);
+        store.apply([applied(object(serde_json::json!({
+            "hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"],
+            "http": [{"match": [{"uri": {"prefix": "/r/"}}], "route": [{"destination": {"host": "up"}}]}]
+        })))]);
+        assert_eq!(routed(&store, "/r/x").as_deref(), Some("up:80"));
+        // Rules in a shape this proxy does not read: the earlier ones are not served either.
+        store.apply([applied(object(serde_json::json!({
+            "hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"],
+            "http": [{"match": [{"uri": {"prefix": "/r/", "suffix": "x"}}], "route": "up"}]
+        })))]);
+        assert_eq!(routed(&store, "/r/x"), None);
     }
 
     #[test]
