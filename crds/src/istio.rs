@@ -126,13 +126,63 @@ pub struct HttpMatchRequest {
     pub other: BTreeMap<String, serde_json::Value>,
 }
 
-/// Istio's StringMatch: exactly one of exact, prefix, regex (RE2 syntax).
+/// Istio's StringMatch: one of exact, prefix, regex (RE2 syntax), or none (`{}`).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "StringMatchFields", into = "StringMatchFields")]
 pub enum StringMatch {
     Exact(String),
     Prefix(String),
     Regex(String),
+    /// `{}`: the value is there, whatever it is. For a header or query parameter that is
+    /// presence (absence under `withoutHeaders`); the URI, method, authority and scheme every
+    /// request has, so there it matches every request.
+    Present,
+}
+
+/// StringMatch as written: at most one field.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct StringMatchFields {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exact: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    regex: Option<String>,
+}
+
+impl TryFrom<StringMatchFields> for StringMatch {
+    type Error = &'static str;
+
+    fn try_from(fields: StringMatchFields) -> Result<Self, Self::Error> {
+        match (fields.exact, fields.prefix, fields.regex) {
+            (Some(exact), None, None) => Ok(Self::Exact(exact)),
+            (None, Some(prefix), None) => Ok(Self::Prefix(prefix)),
+            (None, None, Some(regex)) => Ok(Self::Regex(regex)),
+            (None, None, None) => Ok(Self::Present),
+            _ => Err("a string match has at most one of exact, prefix and regex"),
+        }
+    }
+}
+
+impl From<StringMatch> for StringMatchFields {
+    fn from(value: StringMatch) -> Self {
+        match value {
+            StringMatch::Exact(exact) => Self {
+                exact: Some(exact),
+                ..Self::default()
+            },
+            StringMatch::Prefix(prefix) => Self {
+                prefix: Some(prefix),
+                ..Self::default()
+            },
+            StringMatch::Regex(regex) => Self {
+                regex: Some(regex),
+                ..Self::default()
+            },
+            StringMatch::Present => Self::default(),
+        }
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -10,7 +10,8 @@
 //! `exact` is whole-path equality, `regex` (RE2 syntax) must match the whole path; the query is
 //! never part of the URI match. A match may also hold `method`, `headers`, `withoutHeaders`,
 //! `queryParams` (the raw value of a parameter's first occurrence), `authority` (as sent, port
-//! included) and `scheme`, and its own `gateways`, which replace the VirtualService's for it. A
+//! included) and `scheme`, and its own `gateways`, which replace the VirtualService's for it; an
+//! empty string match (`{}`) asks only that the value be there (a header's presence). A
 //! condition this proxy does not evaluate (`port`, `sourceLabels`, `sourceNamespace`) leaves its
 //! match out, reported: dropping the condition instead would send the rule requests Istio does
 //! not. `rewrite.uri` replaces the matched prefix (the whole path for the other match kinds) and
@@ -128,6 +129,8 @@ pub enum Matcher {
     /// `Regex` is 32 bytes, and each of 10,000 notebook rules has two matcher slots (URI, a
     /// prefix, and method, empty): 104 → 72 bytes per match condition.
     Regex(Box<regex::Regex>),
+    /// `{}`: any value, as long as there is one (a header's or parameter's presence).
+    Present,
 }
 
 impl Matcher {
@@ -138,6 +141,7 @@ impl Matcher {
             StringMatch::Regex(r) => {
                 Matcher::Regex(Box::new(regex::Regex::new(&format!("^(?:{r})$"))?))
             }
+            StringMatch::Present => Matcher::Present,
         })
     }
 
@@ -146,6 +150,7 @@ impl Matcher {
             Matcher::Exact(s) => value == &**s,
             Matcher::Prefix(s) => value.starts_with(&**s),
             Matcher::Regex(r) => r.is_match(value),
+            Matcher::Present => true,
         }
     }
 
@@ -153,7 +158,7 @@ impl Matcher {
         match self {
             Matcher::Exact(s) => Matcher::Exact(s.to_lowercase().into()),
             Matcher::Prefix(s) => Matcher::Prefix(s.to_lowercase().into()),
-            regex @ Matcher::Regex(_) => regex,
+            other @ (Matcher::Regex(_) | Matcher::Present) => other,
         }
     }
 }
@@ -347,6 +352,7 @@ impl MatchCondition {
                 None => true,
                 Some(Matcher::Prefix(p)) => &**p == "/",
                 Some(Matcher::Regex(r)) => r.as_str() == "^(?:.*)$",
+                Some(Matcher::Present) => true,
                 Some(Matcher::Exact(_)) => false,
             }
     }
@@ -1720,6 +1726,38 @@ mod tests {
         assert_eq!(dest(req("/app/").header("x-canary", "yes")), "canary:80");
         // A notebook prefix with such a condition is not indexed as a plain prefix.
         assert!(route(&t, &req("/elsewhere/")).is_none());
+    }
+
+    #[test]
+    fn an_empty_string_match_asks_for_presence() {
+        let t = table(&[vs(
+            "x",
+            "presence",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": [
+                {"match": [{"uri": {"prefix": "/a/"}, "headers": {"x-team": {}}}],
+                 "route": [{"destination": {"host": "with-team"}}]},
+                {"match": [{"uri": {"prefix": "/a/"}, "queryParams": {"debug": {}}}],
+                 "route": [{"destination": {"host": "debug"}}]},
+                {"match": [{"uri": {"prefix": "/a/"}, "withoutHeaders": {"cookie": {}}}],
+                 "route": [{"destination": {"host": "anonymous"}}]},
+                {"match": [{"uri": {}, "method": {}}], "route": [{"destination": {"host": "rest"}}]}
+            ]}),
+        )]);
+        let dest = |request: Req| route(&t, &request).unwrap().1;
+        assert_eq!(dest(req("/a/").header("x-team", "")), "with-team:80");
+        assert_eq!(dest(req("/a/").query("debug")), "debug:80");
+        assert_eq!(dest(req("/a/").query("debugging=1")), "anonymous:80");
+        assert_eq!(dest(req("/a/")), "anonymous:80");
+        assert_eq!(dest(req("/a/").header("cookie", "s=1")), "rest:80");
+        assert_eq!(dest(req("/b/").method(Method::POST)), "rest:80");
+        let two: Result<StringMatch, _> =
+            serde_json::from_value(json!({"exact": "a", "prefix": "b"}));
+        assert!(two.is_err());
+        assert_eq!(
+            serde_json::to_value(StringMatch::Present).unwrap(),
+            json!({})
+        );
     }
 
     #[test]
