@@ -50,9 +50,17 @@ pub struct HttpRoute {
     /// Answered with this response instead of forwarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_response: Option<HttpDirectResponse>,
-    /// Handed to another VirtualService's rules (`name`, `namespace`).
+    /// Handed to another VirtualService's rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delegate: Option<serde_json::Value>,
+    pub delegate: Option<Delegate>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Delegate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -193,9 +201,19 @@ pub struct HttpRewrite {
     /// Replaces the `Host` the destination gets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authority: Option<String>,
-    /// `{match, rewrite}`: a regex substitution on the path.
+    /// A regex substitution on the path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uri_regex_rewrite: Option<serde_json::Value>,
+    pub uri_regex_rewrite: Option<RegexRewrite>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct RegexRewrite {
+    /// RE2 syntax, not anchored: every match in the path is replaced.
+    #[serde(rename = "match", default)]
+    pub pattern: String,
+    /// The replacement; `\1` names the first group.
+    #[serde(default)]
+    pub rewrite: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

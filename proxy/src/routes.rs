@@ -544,14 +544,12 @@ pub struct RegexRewrite {
 }
 
 impl RegexRewrite {
-    fn compile(value: &serde_json::Value) -> Result<Self, String> {
-        let field = |name: &str| value.get(name).and_then(serde_json::Value::as_str);
-        let pattern = field("match").ok_or("uriRegexRewrite without a match")?;
-        let regex =
-            regex::Regex::new(pattern).map_err(|e| format!("uriRegexRewrite regex: {e}"))?;
+    fn compile(rewrite: &labforge_crds::istio::RegexRewrite) -> Result<Self, String> {
+        let regex = regex::Regex::new(&rewrite.pattern)
+            .map_err(|e| format!("uriRegexRewrite regex: {e}"))?;
         Ok(Self {
             regex,
-            replacement: re2_replacement(field("rewrite").unwrap_or_default()),
+            replacement: re2_replacement(&rewrite.rewrite),
         })
     }
 }
@@ -610,6 +608,8 @@ pub struct Redirect {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RedirectPort {
+    /// Neither `port` nor `derivePort`: the request's port, unless `authority` replaced the host.
+    Unset,
     /// The port the request named, if any.
     FromRequest,
     /// None: the scheme's default.
@@ -657,7 +657,8 @@ impl FixedAnswer {
                 u16::try_from(number).map_err(|_| format!("redirect port {number}"))?,
             ),
             (None, Some("FROM_PROTOCOL_DEFAULT")) => RedirectPort::ProtocolDefault,
-            (None, Some("FROM_REQUEST_PORT") | None) => RedirectPort::FromRequest,
+            (None, Some("FROM_REQUEST_PORT")) => RedirectPort::FromRequest,
+            (None, None) => RedirectPort::Unset,
             (None, Some(other)) => return Err(format!("redirect derivePort {other:?}")),
         };
         let boxed = |text: &Option<String>| text.as_deref().map(Box::from);
@@ -682,12 +683,18 @@ impl Redirect {
             .authority
             .as_deref()
             .map_or(request_host, |a| split_port(a).0);
+        let is_default =
+            |scheme: &str, port: &str| matches!((scheme, port), ("http", "80") | ("https", "443"));
         let port = match self.port {
             RedirectPort::Number(port) => Some(port.to_string()),
-            RedirectPort::FromRequest => request_port.map(str::to_owned),
+            RedirectPort::Unset if self.authority.is_some() => None,
+            // The old scheme's default port does not go with a new scheme.
+            RedirectPort::Unset | RedirectPort::FromRequest => request_port
+                .filter(|port| scheme == request.scheme || !is_default(request.scheme, port))
+                .map(str::to_owned),
             RedirectPort::ProtocolDefault => None,
         }
-        .filter(|port| !matches!((scheme, port.as_str()), ("http", "80") | ("https", "443")));
+        .filter(|port| !is_default(scheme, port));
         let path = match (&self.uri, &self.prefix_rewrite, prefix_len) {
             (Some(uri), _, _) => std::borrow::Cow::Borrowed(&**uri),
             (None, Some(prefix), Some(len)) => std::borrow::Cow::Owned(format!(
@@ -1865,6 +1872,23 @@ mod tests {
         assert_eq!(
             at(json!({"port": 9000}), None),
             "http://lab.example.com:9000/old/page?a=1"
+        );
+        // A new host takes no port but the one given; the request's goes only when asked for.
+        assert_eq!(
+            at(json!({"authority": "other.example.com"}), None),
+            "http://other.example.com/old/page?a=1"
+        );
+        assert_eq!(
+            at(
+                json!({"authority": "other.example.com", "derivePort": "FROM_REQUEST_PORT"}),
+                None
+            ),
+            "http://other.example.com:8080/old/page?a=1"
+        );
+        let plain = req("/x").authority("lab.example.com:80");
+        assert_eq!(
+            redirect(json!({"scheme": "https"})).location(&plain.view(), None),
+            "https://lab.example.com/x"
         );
         assert_eq!(
             redirect(json!({})).status,
