@@ -485,13 +485,14 @@ fn rule_answer(rule: &Rule, location: Option<String>) -> Result<Response<ProxyBo
         Some(FixedAnswer::Respond { status, body }) => (*status, None, body.clone()),
         Some(FixedAnswer::NotServed) | None => return Err(ProxyError::NoRoute),
     };
-    let mut response = Response::new(Either::Right(Full::new(body.clone())));
+    let has_body = !body.is_empty();
+    let mut response = Response::new(Either::Right(Full::new(body)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     if let Some(location) = location.and_then(|l| HeaderValue::from_str(&l).ok()) {
         headers.insert(header::LOCATION, location);
     }
-    if !body.is_empty() {
+    if has_body {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     }
     rule.response_headers.apply(headers);
