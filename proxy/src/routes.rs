@@ -1731,7 +1731,7 @@ mod tests {
         // A header that must be absent: present with any value, it is not.
         assert_eq!(dest(req("/app/")), "not-canary:80");
         assert_eq!(dest(req("/app/").header("x-canary", "yes")), "canary:80");
-        // A notebook prefix with such a condition is not indexed as a plain prefix.
+        // None of the conditions made its rule take other paths.
         assert!(route(&t, &req("/elsewhere/")).is_none());
     }
 
