@@ -319,27 +319,23 @@ impl MatchCondition {
         })
     }
 
+    /// The URI matcher of a condition that is nothing but a case-sensitive URI match.
+    fn pure_uri(&self) -> Option<&Matcher> {
+        let only_uri = !self.ignore_uri_case && self.method.is_none() && self.other.is_none();
+        self.uri.as_ref().filter(|_| only_uri)
+    }
+
     /// The prefix of a condition that is nothing but a case-sensitive `uri.prefix`.
     fn pure_prefix(&self) -> Option<&Arc<str>> {
-        match (
-            &self.uri,
-            self.ignore_uri_case,
-            &self.method,
-            self.other.is_none(),
-        ) {
-            (Some(Matcher::Prefix(p)), false, None, true) => Some(p),
+        match self.pure_uri()? {
+            Matcher::Prefix(p) => Some(p),
             _ => None,
         }
     }
 
     fn pure_exact(&self) -> Option<&Arc<str>> {
-        match (
-            &self.uri,
-            self.ignore_uri_case,
-            &self.method,
-            self.other.is_none(),
-        ) {
-            (Some(Matcher::Exact(p)), false, None, true) => Some(p),
+        match self.pure_uri()? {
+            Matcher::Exact(p) => Some(p),
             _ => None,
         }
     }
@@ -913,6 +909,11 @@ impl CompiledVirtualService {
             notebook,
         });
         let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let skip = |reason| Skipped {
+            namespace: owner.namespace.to_string(),
+            name: owner.virtual_service.to_string(),
+            reason,
+        };
         let mut rules = Vec::new();
         for (position, route) in vs.spec.http.iter().enumerate() {
             let mut applicable = Vec::new();
@@ -923,14 +924,10 @@ impl CompiledVirtualService {
                 // Left out rather than matched without the condition: that would send the rule
                 // requests Istio does not.
                 if let Some(field) = unevaluated_condition(m) {
-                    skipped.push(Skipped {
-                        namespace: owner.namespace.to_string(),
-                        name: owner.virtual_service.to_string(),
-                        reason: format!(
-                            "http[{position}].match[{index}]: `{field}` is not evaluated by this \
-                             proxy, so this match never applies"
-                        ),
-                    });
+                    skipped.push(skip(format!(
+                        "http[{position}].match[{index}]: `{field}` is not evaluated by this \
+                         proxy, so this match never applies"
+                    )));
                     continue;
                 }
                 applicable.push(m);
@@ -948,22 +945,14 @@ impl CompiledVirtualService {
             match compile_rule(route, &applicable, &owner, (created, position)) {
                 Ok(rule) => {
                     if matches!(rule.answer.as_deref(), Some(FixedAnswer::NotServed)) {
-                        skipped.push(Skipped {
-                            namespace: owner.namespace.to_string(),
-                            name: owner.virtual_service.to_string(),
-                            reason: format!(
-                                "http[{position}]: delegation is not served by this proxy; the \
-                                 requests this rule matches get 404"
-                            ),
-                        });
+                        skipped.push(skip(format!(
+                            "http[{position}]: delegation is not served by this proxy; the \
+                             requests this rule matches get 404"
+                        )));
                     }
                     rules.push(Arc::new(rule));
                 }
-                Err(reason) => skipped.push(Skipped {
-                    namespace: owner.namespace.to_string(),
-                    name: owner.virtual_service.to_string(),
-                    reason: format!("http[{position}]: {reason}"),
-                }),
+                Err(reason) => skipped.push(skip(format!("http[{position}]: {reason}"))),
             }
         }
         if rules.is_empty() {
