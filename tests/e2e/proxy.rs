@@ -598,6 +598,7 @@ async fn authority_query_and_absent_header_conditions_route_as_in_istio() {
         "conditions",
         json!([
             rule(json!({"queryParams": {"view": {"exact": "two"}}}), "two"),
+            rule(json!({"headers": {"x-team": {}}}), "two"),
             rule(json!({"sourceLabels": {"app": "elsewhere"}}), "two"),
             rule(json!({"authority": {"prefix": "lab.example.com:"}}), "two"),
             rule(json!({"withoutHeaders": {"x-canary": {"exact": "1"}}}), "one"),
@@ -632,6 +633,8 @@ async fn authority_query_and_absent_header_conditions_route_as_in_istio() {
     );
     assert_eq!(upstream_of("", &[("x-canary", "1")]).await, "two");
     assert_eq!(upstream_of("", &[("x-canary", "0")]).await, "one");
+    // `{}`: present, whatever the value.
+    assert_eq!(upstream_of("", &[("x-team", "data")]).await, "two");
 }
 
 // A rule may answer itself (Istio's directResponse and redirect), after authorization like any;
@@ -651,6 +654,9 @@ async fn rules_answer_directly_redirect_rewrite_the_authority_and_never_pass_on_
              "redirect": {"prefixRewrite": format!("{prefix}new/"), "redirectCode": 302}},
             {"match": [{"uri": {"prefix": format!("{prefix}delegated/")}}],
              "delegate": {"name": "elsewhere", "namespace": "alice"}},
+            {"match": [{"uri": {"prefix": format!("{prefix}v2/")}}],
+             "rewrite": {"uriRegexRewrite": {"match": "^/notebook/alice/lab/v2/(.*)$", "rewrite": "/api/\\1"}},
+             "route": [{"destination": {"host": "one.alice.svc.cluster.local", "port": {"number": 80}}}]},
             {"match": [{"uri": {"prefix": prefix}}],
              "rewrite": {"authority": "internal.example.com"},
              "route": [{"destination": {"host": "one.alice.svc.cluster.local", "port": {"number": 80}}}]}
@@ -680,6 +686,13 @@ async fn rules_answer_directly_redirect_rewrite_the_authority_and_never_pass_on_
 
     let delegated = get_as(&http, &format!("{base}{prefix}delegated/x"), ALICE).await;
     assert_eq!(delegated.status(), 404);
+
+    let regex_rewritten: Value = get_as(&http, &format!("{base}{prefix}v2/items?q=1"), ALICE)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(regex_rewritten["path"], "/api/items?q=1");
 
     let hits = one.hits();
     let forwarded: Value = get_as(&http, &format!("{base}{prefix}x"), ALICE)
