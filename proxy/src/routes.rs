@@ -866,8 +866,9 @@ pub struct RouteTable {
 #[derive(Debug)]
 pub struct CompiledVirtualService {
     /// Lowercase.
-    pub hosts: Box<[Arc<str>]>,
-    pub rules: Box<[Arc<Rule>]>,
+    hosts: Box<[Arc<str>]>,
+    /// At least one.
+    rules: Box<[Arc<Rule>]>,
 }
 
 impl CompiledVirtualService {
@@ -974,16 +975,19 @@ impl CompiledVirtualService {
     }
 
     /// The activity key of its routes.
-    pub fn key(&self) -> Option<String> {
-        self.rules.first().map(|r| r.owner.key())
+    pub fn key(&self) -> String {
+        self.owner().key()
     }
 
-    /// Namespace and name of the VirtualService, shared with its routes' owner. A compiled
-    /// VirtualService has at least one rule.
-    pub fn namespace_and_name(&self) -> Option<(Arc<str>, Arc<str>)> {
-        self.rules
-            .first()
-            .map(|r| (r.owner.namespace.clone(), r.owner.virtual_service.clone()))
+    /// Namespace and name of the VirtualService.
+    pub fn namespace_and_name(&self) -> (&str, &str) {
+        let owner = self.owner();
+        (&owner.namespace, &owner.virtual_service)
+    }
+
+    /// The owner all its rules share: [`CompiledVirtualService::compile`] makes none without rules.
+    fn owner(&self) -> &RouteOwner {
+        &self.rules[0].owner
     }
 }
 

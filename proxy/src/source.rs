@@ -19,7 +19,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use labforge_crds::VirtualService;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -68,21 +68,61 @@ pub enum Change {
     Replace(Listing),
 }
 
-/// Namespace and name of a VirtualService. A store of 10,000 routes holds as many keys: they share
-/// the strings of the routes' owner instead of holding copies.
-type Key = (Arc<str>, Arc<str>);
-
 /// A complete list of VirtualServices, compiled one by one as it arrives, so that the raw objects
 /// of a large list are never all in memory at once (10,000 from a file: peak heap 12.5 MB instead
-/// of 17.2 MB).
+/// of 17.2 MB). Kept in arrival order until it replaces the store's records.
 #[derive(Debug, Default)]
-pub struct Listing(BTreeMap<Key, CompiledVirtualService>);
+pub struct Listing(Vec<CompiledVirtualService>);
+
+/// Compiled VirtualServices sorted by namespace and name, found by binary search. A sorted vector
+/// rather than a map: its entry is the compiled VirtualService alone, whose owner already holds
+/// the namespace and name, where a `BTreeMap` keyed by them held 64-byte entries in part-filled
+/// nodes (1.14 MB for 10,000, against 0.32 MB). An insert moves the entries after it, 32 bytes
+/// each: less than the table rebuild every change is followed by.
+#[derive(Debug, Default)]
+struct Records(Vec<CompiledVirtualService>);
+
+impl Records {
+    fn position(&self, namespace: &str, name: &str) -> Result<usize, usize> {
+        self.0
+            .binary_search_by(|known| known.namespace_and_name().cmp(&(namespace, name)))
+    }
+
+    fn insert(&mut self, compiled: CompiledVirtualService) {
+        let (namespace, name) = compiled.namespace_and_name();
+        match self.position(namespace, name) {
+            Ok(known) => self.0[known] = compiled,
+            Err(place) => self.0.insert(place, compiled),
+        }
+    }
+
+    fn remove(&mut self, namespace: &str, name: &str) {
+        if let Ok(known) = self.position(namespace, name) {
+            self.0.remove(known);
+        }
+    }
+
+    /// The records of `listing`; of two with the same namespace and name, the later one.
+    fn from_listing(Listing(mut list): Listing) -> Self {
+        // Stable: equal ones stay in arrival order, and the later one is kept below.
+        list.sort_by(|a, b| a.namespace_and_name().cmp(&b.namespace_and_name()));
+        list.dedup_by(|later, kept| {
+            let same = later.namespace_and_name() == kept.namespace_and_name();
+            if same {
+                std::mem::swap(later, kept);
+            }
+            same
+        });
+        list.shrink_to_fit();
+        Records(list)
+    }
+}
 
 /// The known VirtualServices and the table built from them.
 pub struct RouteStore {
     table: ArcSwap<RouteTable>,
     /// Compiled once when they arrive; the raw objects are not kept.
-    records: Mutex<BTreeMap<Key, CompiledVirtualService>>,
+    records: Mutex<Records>,
     gateway: GatewayFilter,
     activity: Arc<Activity>,
     names: SharedNames,
@@ -103,7 +143,7 @@ impl RouteStore {
     ) -> Self {
         Self {
             table: ArcSwap::from_pointee(RouteTable::default()),
-            records: Mutex::new(BTreeMap::new()),
+            records: Mutex::default(),
             gateway,
             activity,
             names: SharedNames::default(),
@@ -143,8 +183,8 @@ impl RouteStore {
 
     /// Compiles `vs` into a listing that will replace everything known.
     pub fn add_to(&self, listing: &mut Listing, vs: &VirtualService) {
-        if let Some((key, compiled)) = self.compile(vs) {
-            listing.0.insert(key, compiled);
+        if let Some(compiled) = self.compile(vs) {
+            listing.0.push(compiled);
         }
     }
 
@@ -155,25 +195,22 @@ impl RouteStore {
         for change in changes {
             match change {
                 Change::Upsert(vs) => match self.compile(&vs) {
-                    Some((key, compiled)) => {
-                        records.insert(key, compiled);
-                    }
-                    None => {
-                        records.remove(&key_of(&vs));
-                    }
+                    Some(compiled) => records.insert(compiled),
+                    None => records.remove(
+                        vs.metadata.namespace.as_deref().unwrap_or_default(),
+                        vs.metadata.name.as_deref().unwrap_or_default(),
+                    ),
                 },
-                Change::Remove { namespace, name } => {
-                    records.remove(&(namespace.into(), name.into()));
-                }
+                Change::Remove { namespace, name } => records.remove(&namespace, &name),
                 Change::Replace(listing) => {
-                    *records = listing.0;
+                    *records = Records::from_listing(listing);
                     self.ready.store(true, Ordering::Release);
                     complete_list = true;
                 }
             }
         }
-        let table = RouteTable::from_compiled(records.values());
-        let keys: BTreeSet<String> = records.values().filter_map(|r| r.key()).collect();
+        let table = RouteTable::from_compiled(&records.0);
+        let keys: BTreeSet<String> = records.0.iter().map(|r| r.key()).collect();
         drop(records);
         self.names.forget_unused();
         self.activity.retain(&keys);
@@ -189,22 +226,14 @@ impl RouteStore {
         }
     }
 
-    fn compile(&self, vs: &VirtualService) -> Option<(Key, CompiledVirtualService)> {
+    fn compile(&self, vs: &VirtualService) -> Option<CompiledVirtualService> {
         let (compiled, skipped) =
             CompiledVirtualService::compile(vs, &self.gateway, &self.activity, &self.names);
         for s in &skipped {
             tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
         }
-        let compiled = compiled?;
-        Some((compiled.namespace_and_name()?, compiled))
+        compiled
     }
-}
-
-fn key_of(vs: &VirtualService) -> Key {
-    (
-        vs.metadata.namespace.as_deref().unwrap_or_default().into(),
-        vs.metadata.name.as_deref().unwrap_or_default().into(),
-    )
 }
 
 /// A VirtualService of any served version, from its JSON form.
@@ -444,5 +473,43 @@ mod tests {
         store.remove("ns", "vs2");
         assert_eq!(routed(&store, "/r2/x"), None);
         assert_eq!(routed(&store, "/r0/x").as_deref(), Some("up0:80"));
+    }
+
+    #[test]
+    fn the_later_of_two_listed_versions_wins_and_changes_find_their_record() {
+        let vs = |name: &str, prefix: &str, host: &str| -> VirtualService {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "networking.istio.io/v1",
+                "kind": "VirtualService",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {
+                    "hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"],
+                    "http": [{"match": [{"uri": {"prefix": prefix}}],
+                              "route": [{"destination": {"host": host}}]}]
+                }
+            }))
+            .unwrap()
+        };
+        let store = store();
+        // Out of order, and `b` twice: a list read from two files that both hold it.
+        store.replace_all(vec![
+            vs("c", "/c/", "c1"),
+            vs("b", "/b/", "b1"),
+            vs("a", "/a/", "a1"),
+            vs("b", "/b/", "b2"),
+        ]);
+        assert_eq!(routed(&store, "/b/x").as_deref(), Some("b2:80"));
+        assert_eq!(store.table().virtual_service_count(), 3);
+        // An upsert replaces its record, a new one goes between the others, a removal takes only
+        // its own.
+        store.upsert(vs("a", "/a/", "a2"));
+        store.upsert(vs("bb", "/bb/", "bb1"));
+        store.remove("ns", "b");
+        store.remove("ns", "absent");
+        assert_eq!(routed(&store, "/a/x").as_deref(), Some("a2:80"));
+        assert_eq!(routed(&store, "/bb/x").as_deref(), Some("bb1:80"));
+        assert_eq!(routed(&store, "/b/x"), None);
+        assert_eq!(routed(&store, "/c/x").as_deref(), Some("c1:80"));
+        assert_eq!(store.table().virtual_service_count(), 3);
     }
 }
