@@ -36,22 +36,30 @@ impl ActivityCell {
 /// Every route's cell, by key `<namespace>/<notebook>` (or VirtualService name).
 #[derive(Debug, Default)]
 pub struct Activity {
-    cells: Mutex<HashMap<String, Arc<ActivityCell>>>,
+    /// The keys are shared with the routes' owners, which would otherwise hold a copy each.
+    cells: Mutex<HashMap<Arc<str>, Arc<ActivityCell>>>,
 }
 
 impl Activity {
-    /// The cell for `key`, created when new; the same key keeps its cell across table rebuilds.
-    pub fn cell(&self, key: &str) -> Arc<ActivityCell> {
+    /// The key and cell for `key`, made when new; the same key keeps its cell across table
+    /// rebuilds.
+    pub fn cell(&self, key: &str) -> (Arc<str>, Arc<ActivityCell>) {
         let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
-        cells.entry(key.to_owned()).or_default().clone()
+        if let Some((known, cell)) = cells.get_key_value(key) {
+            return (known.clone(), cell.clone());
+        }
+        let key: Arc<str> = key.into();
+        let cell = Arc::<ActivityCell>::default();
+        cells.insert(key.clone(), cell.clone());
+        (key, cell)
     }
 
     /// Forgets routes that no longer exist.
-    pub fn retain(&self, keys: &BTreeSet<String>) {
+    pub fn retain(&self, keys: &BTreeSet<&str>) {
         self.cells
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|k, _| keys.contains(k));
+            .retain(|k, _| keys.contains(&**k));
     }
 
     /// Whether a route with this key exists (cells live exactly as long as their routes).
@@ -76,7 +84,7 @@ impl Activity {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .filter_map(|(k, c)| Some((k.clone(), c.last()?)))
+            .filter_map(|(k, c)| Some((k.to_string(), c.last()?)))
             .collect()
     }
 }
@@ -88,7 +96,8 @@ mod tests {
     #[test]
     fn cells_survive_rebuilds_and_are_forgotten_with_their_route() {
         let activity = Activity::default();
-        let cell = activity.cell("alice/lab");
+        let (key, cell) = activity.cell("alice/lab");
+        assert_eq!(&*key, "alice/lab");
         assert_eq!(activity.get("alice/lab"), None);
         let before = Timestamp::now();
         cell.touch();
@@ -98,9 +107,11 @@ mod tests {
                 - jiff::SignedDuration::from_millis(1)
         );
         // A rebuilt table asks again for the same key and gets the same history.
-        assert_eq!(activity.cell("alice/lab").last(), Some(seen));
+        let (again, cell) = activity.cell("alice/lab");
+        assert!(Arc::ptr_eq(&key, &again), "the key is shared, not copied");
+        assert_eq!(cell.last(), Some(seen));
         assert_eq!(activity.snapshot().len(), 1);
-        activity.retain(&BTreeSet::from(["bob/lab".to_owned()]));
+        activity.retain(&BTreeSet::from(["bob/lab"]));
         assert_eq!(activity.get("alice/lab"), None);
         assert!(activity.snapshot().is_empty());
     }

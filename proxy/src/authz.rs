@@ -166,15 +166,15 @@ pub enum Decision {
 
 /// Whether `identity` may use a route guarded by `namespaces`: only if it may use every one of
 /// them that is not shared.
-pub async fn authorize(
+pub async fn authorize<'n>(
     identity: Option<&Identity>,
-    namespaces: &[std::sync::Arc<str>],
+    namespaces: impl IntoIterator<Item = &'n str>,
     access: &dyn NamespaceAccess,
 ) -> Decision {
     let Some(identity) = identity else {
         return Decision::Unauthenticated;
     };
-    for namespace in namespaces.iter().filter(|ns| !access.is_shared(ns)) {
+    for namespace in namespaces.into_iter().filter(|ns| !access.is_shared(ns)) {
         match access.may_use(&identity.user, namespace).resolve().await {
             Ok(true) => {}
             Ok(false) => return Decision::Forbidden,
@@ -205,11 +205,10 @@ mod tests {
         )
         .unwrap();
         access.shared.insert("kubeflow".into());
-        let decide = |who: Option<&str>, ns: &[&str]| {
-            let ns: Vec<std::sync::Arc<str>> = ns.iter().map(|n| (*n).into()).collect();
+        let decide = |who: Option<&str>, ns: &'static [&'static str]| {
             let who = who.map(user);
             let access = &access;
-            async move { authorize(who.as_ref(), &ns, access).await }
+            async move { authorize(who.as_ref(), ns.iter().copied(), access).await }
         };
         assert_eq!(
             decide(Some("alice@example.com"), &["alice"]).await,

@@ -230,7 +230,7 @@ impl Forwarder {
             Via::Fallback(address) => return Ok(Address::Own(address.clone())),
             Via::Rule(identity, rule) => (identity, rule),
         };
-        match authorize(Some(identity), &rule.namespaces, self.access.as_ref()).await {
+        match authorize(Some(identity), rule.namespaces(), self.access.as_ref()).await {
             Decision::Allow => {}
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),
@@ -318,7 +318,9 @@ impl Forwarder {
             {
                 headers.insert(header::HOST, authority.clone());
             }
-            rule.request_headers.apply(headers);
+            if let Some(edits) = &rule.header_edits {
+                edits.request.apply(headers);
+            }
         }
         if let Some(uri) = uri {
             parts.uri = uri;
@@ -441,8 +443,8 @@ impl Forwarder {
                 activity.touch();
             }
             strip_hop_by_hop(response.headers_mut());
-            if let Some(rule) = &rule {
-                rule.response_headers.apply(response.headers_mut());
+            if let Some(edits) = rule.as_ref().and_then(|rule| rule.header_edits.as_ref()) {
+                edits.response.apply(response.headers_mut());
             }
             Ok(response.map(Either::Left))
         }
@@ -495,7 +497,9 @@ fn rule_answer(rule: &Rule, location: Option<String>) -> Result<Response<ProxyBo
     if has_body {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     }
-    rule.response_headers.apply(headers);
+    if let Some(edits) = &rule.header_edits {
+        edits.response.apply(headers);
+    }
     Ok(response)
 }
 

@@ -67,21 +67,14 @@ pub struct RouteOwner {
     pub namespace: Arc<str>,
     /// Name of the VirtualService.
     pub virtual_service: Arc<str>,
-    /// The Notebook this VirtualService routes to (ownerReference, or Kubeflow's name
-    /// `notebook-<ns>-<name>`); `None` for other routes (dashboards, APIs).
-    pub notebook: Option<String>,
+    /// `<namespace>/<notebook>`, the key of the activity endpoint, shared with it. The notebook
+    /// is the one this VirtualService routes to (ownerReference, or Kubeflow's name
+    /// `notebook-<ns>-<name>`); other routes (dashboards, APIs) have their VirtualService's name.
+    pub activity_key: Arc<str>,
     /// Last activity of this route, shared with the activity endpoint.
     pub activity: Arc<ActivityCell>,
-}
-
-impl RouteOwner {
-    /// `<namespace>/<notebook or VirtualService name>`, the key of the activity endpoint.
-    pub fn key(&self) -> String {
-        activity_key(
-            &self.namespace,
-            self.notebook.as_deref().unwrap_or(&self.virtual_service),
-        )
-    }
+    /// Creation time of the VirtualService, for merging several for one host.
+    created: Option<jiff::Timestamp>,
 }
 
 /// The namespace names and hosts of a store's routes, one string each: 10,000 notebooks live in a
@@ -451,19 +444,33 @@ pub struct Rule {
     pub other_rewrites: Option<Box<OtherRewrites>>,
     /// What the rule answers itself (`redirect`, `directResponse`) instead of forwarding.
     pub answer: Option<Box<FixedAnswer>>,
-    pub request_headers: HeaderOps,
-    pub response_headers: HeaderOps,
+    /// `headers.request` and `headers.response`, which few rules have: boxed, so that a
+    /// notebook's rule holds 8 bytes for them.
+    pub header_edits: Option<Box<HeaderEdits>>,
     pub destinations: Box<[Destination]>,
-    /// Namespaces guarding this rule: its VirtualService's and its destinations' (sorted).
-    pub namespaces: Box<[Arc<str>]>,
+    /// Namespaces of its destinations other than its VirtualService's, sorted; empty for a
+    /// notebook's rule, whose destination is in its own namespace, so that it holds no list.
+    other_namespaces: Box<[Arc<str>]>,
     total_weight: u32,
     /// Round-robin position for weighted destinations (exact proportions, no randomness).
     next: AtomicU64,
-    /// Creation time of its VirtualService and its position there, for merging.
-    created: (Option<jiff::Timestamp>, usize),
+    /// Its position in its VirtualService's `http[]`, for merging.
+    position: u32,
+}
+
+/// The header edits of a rule.
+#[derive(Debug, Default)]
+pub struct HeaderEdits {
+    pub request: HeaderOps,
+    pub response: HeaderOps,
 }
 
 impl Rule {
+    /// Namespaces guarding this rule: its VirtualService's, then its destinations' others.
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> + Send {
+        std::iter::once(&*self.owner.namespace).chain(self.other_namespaces.iter().map(|ns| &**ns))
+    }
+
     /// The destination for the next request: weights are honoured exactly over every
     /// `total_weight` requests.
     pub fn pick_destination(&self) -> Option<&Destination> {
@@ -902,14 +909,17 @@ impl CompiledVirtualService {
             return (None, skipped);
         }
         let notebook = notebook_of(vs, &namespace, &name);
-        let key = activity_key(&namespace, notebook.as_deref().unwrap_or(&name));
+        let (activity_key, activity) = activity.cell(&activity_key(
+            &namespace,
+            notebook.as_deref().unwrap_or(&name),
+        ));
         let owner = Arc::new(RouteOwner {
-            activity: activity.cell(&key),
+            activity_key,
+            activity,
             namespace: names.intern(&namespace),
             virtual_service: name.into(),
-            notebook,
+            created: vs.metadata.creation_timestamp.as_ref().map(|t| t.0),
         });
-        let created = vs.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let skip = |reason| Skipped {
             namespace: owner.namespace.to_string(),
             name: owner.virtual_service.to_string(),
@@ -943,7 +953,7 @@ impl CompiledVirtualService {
             if !applies {
                 continue;
             }
-            match compile_rule(route, &applicable, &owner, (created, position)) {
+            match compile_rule(route, &applicable, &owner, position) {
                 Ok(rule) => {
                     if matches!(rule.answer.as_deref(), Some(FixedAnswer::NotServed)) {
                         skipped.push(skip(format!(
@@ -975,8 +985,8 @@ impl CompiledVirtualService {
     }
 
     /// The activity key of its routes.
-    pub fn key(&self) -> String {
-        self.owner().key()
+    pub fn key(&self) -> &str {
+        &self.owner().activity_key
     }
 
     /// Namespace and name of the VirtualService.
@@ -1032,10 +1042,10 @@ impl RouteTable {
             rules.sort_by(|a, b| {
                 a.is_catch_all()
                     .cmp(&b.is_catch_all())
-                    .then_with(|| a.created.0.cmp(&b.created.0))
+                    .then_with(|| a.owner.created.cmp(&b.owner.created))
                     .then_with(|| a.owner.namespace.cmp(&b.owner.namespace))
                     .then_with(|| a.owner.virtual_service.cmp(&b.owner.virtual_service))
-                    .then_with(|| a.created.1.cmp(&b.created.1))
+                    .then_with(|| a.position.cmp(&b.position))
             });
             table.rule_count += rules.len();
             let indexed = HostRules::index(rules);
@@ -1115,7 +1125,7 @@ fn compile_rule(
     route: &HttpRoute,
     applicable: &[&HttpMatchRequest],
     owner: &Arc<RouteOwner>,
-    created: (Option<jiff::Timestamp>, usize),
+    position: usize,
 ) -> Result<Rule, String> {
     let matches = applicable
         .iter()
@@ -1148,17 +1158,15 @@ fn compile_rule(
         return Err("no route destination, redirect or direct response".into());
     }
     let total_weight = destinations.iter().map(|d| d.weight).sum();
-    // The VirtualService's own namespace is the owner's string, not a copy of it.
-    let mut namespaces: Vec<Arc<str>> = route
+    let mut other_namespaces: Vec<Arc<str>> = route
         .route
         .iter()
         .filter_map(|d| destination_namespace(&d.destination.host))
         .filter(|ns| *ns != &*owner.namespace)
         .map(Arc::from)
-        .chain([owner.namespace.clone()])
         .collect();
-    namespaces.sort();
-    namespaces.dedup();
+    other_namespaces.sort();
+    other_namespaces.dedup();
     if total_weight == 0 && answer.is_none() {
         return Err("every destination has weight 0".into());
     }
@@ -1191,19 +1199,25 @@ fn compile_rule(
                 .unwrap_or_else(|| uri.into())
         });
     let headers = route.headers.as_ref();
+    let header_edits = HeaderEdits {
+        request: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
+        response: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
+    };
+    let header_edits = (!header_edits.request.0.is_empty() || !header_edits.response.0.is_empty())
+        .then(|| Box::new(header_edits));
     Ok(Rule {
         owner: owner.clone(),
         matches,
         rewrite_uri,
         other_rewrites,
         answer,
-        request_headers: HeaderOps::compile(headers.and_then(|h| h.request.as_ref()))?,
-        response_headers: HeaderOps::compile(headers.and_then(|h| h.response.as_ref()))?,
+        header_edits,
         destinations,
-        namespaces: namespaces.into_boxed_slice(),
+        other_namespaces: other_namespaces.into_boxed_slice(),
         total_weight,
         next: AtomicU64::new(0),
-        created,
+        // Beyond u32::MAX rules, the table's order is the least of the problems.
+        position: u32::try_from(position).unwrap_or(u32::MAX),
     })
 }
 
@@ -1261,10 +1275,6 @@ mod tests {
         assert!(Arc::ptr_eq(
             &lab_rule.owner.namespace,
             &other_rule.owner.namespace
-        ));
-        assert!(Arc::ptr_eq(
-            &lab_rule.namespaces[0],
-            &lab_rule.owner.namespace
         ));
         assert!(Arc::ptr_eq(&lab.hosts[0], &other.hosts[0]));
         drop(lab);
@@ -1385,10 +1395,13 @@ mod tests {
             .unwrap()
             .rule
             .owner;
-        assert_eq!(owner.notebook.as_deref(), Some("lab"));
-        assert_eq!(owner.key(), "bob/lab");
+        assert_eq!(&*owner.activity_key, "bob/lab");
         let rule = t.lookup(&req("/notebook/bob/lab/x").view()).unwrap().rule;
-        assert_eq!(*rule.namespaces, [Arc::from("bob")]);
+        assert_eq!(rule.namespaces().collect::<Vec<_>>(), ["bob"]);
+        assert!(
+            rule.other_namespaces.is_empty(),
+            "no list for its own namespace"
+        );
     }
 
     #[test]
@@ -1412,12 +1425,11 @@ mod tests {
             t.lookup(&req(path).view())
                 .unwrap()
                 .rule
-                .namespaces
-                .iter()
-                .map(|ns| ns.to_string())
+                .namespaces()
+                .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(namespaces("/a/"), ["alice", "bob"]);
+        assert_eq!(namespaces("/a/"), ["bob", "alice"]);
         assert_eq!(namespaces("/b/"), ["bob", "carol"]);
         assert_eq!(namespaces("/c/"), ["bob"]);
     }
@@ -1669,7 +1681,13 @@ mod tests {
         headers.insert("x-rstudio-root-path", HeaderValue::from_static("/wrong/"));
         headers.insert("x-extra", HeaderValue::from_static("one"));
         headers.insert("x-both", HeaderValue::from_static("sent"));
-        found.rule.request_headers.apply(&mut headers);
+        found
+            .rule
+            .header_edits
+            .as_ref()
+            .unwrap()
+            .request
+            .apply(&mut headers);
         assert!(headers.get("x-secret").is_none());
         assert_eq!(headers["x-rstudio-root-path"], "/notebook/x/r/");
         // Envoy's order: a removal does not undo an append of the same header, and a

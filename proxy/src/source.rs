@@ -210,10 +210,11 @@ impl RouteStore {
             }
         }
         let table = RouteTable::from_compiled(&records.0);
-        let keys: BTreeSet<String> = records.0.iter().map(|r| r.key()).collect();
+        let keys: BTreeSet<&str> = records.0.iter().map(|r| r.key()).collect();
+        self.activity.retain(&keys);
+        drop(keys);
         drop(records);
         self.names.forget_unused();
-        self.activity.retain(&keys);
         self.metrics.routes.set(table.rule_count() as i64);
         self.metrics
             .virtual_services

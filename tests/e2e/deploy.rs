@@ -1205,7 +1205,11 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 .unwrap_or_else(|| panic!("{path} has no route"));
             (
                 found.rule.destinations[0].authority.to_string(),
-                found.rule.namespaces.to_vec(),
+                found
+                    .rule
+                    .namespaces()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>(),
             )
         };
         for path in [
@@ -1220,12 +1224,17 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 user: "anyone@example.com".into(),
             };
             assert_eq!(
-                authorize(Some(&anyone), &namespaces, &access).await,
+                authorize(
+                    Some(&anyone),
+                    namespaces.iter().map(String::as_str),
+                    &access
+                )
+                .await,
                 Decision::Allow,
                 "{path}"
             );
             assert_eq!(
-                authorize(None, &namespaces, &access).await,
+                authorize(None, namespaces.iter().map(String::as_str), &access).await,
                 Decision::Unauthenticated
             );
         }
@@ -1234,9 +1243,9 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
         let alice = Identity {
             user: "alice@example.com".into(),
         };
-        assert_eq!(namespaces, [std::sync::Arc::from("alice")]);
+        assert_eq!(namespaces, ["alice"]);
         assert_eq!(
-            authorize(Some(&alice), &namespaces, &access).await,
+            authorize(Some(&alice), namespaces.iter().map(String::as_str), &access).await,
             Decision::Forbidden,
             "a notebook's namespace is not shared"
         );
