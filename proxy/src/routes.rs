@@ -27,6 +27,7 @@
 //! come before the best indexed candidate.
 
 use crate::activity::{Activity, ActivityCell};
+use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use labforge_crds::VirtualService;
 use labforge_crds::istio::{HeaderOperations, HttpMatchRequest, HttpRoute, StringMatch};
@@ -610,7 +611,8 @@ pub struct Redirect {
     pub uri: Option<Box<str>>,
     /// Replaces the matched prefix.
     pub prefix_rewrite: Option<Box<str>>,
-    pub authority: Option<Box<str>>,
+    /// The host of `authority`, which replaces the request's.
+    pub host: Option<Box<str>>,
     pub scheme: Option<Box<str>>,
     pub port: RedirectPort,
 }
@@ -670,12 +672,22 @@ impl FixedAnswer {
             (None, None) => RedirectPort::Unset,
             (None, Some(other)) => return Err(format!("redirect derivePort {other:?}")),
         };
+        let host = redirect
+            .authority
+            .as_deref()
+            .map(|authority| {
+                authority
+                    .parse::<Authority>()
+                    .map(|parsed| Box::from(parsed.host()))
+                    .map_err(|e| format!("redirect authority {authority:?}: {e}"))
+            })
+            .transpose()?;
         let boxed = |text: &Option<String>| text.as_deref().map(Box::from);
         Ok(Some(Self::Redirect(Redirect {
             status,
             uri: boxed(&redirect.uri),
             prefix_rewrite: boxed(&redirect.prefix_rewrite),
-            authority: boxed(&redirect.authority),
+            host,
             scheme: boxed(&redirect.scheme),
             port,
         })))
@@ -687,23 +699,25 @@ impl Redirect {
     /// whose matched prefix (if the match was one) was `prefix_len` long.
     pub fn location(&self, request: &RequestView<'_>, prefix_len: Option<usize>) -> String {
         let scheme = self.scheme.as_deref().unwrap_or(request.scheme);
-        let (request_host, request_port) = split_port(request.authority);
-        let host = self
-            .authority
-            .as_deref()
-            .map_or(request_host, |a| split_port(a).0);
+        // The request's authority came parsed from the request: parsing it again cannot fail.
+        let request_authority = request.authority.parse::<Authority>().ok();
+        let request_port = request_authority.as_ref().and_then(Authority::port_u16);
+        let host = self.host.as_deref().unwrap_or_else(|| {
+            request_authority
+                .as_ref()
+                .map_or(request.authority, Authority::host)
+        });
         let is_default =
-            |scheme: &str, port: &str| matches!((scheme, port), ("http", "80") | ("https", "443"));
+            |scheme: &str, port: u16| matches!((scheme, port), ("http", 80) | ("https", 443));
         let port = match self.port {
-            RedirectPort::Number(port) => Some(port.to_string()),
-            RedirectPort::Unset if self.authority.is_some() => None,
+            RedirectPort::Number(port) => Some(port),
+            RedirectPort::Unset if self.host.is_some() => None,
             // The old scheme's default port does not go with a new scheme.
             RedirectPort::Unset | RedirectPort::FromRequest => request_port
-                .filter(|port| scheme == request.scheme || !is_default(request.scheme, port))
-                .map(str::to_owned),
+                .filter(|&port| scheme == request.scheme || !is_default(request.scheme, port)),
             RedirectPort::ProtocolDefault => None,
         }
-        .filter(|port| !is_default(scheme, port));
+        .filter(|&port| !is_default(scheme, port));
         let path = match (&self.uri, &self.prefix_rewrite, prefix_len) {
             (Some(uri), _, _) => std::borrow::Cow::Borrowed(&**uri),
             (None, Some(prefix), Some(len)) => std::borrow::Cow::Owned(format!(
@@ -715,8 +729,7 @@ impl Redirect {
         };
         let mut location = format!("{scheme}://{host}");
         if let Some(port) = port {
-            location.push(':');
-            location.push_str(&port);
+            location.push_str(&format!(":{port}"));
         }
         location.push_str(&path);
         if let Some(query) = request.query {
@@ -724,16 +737,6 @@ impl Redirect {
             location.push_str(query);
         }
         location
-    }
-}
-
-/// `host` and `port` of an authority (a bracketed IPv6 host keeps its brackets).
-fn split_port(authority: &str) -> (&str, Option<&str>) {
-    match authority.rsplit_once(':') {
-        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
-            (host, Some(port))
-        }
-        _ => (authority, None),
     }
 }
 
@@ -1901,6 +1904,19 @@ mod tests {
         assert_eq!(
             redirect(json!({"scheme": "https"})).location(&plain.view(), None),
             "https://lab.example.com/x"
+        );
+        // An IPv6 host keeps its brackets, apart from its port.
+        let ipv6 = req("/x").authority("[::1]:8080");
+        assert_eq!(
+            redirect(json!({"port": 9000})).location(&ipv6.view(), None),
+            "http://[::1]:9000/x"
+        );
+        let bad: HttpRoute =
+            serde_json::from_value(json!({"redirect": {"authority": "a b"}})).unwrap();
+        assert!(
+            FixedAnswer::compile(&bad)
+                .unwrap_err()
+                .contains("redirect authority \"a b\"")
         );
         assert_eq!(
             redirect(json!({})).status,
