@@ -266,6 +266,11 @@ async fn get_as(http: &reqwest::Client, url: &str, user: &str) -> reqwest::Respo
         .unwrap()
 }
 
+/// The JSON body of `GET url` as `user`.
+async fn get_json_as(http: &reqwest::Client, url: &str, user: &str) -> Value {
+    get_as(http, url, user).await.json().await.unwrap()
+}
+
 async fn admin_json(proxy: &RunningProxy, path: &str) -> (u16, Value) {
     let response = reqwest::get(format!("http://{}{path}", proxy.admin_addr))
         .await
@@ -687,19 +692,11 @@ async fn rules_answer_directly_redirect_rewrite_the_authority_and_never_pass_on_
     let delegated = get_as(&http, &format!("{base}{prefix}delegated/x"), ALICE).await;
     assert_eq!(delegated.status(), 404);
 
-    let regex_rewritten: Value = get_as(&http, &format!("{base}{prefix}v2/items?q=1"), ALICE)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let regex_rewritten = get_json_as(&http, &format!("{base}{prefix}v2/items?q=1"), ALICE).await;
     assert_eq!(regex_rewritten["path"], "/api/items?q=1");
 
     let hits = one.hits();
-    let forwarded: Value = get_as(&http, &format!("{base}{prefix}x"), ALICE)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let forwarded = get_json_as(&http, &format!("{base}{prefix}x"), ALICE).await;
     assert_eq!(forwarded["host"], "internal.example.com");
     assert_eq!(forwarded["x-forwarded-host"], proxy.addr.to_string());
     assert_eq!(
