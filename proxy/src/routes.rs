@@ -16,10 +16,11 @@
 //! match out, reported: dropping the condition instead would send the rule requests Istio does
 //! not. `rewrite.uri` replaces the matched prefix (the whole path for the other match kinds) and
 //! the query is kept; `rewrite.uriRegexRewrite` replaces every match of its regex in the path;
-//! `rewrite.authority` replaces the `Host` the destination gets. A rule with `directResponse` or
-//! `redirect` answers itself (`Location` built as Envoy builds it: the request's scheme, host,
-//! port and query unless replaced); one that `delegate`s cannot be served here and answers 404,
-//! so that its requests do not fall through to a later rule.
+//! `rewrite.authority` replaces the `Host` the destination gets; `timeout` (whole milliseconds,
+//! `0s` for none) bounds a forwarded request until its response's last byte. A rule with
+//! `directResponse` or `redirect` answers itself (`Location` built as Envoy builds it: the
+//! request's scheme, host, port and query unless replaced); one that `delegate`s cannot be served
+//! here and answers 404, so that its requests do not fall through to a later rule.
 //!
 //! Kubeflow clusters hold one rule per notebook, all plain prefixes, so a table of 10,000
 //! notebooks must not be scanned rule by rule: pure-prefix and pure-exact matches are indexed by
@@ -33,8 +34,10 @@ use labforge_crds::VirtualService;
 use labforge_crds::istio::{HeaderOperations, HttpMatchRequest, HttpRoute, StringMatch};
 use smallvec::SmallVec;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 /// Port a destination without `port.number` is reached on (a Service's usual HTTP port).
 pub const DEFAULT_DESTINATION_PORT: u32 = 80;
@@ -463,6 +466,9 @@ pub struct Rule {
     next: AtomicU64,
     /// Its position in its VirtualService's `http[]`, for merging.
     position: u32,
+    /// `timeout` in milliseconds (Istio takes no finer one); `None` when there is none or it is
+    /// `0s`, as in Istio: a notebook's route has none, since kernels hold requests open.
+    timeout_ms: Option<NonZeroU32>,
 }
 
 /// The header edits of a rule.
@@ -473,6 +479,13 @@ pub struct HeaderEdits {
 }
 
 impl Rule {
+    /// How long a request routed by this rule may take, from when it is sent until its response
+    /// has been received whole (Envoy's route timeout); none by default.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout_ms
+            .map(|ms| Duration::from_millis(u64::from(ms.get())))
+    }
+
     /// Namespaces guarding this rule: its VirtualService's, then its destinations' others.
     pub fn namespaces(&self) -> impl Iterator<Item = &str> + Send {
         std::iter::once(&*self.owner.namespace).chain(self.other_namespaces.iter().map(|ns| &**ns))
@@ -1209,6 +1222,12 @@ fn compile_rule(
     };
     let header_edits = (!header_edits.request.0.is_empty() || !header_edits.response.0.is_empty())
         .then(|| Box::new(header_edits));
+    let timeout_ms = route
+        .timeout
+        .as_deref()
+        .map(route_timeout_ms)
+        .transpose()?
+        .flatten();
     Ok(Rule {
         owner: owner.clone(),
         matches,
@@ -1222,7 +1241,32 @@ fn compile_rule(
         next: AtomicU64::new(0),
         // Beyond u32::MAX rules, the table's order is the least of the problems.
         position: u32::try_from(position).unwrap_or(u32::MAX),
+        timeout_ms,
     })
+}
+
+/// An HTTP route's `timeout` in milliseconds, `None` for `0s` (no timeout). Istio takes a
+/// protobuf duration (`2.5s`) and, written by hand, Go's (`1m30s`, `500ms`); it refuses
+/// durations under a millisecond or with a finer part, and so does this.
+fn route_timeout_ms(text: &str) -> Result<Option<NonZeroU32>, String> {
+    let bad = |why: &str| format!("timeout `{text}`: {why}");
+    let duration: jiff::SignedDuration = text
+        .trim()
+        .parse()
+        .map_err(|e| bad(&format!("not a duration ({e})")))?;
+    if duration.is_negative() {
+        return Err(bad("negative"));
+    }
+    if duration.subsec_nanos() % 1_000_000 != 0 {
+        return Err(bad("only whole milliseconds are supported"));
+    }
+    let ms = duration.as_millis();
+    if ms == 0 {
+        return Ok(None);
+    }
+    u32::try_from(ms)
+        .map(NonZeroU32::new)
+        .map_err(|_| bad("longer than 49 days"))
 }
 
 #[cfg(test)]
@@ -2017,6 +2061,60 @@ mod tests {
         );
         assert_eq!(route(&t, &req("/ok/")).unwrap().1, "ok:80");
         assert!(route(&t, &req("/notebook/alice/lab/")).is_some());
+    }
+
+    #[test]
+    fn route_timeouts_are_read_as_istio_reads_them_and_bad_ones_are_reported() {
+        let rule_with = |timeout: &str| {
+            json!({"match": [{"uri": {"prefix": format!("/t/{timeout}/")}}], "timeout": timeout,
+                   "route": [{"destination": {"host": "api"}}]})
+        };
+        let accepted = ["2.5s", "1m30s", "500ms", "0s", "PT2S"];
+        let refused = ["soon", "-1s", "1.0005s", "1200h"];
+        let rules: Vec<_> = accepted
+            .iter()
+            .chain(&refused)
+            .map(|t| rule_with(t))
+            .collect();
+        let list = [vs(
+            "ops",
+            "api",
+            "2026-01-01T00:00:00Z",
+            json!({"hosts": ["*"], "gateways": [GATEWAY], "http": rules}),
+        )];
+        let (t, skipped) = RouteTable::build(
+            &list,
+            &GatewayFilter(Some(GATEWAY.into())),
+            &Activity::default(),
+        );
+        let timeout = |text: &str| {
+            let request = req(&format!("/t/{text}/x"));
+            let view = request.view();
+            t.lookup(&view).map(|found| found.rule.timeout())
+        };
+        assert_eq!(timeout("2.5s"), Some(Some(Duration::from_millis(2500))));
+        assert_eq!(timeout("1m30s"), Some(Some(Duration::from_secs(90))));
+        assert_eq!(timeout("500ms"), Some(Some(Duration::from_millis(500))));
+        assert_eq!(timeout("0s"), Some(None), "0s is no timeout");
+        assert_eq!(timeout("PT2S"), Some(Some(Duration::from_secs(2))));
+        let reasons: Vec<_> = skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert_eq!(reasons.len(), refused.len(), "{reasons:?}");
+        for (reason, (text, why)) in reasons.iter().zip([
+            ("soon", "not a duration"),
+            ("-1s", "negative"),
+            ("1.0005s", "whole milliseconds"),
+            ("1200h", "49 days"),
+        ]) {
+            assert!(
+                reason.contains(&format!("timeout `{text}`")) && reason.contains(why),
+                "{reason}"
+            );
+            assert_eq!(timeout(text), None, "a refused rule takes no request");
+        }
+        // A notebook's rule has none.
+        let nb = table(&[notebook_vs("alice", "lab", "2026-01-01T00:00:00Z")]);
+        let request = req("/notebook/alice/lab/");
+        assert_eq!(nb.lookup(&request.view()).unwrap().rule.timeout(), None);
     }
 
     #[test]
