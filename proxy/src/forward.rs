@@ -4,7 +4,7 @@
 //! streams bodies both ways (hyper `Incoming` in and out, never buffered) over this thread's
 //! [`crate::upstream::UpstreamPool`], preserves the
 //! Host, adds `X-Forwarded-*`, strips hop-by-hop headers, and sets no timeout (notebooks hold
-//! long requests). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
+//! long requests) unless the route has one (Istio's `timeout`). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
 //! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP. A websocket whose
 //! upstream cannot be reached gets a close frame (1013) rather than a failed handshake.
 
@@ -15,7 +15,7 @@ use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
 use crate::routes::{FixedAnswer, RequestView, Rule};
 use crate::source::RouteStore;
-use crate::upstream::{PooledBody, UpstreamPool};
+use crate::upstream::{PooledBody, UpstreamError, UpstreamPool};
 use bytes::Bytes;
 use http::header::{self, Entry, HeaderName};
 use http::uri::Authority;
@@ -167,6 +167,7 @@ impl Forwarder {
                     ProxyError::UpstreamUnavailable(e) | ProxyError::UpstreamFailed(e) => {
                         tracing::warn!(error = %error, cause = %e, "upstream")
                     }
+                    ProxyError::UpstreamTimeout => tracing::warn!(error = %error, "upstream"),
                     _ => tracing::debug!(error = %error, "refused"),
                 }
                 error_response(&error, json).map(Either::Right)
@@ -348,6 +349,7 @@ impl Forwarder {
             client_upgrade,
             websocket_key,
         } = outgoing;
+        let timeout = rule.as_ref().and_then(|rule| rule.timeout());
         // This thread's own: its reference count stays in this core's cache, where the shared
         // metrics' would move between the cores on every request.
         let forwarder = self.clone();
@@ -368,22 +370,43 @@ impl Forwarder {
             let Some(address) = address else {
                 return Err(ProxyError::NoRoute);
             };
-            let result = upstreams.send(address, request).await.map_err(|e| {
-                let kind = if e.is_connect() {
-                    "connect"
-                } else {
-                    "upstream"
-                };
+            let count_error = |kind| {
                 metrics
                     .upstream_errors
                     .get_or_create(&ErrorLabels { kind })
                     .inc();
+            };
+            let to_proxy_error = |e: UpstreamError| {
                 if e.is_connect() {
+                    count_error("connect");
                     ProxyError::UpstreamUnavailable(e)
                 } else {
+                    count_error("upstream");
                     ProxyError::UpstreamFailed(e)
                 }
-            });
+            };
+            // The route's timeout runs from here until the response's last byte (Envoy's route
+            // timeout); a tunnel, once upgraded, is not held to it. Boxed: few routes have one,
+            // and its timer would be part of every request's future, which is moved whole as it
+            // starts.
+            let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+            let result = match deadline {
+                None => upstreams
+                    .send(address, request)
+                    .await
+                    .map_err(to_proxy_error),
+                Some(deadline) => {
+                    let sending =
+                        tokio::time::timeout_at(deadline, upstreams.send(address, request));
+                    match Box::pin(sending).await {
+                        Ok(sent) => sent.map_err(to_proxy_error),
+                        Err(_) => {
+                            count_error("timeout");
+                            Err(ProxyError::UpstreamTimeout)
+                        }
+                    }
+                }
+            };
             let (mut response, client_upgrade) = match (result, client_upgrade, websocket_key) {
                 (Ok(response), client_upgrade, _) => (response, client_upgrade),
                 // A websocket client (a kernel or terminal tab) gets a proper close it can act on,
@@ -446,7 +469,10 @@ impl Forwarder {
             if let Some(edits) = rule.as_ref().and_then(|rule| rule.header_edits.as_ref()) {
                 edits.response.apply(response.headers_mut());
             }
-            Ok(response.map(Either::Left))
+            Ok(response.map(|body| match deadline {
+                Some(deadline) => Either::Left(body.until(deadline)),
+                None => Either::Left(body),
+            }))
         }
     }
 }

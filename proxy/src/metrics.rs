@@ -31,7 +31,8 @@ pub struct ErrorLabels {
 pub struct Metrics {
     /// Responses by status code and upstream latency, a shard per serving thread.
     per_thread: Arc<PerThread>,
-    /// Failures to reach an upstream, by kind (`connect`, `upstream`).
+    /// Failures to reach an upstream, by kind (`connect`, `upstream`, `timeout`: a route's
+    /// timeout passed before the response head).
     pub upstream_errors: Family<ErrorLabels, Counter>,
     pub websockets_active: Gauge,
     /// Client connections open now (each one a task).
@@ -64,7 +65,7 @@ impl Metrics {
         registry.register_collector(Box::new(metrics.per_thread.clone()));
         registry.register(
             "upstream_errors",
-            "Requests whose upstream could not be reached or failed, by kind",
+            "Requests whose upstream could not be reached, failed or timed out, by kind",
             metrics.upstream_errors.clone(),
         );
         registry.register(

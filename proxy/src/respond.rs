@@ -26,6 +26,9 @@ pub enum ProxyError {
     UpstreamUnavailable(#[source] crate::upstream::UpstreamError),
     #[error("the notebook server failed to answer")]
     UpstreamFailed(#[source] crate::upstream::UpstreamError),
+    /// The route's `timeout` passed before the response head came (Envoy's words).
+    #[error("upstream request timeout")]
+    UpstreamTimeout,
 }
 
 impl ProxyError {
@@ -38,6 +41,7 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 }

@@ -397,7 +397,11 @@ impl UpstreamPool {
         // An upgraded connection belongs to its tunnel, never to the pool.
         let back = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
             .then(|| (self.clone(), address.clone(), sender));
-        response.map(|inner| PooledBody { inner, back })
+        response.map(|inner| PooledBody {
+            inner,
+            back,
+            deadline: None,
+        })
     }
 }
 
@@ -447,9 +451,26 @@ fn configure_socket(stream: &tokio::net::TcpStream) {
 pub struct PooledBody {
     inner: Incoming,
     back: Option<(Arc<UpstreamPool>, Arc<str>, SendRequest<Incoming>)>,
+    /// When the body must have ended (a route's timeout); boxed, since few routes have one.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// Why a response body could not be streamed whole.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("reading the upstream's response body")]
+    Upstream(#[source] hyper::Error),
+    #[error("the route's timeout passed before the response was received whole")]
+    TimedOut,
 }
 
 impl PooledBody {
+    /// The body, failing at `deadline` unless it has ended by then.
+    pub fn until(mut self, deadline: tokio::time::Instant) -> Self {
+        self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline)));
+        self
+    }
+
     fn release(&mut self) {
         if let Some((pool, address, sender)) = self.back.take() {
             pool.put_back(address, sender);
@@ -459,21 +480,30 @@ impl PooledBody {
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.release(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
             // A failed body leaves the connection in an unknown state: it is not reused.
             Poll::Ready(Some(Err(_))) => self.back = None,
+            Poll::Pending => {
+                if let Some(deadline) = &mut self.deadline
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    // Half read: the connection is closed with the body, not reused.
+                    self.back = None;
+                    return Poll::Ready(Some(Err(BodyError::TimedOut)));
+                }
+            }
             _ => {}
         }
-        polled
+        polled.map_err(BodyError::Upstream)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -769,6 +769,108 @@ const PATHS: &[(&str, Lands, &str)] = &[
     ("/notebook/bob/lab2/", Ok(None), ""),
 ];
 
+// A rule's `timeout` (Istio's, Envoy's route timeout) runs from forwarding to the response's last
+// byte: a late head gets 504 at the timeout, a body still streaming then is cut off, and a rule
+// without one (a notebook's) waits as long as the notebook takes.
+#[tokio::test]
+async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
+    let app = axum::Router::new()
+        .route("/quick", axum::routing::get(|| async { "quick" }))
+        .route(
+            "/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                "late"
+            }),
+        )
+        .route(
+            "/stream",
+            axum::routing::get(|| async {
+                let chunks = futures::stream::iter(0..5).then(|i| async move {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    Ok::<_, std::convert::Infallible>(bytes::Bytes::from(i.to_string()))
+                });
+                axum::body::Body::from_stream(chunks)
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let addresses = HashMap::from([(
+        "api.alice.svc.cluster.local:80".to_string(),
+        upstream.to_string(),
+    )]);
+    let proxy = start_proxy(RoutesFrom::Kubernetes(server.client()), addresses).await;
+    let to_api =
+        json!([{"destination": {"host": "api.alice.svc.cluster.local", "port": {"number": 80}}}]);
+    create_alice_virtual_service(
+        &server,
+        "timeouts",
+        json!([
+            {"match": [{"uri": {"prefix": "/notebook/alice/timed/"}}], "rewrite": {"uri": "/"},
+             "timeout": "400ms", "route": to_api},
+            {"match": [{"uri": {"prefix": "/notebook/alice/untimed/"}}], "rewrite": {"uri": "/"},
+             "route": to_api}
+        ]),
+    )
+    .await;
+    let base = format!("http://{}/notebook/alice", proxy.addr);
+    served_within(&format!("{base}/timed/quick"), |s, _| s == 200).await;
+    let http = reqwest::Client::new();
+
+    let started = Instant::now();
+    let late = get_as(&http, &format!("{base}/timed/slow"), ALICE).await;
+    let waited = started.elapsed();
+    assert_eq!(late.status().as_u16(), 504);
+    assert!(
+        waited >= Duration::from_millis(390) && waited < Duration::from_millis(1100),
+        "504 after {waited:?}"
+    );
+    assert!(
+        late.text()
+            .await
+            .unwrap()
+            .contains("upstream request timeout")
+    );
+
+    // The head comes at once, the body would take 1.25 s: cut off at the timeout.
+    let started = Instant::now();
+    let streaming = get_as(&http, &format!("{base}/timed/stream"), ALICE).await;
+    assert_eq!(streaming.status().as_u16(), 200);
+    let body = streaming.bytes().await;
+    let cut_after = started.elapsed();
+    assert!(
+        body.is_err(),
+        "a body past the timeout arrived whole: {body:?}"
+    );
+    assert!(
+        cut_after >= Duration::from_millis(390) && cut_after < Duration::from_millis(1100),
+        "cut off after {cut_after:?}"
+    );
+
+    // Without a timeout, the same requests are answered whole, however long they take.
+    let slow = get_as(&http, &format!("{base}/untimed/slow"), ALICE).await;
+    assert_eq!(slow.status().as_u16(), 200);
+    assert_eq!(slow.text().await.unwrap(), "late");
+    let stream = get_as(&http, &format!("{base}/untimed/stream"), ALICE).await;
+    assert_eq!(stream.text().await.unwrap(), "01234");
+    // And a timed route still serves what comes in time, on a connection the pool kept.
+    let quick = get_as(&http, &format!("{base}/timed/quick"), ALICE).await;
+    assert_eq!(quick.text().await.unwrap(), "quick");
+    assert_eq!(
+        metric(
+            &proxy,
+            "labforge_proxy_upstream_errors_total{kind=\"timeout\"}"
+        )
+        .await,
+        1.0
+    );
+    serving.abort();
+}
+
 #[tokio::test]
 async fn authorization_matrix_over_users_and_path_tricks() {
     authorization_matrix(static_access()).await;
