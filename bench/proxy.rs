@@ -212,6 +212,9 @@ fn start_labforge(dir: &Path, routes: &Routes) -> Running {
     Running::serving("labforge", &mut command, port)
 }
 
+/// nginx sends the upstream the request labforge sends (Host as the client sent it,
+/// `X-Forwarded-For`, `-Proto` and `-Host`), so that both upstreams parse the same headers: until
+/// 2026-11-24 it sent `X-Forwarded-For` alone, which saved its upstream about 0.2 µs a request.
 fn start_nginx(dir: &Path, routes: &Routes) -> Option<Running> {
     let nginx = labforge_tests::locate("nginx").ok()?;
     let prefix = dir.join(format!("nginx-{}", routes.count));
@@ -234,7 +237,8 @@ fn start_nginx(dir: &Path, routes: &Routes) -> Option<Running> {
          http {{\n access_log off;\n client_body_temp_path {prefix}/body;\n proxy_temp_path {prefix}/proxy;\n\
          fastcgi_temp_path {prefix}/fastcgi;\n uwsgi_temp_path {prefix}/uwsgi;\n scgi_temp_path {prefix}/scgi;\n\
          map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}\n\
-         proxy_http_version 1.1;\n proxy_set_header Host $host;\n\
+         proxy_http_version 1.1;\n proxy_set_header Host $http_host;\n\
+         proxy_set_header X-Forwarded-Proto $scheme;\n proxy_set_header X-Forwarded-Host $http_host;\n\
          proxy_set_header Upgrade $http_upgrade;\n proxy_set_header Connection $connection_upgrade;\n\
          proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n proxy_read_timeout 3600s;\n\
          {upstreams}\n server {{\n  listen 127.0.0.1:{port} backlog=4096;\n{locations} }}\n}}\n",
