@@ -486,21 +486,20 @@ impl Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        // Before the body, so that one always ready (a fast download) is cut at the deadline too.
+        if let Some(deadline) = &mut self.deadline
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            // Half read: the connection is closed with the body, not reused.
+            self.back = None;
+            return Poll::Ready(Some(Err(BodyError::TimedOut)));
+        }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.release(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
             // A failed body leaves the connection in an unknown state: it is not reused.
             Poll::Ready(Some(Err(_))) => self.back = None,
-            Poll::Pending => {
-                if let Some(deadline) = &mut self.deadline
-                    && deadline.as_mut().poll(cx).is_ready()
-                {
-                    // Half read: the connection is closed with the body, not reused.
-                    self.back = None;
-                    return Poll::Ready(Some(Err(BodyError::TimedOut)));
-                }
-            }
             _ => {}
         }
         polled.map_err(BodyError::Upstream)
