@@ -770,8 +770,9 @@ const PATHS: &[(&str, Lands, &str)] = &[
 ];
 
 // A rule's `timeout` (Istio's, Envoy's route timeout) runs from forwarding to the response's last
-// byte: a late head gets 504 at the timeout, a body still streaming then is cut off, and a rule
-// without one (a notebook's) waits as long as the notebook takes.
+// byte: a late head gets 504 at the timeout, a body still streaming then is cut off, a late
+// websocket upgrade a 1013 close, and a rule without one (a notebook's) waits as long as the
+// notebook takes; an upgraded tunnel is not held to it.
 #[tokio::test]
 async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
     let app = axum::Router::new()
@@ -799,21 +800,29 @@ async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
     let server = FakeApiServer::start(FakeApiServerOptions::default())
         .await
         .unwrap();
-    let addresses = HashMap::from([(
-        "api.alice.svc.cluster.local:80".to_string(),
-        upstream.to_string(),
-    )]);
+    let echo = EchoServer::start().await;
+    let addresses = HashMap::from([
+        (
+            "api.alice.svc.cluster.local:80".to_string(),
+            upstream.to_string(),
+        ),
+        (
+            "echo.alice.svc.cluster.local:80".to_string(),
+            echo.addr.to_string(),
+        ),
+    ]);
     let proxy = start_proxy(RoutesFrom::Kubernetes(server.client()), addresses).await;
-    let to_api =
-        json!([{"destination": {"host": "api.alice.svc.cluster.local", "port": {"number": 80}}}]);
+    let to = |host: &str| json!([{"destination": {"host": format!("{host}.alice.svc.cluster.local"), "port": {"number": 80}}}]);
     create_alice_virtual_service(
         &server,
         "timeouts",
         json!([
             {"match": [{"uri": {"prefix": "/notebook/alice/timed/"}}], "rewrite": {"uri": "/"},
-             "timeout": "400ms", "route": to_api},
+             "timeout": "400ms", "route": to("api")},
             {"match": [{"uri": {"prefix": "/notebook/alice/untimed/"}}], "rewrite": {"uri": "/"},
-             "route": to_api}
+             "route": to("api")},
+            {"match": [{"uri": {"prefix": "/notebook/alice/timed-ws/"}}], "timeout": "400ms",
+             "route": to("echo")}
         ]),
     )
     .await;
@@ -860,13 +869,47 @@ async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
     // And a timed route still serves what comes in time, on a connection the pool kept.
     let quick = get_as(&http, &format!("{base}/timed/quick"), ALICE).await;
     assert_eq!(quick.text().await.unwrap(), "quick");
+
+    // A websocket on a timed rule: the upgrade is held to the timeout, the tunnel is not.
+    let websocket = |path: &str| {
+        let mut request = format!("ws://{}/notebook/alice/{path}", proxy.addr)
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("kubeflow-userid", ALICE.parse().unwrap());
+        tokio_tungstenite::connect_async(request)
+    };
+    let (mut ws, _) = websocket("timed-ws/echo").await.unwrap();
+    for round in 0..2 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ws.send(Message::text(format!("still here {round}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            ws.next().await.unwrap().unwrap(),
+            Message::text(format!("still here {round}")),
+            "the tunnel outlives its rule's timeout"
+        );
+    }
+    let (mut late, _) = websocket("timed/slow").await.unwrap();
+    match late.next().await {
+        Some(Ok(Message::Close(Some(close)))) => {
+            assert_eq!(u16::from(close.code), 1013);
+            assert!(
+                close.reason.contains("upstream request timeout"),
+                "{close:?}"
+            );
+        }
+        other => panic!("a late upgrade should be closed with 1013: {other:?}"),
+    }
     assert_eq!(
         metric(
             &proxy,
             "labforge_proxy_upstream_errors_total{kind=\"timeout\"}"
         )
         .await,
-        1.0
+        2.0
     );
     serving.abort();
 }
