@@ -439,6 +439,37 @@ async fn jupyterlab_kernel_and_terminal_work_through_the_proxy() {
     .await;
 }
 
+/// An upstream under `prefix` answering `quick` at once, `slow` ("late") after `slow`, and
+/// `stream` as five chunks 250 ms apart (its head at once).
+async fn slow_upstream(prefix: &str, slow: Duration) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let app = axum::Router::new()
+        .route(
+            &format!("{prefix}quick"),
+            axum::routing::get(|| async { "quick" }),
+        )
+        .route(
+            &format!("{prefix}slow"),
+            axum::routing::get(move || async move {
+                tokio::time::sleep(slow).await;
+                "late"
+            }),
+        )
+        .route(
+            &format!("{prefix}stream"),
+            axum::routing::get(|| async {
+                let chunks = futures::stream::iter(0..5).then(|i| async move {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    Ok::<_, std::convert::Infallible>(bytes::Bytes::from(i.to_string()))
+                });
+                axum::body::Body::from_stream(chunks)
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (upstream, serving)
+}
+
 /// Polls `url` (as alice) until `check` accepts the answer; returns how long that took.
 async fn served_within(url: &str, check: impl Fn(u16, &Value) -> bool) -> Duration {
     let http = reqwest::Client::new();
@@ -775,28 +806,7 @@ const PATHS: &[(&str, Lands, &str)] = &[
 // notebook takes; an upgraded tunnel is not held to it.
 #[tokio::test]
 async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
-    let app = axum::Router::new()
-        .route("/quick", axum::routing::get(|| async { "quick" }))
-        .route(
-            "/slow",
-            axum::routing::get(|| async {
-                tokio::time::sleep(Duration::from_millis(1200)).await;
-                "late"
-            }),
-        )
-        .route(
-            "/stream",
-            axum::routing::get(|| async {
-                let chunks = futures::stream::iter(0..5).then(|i| async move {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    Ok::<_, std::convert::Infallible>(bytes::Bytes::from(i.to_string()))
-                });
-                axum::body::Body::from_stream(chunks)
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (upstream, serving) = slow_upstream("/", Duration::from_millis(1200)).await;
     let server = FakeApiServer::start(FakeApiServerOptions::default())
         .await
         .unwrap();
@@ -1121,27 +1131,7 @@ async fn open_for(stream: &mut (impl AsyncRead + Unpin), since: Instant) -> Dura
 #[tokio::test]
 async fn connections_without_a_request_head_in_time_are_closed_and_slow_answers_are_not() {
     let timeout = Duration::from_millis(300);
-    let app = axum::Router::new()
-        .route(
-            "/notebook/alice/lab/slow",
-            axum::routing::get(|| async {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                "late"
-            }),
-        )
-        .route(
-            "/notebook/alice/lab/stream",
-            axum::routing::get(|| async {
-                let chunks = futures::stream::iter(0..5).then(|i| async move {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    Ok::<_, std::convert::Infallible>(bytes::Bytes::from(i.to_string()))
-                });
-                axum::body::Body::from_stream(chunks)
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (upstream, serving) = slow_upstream("/notebook/alice/lab/", Duration::from_secs(1)).await;
     let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
         request_head_timeout: timeout,
         ..options
