@@ -2,11 +2,12 @@
 //!
 //! Nothing reaches a notebook before the route is known and the user allowed on it. Forwarding
 //! streams bodies both ways (hyper `Incoming` in and out, never buffered) over this thread's
-//! [`crate::upstream::UpstreamPool`], preserves the
-//! Host, adds `X-Forwarded-*`, strips hop-by-hop headers, and sets no timeout (notebooks hold
-//! long requests) unless the route has one (Istio's `timeout`). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
+//! [`crate::upstream::UpstreamPool`], preserves the Host, adds `X-Forwarded-*`, strips hop-by-hop
+//! headers, and sets no timeout (notebooks hold long requests) unless the route has one (Istio's
+//! `timeout`). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
 //! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP. A websocket whose
-//! upstream cannot be reached gets a close frame (1013) rather than a failed handshake.
+//! upstream cannot be reached, or whose upgrade answer is later than its route's timeout, gets a
+//! close frame (1013) rather than a failed handshake.
 
 use crate::activity::ActivityCell;
 use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize};

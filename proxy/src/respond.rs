@@ -26,7 +26,7 @@ pub enum ProxyError {
     UpstreamUnavailable(#[source] crate::upstream::UpstreamError),
     #[error("the notebook server failed to answer")]
     UpstreamFailed(#[source] crate::upstream::UpstreamError),
-    /// The route's `timeout` passed before the response head came (Envoy's words).
+    /// The route's `timeout` passed before the response head came; the message is Envoy's.
     #[error("upstream request timeout")]
     UpstreamTimeout,
 }
