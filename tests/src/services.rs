@@ -1,4 +1,9 @@
 //! Launchers for the OCI registry and the S3 server.
+//!
+//! Each starts on a port [`free_port`] found, which is free only until someone binds it. Tests run
+//! in parallel processes, so another test's service may take it first and answer in this one's
+//! place until that test ends (and a save then waits on a port nobody serves); a service is ready
+//! only when the socket answering is its own, and one that lost its port starts again on another.
 
 use crate::tools::{SupportError, free_port, locate};
 use std::fs::File;
@@ -53,14 +58,29 @@ impl ServiceProcess {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
+                let log = self.log_tail();
+                if log.to_lowercase().contains("address already in use") {
+                    return Err(SupportError::PortTaken {
+                        service: self.name,
+                        port: self.port,
+                    });
+                }
                 return Err(SupportError::Start {
                     service: self.name,
-                    detail: format!("exited with {status}; its log:\n{}", self.log_tail()),
+                    detail: format!("exited with {status}; its log:\n{log}"),
                 });
             }
             if let Ok(resp) = client.get(&url).send().await
                 && resp.status().as_u16() == ready_status
             {
+                // A port from `free_port` is free only until someone binds it: another test's
+                // service may have, and answer in this one's place until that test ends.
+                if !listens_on(self.child.id(), self.port) {
+                    return Err(SupportError::PortTaken {
+                        service: self.name,
+                        port: self.port,
+                    });
+                }
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -81,6 +101,87 @@ impl ServiceProcess {
         let lines: Vec<_> = text.lines().rev().take(20).collect();
         lines.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
+}
+
+/// `start` again, each time on another free port, while it loses its port to another process
+/// (twice at most).
+async fn on_a_free_port<T, Started: Future<Output = Result<T, SupportError>>>(
+    start: impl Fn() -> Started,
+) -> Result<T, SupportError> {
+    let mut lost = 0;
+    loop {
+        match start().await {
+            Err(SupportError::PortTaken { .. }) if lost < 2 => lost += 1,
+            started => return started,
+        }
+    }
+}
+
+/// Whether the socket listening on 127.0.0.1:`port` belongs to process `pid` or one of its
+/// descendants (read from `/proc`).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Some(inode) = listening_socket_inode(port) else {
+        return false;
+    };
+    let socket = format!("socket:[{inode}]");
+    process_tree(pid).into_iter().any(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|target| target == Path::new(&socket))
+            })
+    })
+}
+
+/// The inode of the IPv4 socket listening on 127.0.0.1:`port` or 0.0.0.0:`port`.
+fn listening_socket_inode(port: u16) -> Option<String> {
+    const LISTEN: &str = "0A";
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let wanted = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+    ];
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+        (wanted.iter().any(|w| w == local) && *state == LISTEN).then(|| (*inode).to_owned())
+    })
+}
+
+/// `pid` and every process descended from it.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command name, which may hold spaces and parentheses: state, then ppid.
+            let parent = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((child, parent))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut at = 0;
+    while let Some(&parent) = tree.get(at) {
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        at += 1;
+    }
+    tree
 }
 
 impl Drop for ServiceProcess {
@@ -107,6 +208,10 @@ pub struct Registry {
 
 impl Registry {
     pub async fn start() -> Result<Self, SupportError> {
+        on_a_free_port(Self::start_once).await
+    }
+
+    async fn start_once() -> Result<Self, SupportError> {
         let binary = locate("docker-registry")?;
         let state = state_dir("registry")?;
         let port = free_port()?;
@@ -171,6 +276,10 @@ pub struct S3Server {
 
 impl S3Server {
     pub async fn start() -> Result<Self, SupportError> {
+        on_a_free_port(Self::start_once).await
+    }
+
+    async fn start_once() -> Result<Self, SupportError> {
         let binary = std::env::var_os("LABFORGE_MOTO_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(MOTO_SERVER));
@@ -201,5 +310,62 @@ impl S3Server {
     pub fn stop(&mut self) {
         let _ = self.process.child.kill();
         let _ = self.process.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listening_socket_is_told_apart_by_its_owner() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut other = Command::new("sleep").arg("5").spawn().unwrap();
+        assert!(
+            listens_on(std::process::id(), port),
+            "this process holds it"
+        );
+        assert!(
+            !listens_on(other.id(), port),
+            "a process that does not hold the port"
+        );
+        drop(listener);
+        assert!(
+            !listens_on(std::process::id(), port),
+            "nobody listens anymore"
+        );
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+
+    #[test]
+    fn a_process_tree_holds_the_process_and_its_descendants() {
+        let mut shell = Command::new("sh")
+            .args(["-c", "sleep 5 & sleep 5; wait"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let tree = eventually_tree(shell.id(), 3);
+        assert_eq!(tree[0], shell.id());
+        assert!(tree.len() >= 3, "the shell and its two sleeps: {tree:?}");
+        assert!(!tree.contains(&std::process::id()));
+        let _ = Command::new("kill")
+            .args(tree.iter().map(u32::to_string))
+            .status();
+        let _ = shell.wait();
+    }
+
+    /// The tree of `pid` once it has at least `size` processes (children start a moment later).
+    fn eventually_tree(pid: u32, size: usize) -> Vec<u32> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let tree = process_tree(pid);
+            if tree.len() >= size || Instant::now() > deadline {
+                return tree;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

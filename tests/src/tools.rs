@@ -21,6 +21,9 @@ pub enum SupportError {
         service: &'static str,
         detail: String,
     },
+    /// Another process bound the port [`free_port`] had found before the service did.
+    #[error("{service} lost port {port} to another process, which answered in its place")]
+    PortTaken { service: &'static str, port: u16 },
     #[error("`{command}` failed: {detail}")]
     Command { command: String, detail: String },
     #[error("I/O while {doing}")]
