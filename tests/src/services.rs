@@ -2,8 +2,8 @@
 //!
 //! Each starts on a port [`free_port`] found, which is free only until someone binds it. Tests run
 //! in parallel processes, so another test's service may take it first and answer in this one's
-//! place until that test ends (and a save then waits on a port nobody serves); a service is ready
-//! only when the socket answering is its own, and one that lost its port starts again on another.
+//! place until that test ends; a service is ready only when the socket answering is its own, and
+//! one that lost its port starts again on another.
 
 use crate::tools::{SupportError, free_port, locate};
 use std::fs::File;
