@@ -876,7 +876,7 @@ async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
     assert_eq!(slow.text().await.unwrap(), "late");
     let stream = get_as(&http, &format!("{base}/untimed/stream"), ALICE).await;
     assert_eq!(stream.text().await.unwrap(), "01234");
-    // And a timed route still serves what comes in time, on a connection the pool kept.
+    // And a timed route still serves what comes in time.
     let quick = get_as(&http, &format!("{base}/timed/quick"), ALICE).await;
     assert_eq!(quick.text().await.unwrap(), "quick");
 
