@@ -419,13 +419,7 @@ async fn jupyterlab_kernel_and_terminal_work_through_the_proxy() {
     assert_eq!(all["alice/lab"], after["last_activity"]);
 
     // bob is not in alice's namespace: refused, and no websocket is opened for him.
-    let mut request = format!("{ws_base}/api/kernels/{kernel_id}/channels")
-        .into_client_request()
-        .unwrap();
-    request
-        .headers_mut()
-        .insert("kubeflow-userid", BOB.parse().unwrap());
-    match tokio_tungstenite::connect_async(request).await {
+    match websocket_as(&format!("{ws_base}/api/kernels/{kernel_id}/channels"), BOB).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
             assert_eq!(response.status(), 403)
         }
@@ -437,6 +431,36 @@ async fn jupyterlab_kernel_and_terminal_work_through_the_proxy() {
         (metric(&proxy, "labforge_proxy_websockets_active").await == 0.0).then_some(())
     })
     .await;
+}
+
+/// A websocket client's side of a connection.
+type ClientWebSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens a websocket to `url` as `user` (the trusted header).
+async fn websocket_as(
+    url: &str,
+    user: &str,
+) -> Result<ClientWebSocket, tokio_tungstenite::tungstenite::Error> {
+    let mut request = url.into_client_request()?;
+    request
+        .headers_mut()
+        .insert("kubeflow-userid", user.parse().unwrap());
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map(|(ws, _)| ws)
+}
+
+/// Asserts that the proxy's next message on `ws` closes it with 1013 (try again later) and a
+/// reason that contains `reason`.
+async fn assert_closed_to_try_again_later(ws: &mut ClientWebSocket, reason: &str) {
+    match ws.next().await {
+        Some(Ok(Message::Close(Some(frame)))) => {
+            assert_eq!(u16::from(frame.code), 1013);
+            assert!(frame.reason.contains(reason), "{}", frame.reason);
+        }
+        other => panic!("expected a 1013 close ({reason}): {other:?}"),
+    }
 }
 
 /// An upstream under `prefix` answering `quick` at once, `slow` ("late") after `slow`, and
@@ -881,16 +905,10 @@ async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
     assert_eq!(quick.text().await.unwrap(), "quick");
 
     // A websocket on a timed rule: the upgrade is held to the timeout, the tunnel is not.
-    let websocket = |path: &str| {
-        let mut request = format!("ws://{}/notebook/alice/{path}", proxy.addr)
-            .into_client_request()
-            .unwrap();
-        request
-            .headers_mut()
-            .insert("kubeflow-userid", ALICE.parse().unwrap());
-        tokio_tungstenite::connect_async(request)
-    };
-    let (mut ws, _) = websocket("timed-ws/echo").await.unwrap();
+    let ws_base = format!("ws://{}/notebook/alice", proxy.addr);
+    let mut ws = websocket_as(&format!("{ws_base}/timed-ws/echo"), ALICE)
+        .await
+        .unwrap();
     for round in 0..2 {
         tokio::time::sleep(Duration::from_millis(300)).await;
         ws.send(Message::text(format!("still here {round}")))
@@ -902,17 +920,10 @@ async fn a_rules_timeout_answers_504_or_cuts_the_body_and_no_timeout_waits() {
             "the tunnel outlives its rule's timeout"
         );
     }
-    let (mut late, _) = websocket("timed/slow").await.unwrap();
-    match late.next().await {
-        Some(Ok(Message::Close(Some(close)))) => {
-            assert_eq!(u16::from(close.code), 1013);
-            assert!(
-                close.reason.contains("upstream request timeout"),
-                "{close:?}"
-            );
-        }
-        other => panic!("a late upgrade should be closed with 1013: {other:?}"),
-    }
+    let mut late = websocket_as(&format!("{ws_base}/timed/slow"), ALICE)
+        .await
+        .unwrap();
+    assert_closed_to_try_again_later(&mut late, "upstream request timeout").await;
     assert_eq!(
         metric(
             &proxy,
@@ -1712,23 +1723,12 @@ async fn error_pages_are_html_for_browsers_and_json_for_api_clients() {
     assert_eq!(api.headers()["content-type"], "application/json");
     // A websocket to a stopped notebook is accepted and closed at once with 1013 (try again
     // later) and the reason, so the client's retry logic can act on it.
-    let mut request = format!(
+    let url = format!(
         "ws://{}/notebook/alice/lab/api/kernels/k/channels",
         proxy.addr
-    )
-    .into_client_request()
-    .unwrap();
-    request
-        .headers_mut()
-        .insert("kubeflow-userid", ALICE.parse().unwrap());
-    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-    match ws.next().await {
-        Some(Ok(Message::Close(Some(frame)))) => {
-            assert_eq!(u16::from(frame.code), 1013);
-            assert!(frame.reason.contains("not reachable"), "{}", frame.reason);
-        }
-        other => panic!("websocket to a closed upstream: {other:?}"),
-    }
+    );
+    let mut ws = websocket_as(&url, ALICE).await.unwrap();
+    assert_closed_to_try_again_later(&mut ws, "not reachable").await;
     assert_eq!(
         metric(
             &proxy,
@@ -1838,13 +1838,8 @@ async fn failing_and_vanishing_upstreams_leave_no_sockets_or_tasks() {
     let baseline_fds = open_fds();
     let mut clients = Vec::new();
     for i in 0..20 {
-        let mut request = format!("ws://{}/notebook/alice/echo/ws/{i}", proxy.addr)
-            .into_client_request()
-            .unwrap();
-        request
-            .headers_mut()
-            .insert("kubeflow-userid", ALICE.parse().unwrap());
-        let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        let url = format!("ws://{}/notebook/alice/echo/ws/{i}", proxy.addr);
+        let mut ws = websocket_as(&url, ALICE).await.unwrap();
         ws.send(Message::text(format!("ping {i}"))).await.unwrap();
         assert_eq!(
             ws.next().await.unwrap().unwrap(),
