@@ -9,6 +9,7 @@
 //! upstream cannot be reached, or whose upgrade answer is later than its route's timeout, gets a
 //! close frame (1013) rather than a failed handshake.
 
+use crate::FastMap;
 use crate::activity::ActivityCell;
 use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize};
 use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
@@ -64,7 +65,7 @@ pub struct Forwarder {
     /// This serving thread's share of the per-request metrics.
     thread_metrics: Arc<ThreadMetrics>,
     /// Destination `host:port` → address to connect to instead (embedded mode, tests).
-    upstream_addresses: HashMap<String, Arc<str>>,
+    upstream_addresses: FastMap<String, Arc<str>>,
     /// Where requests outside [`NOTEBOOK_PATHS`] go, unauthenticated (the embedded web app).
     fallback: Option<Arc<str>>,
 }

@@ -7,13 +7,14 @@
 //! and concurrent requests for one uncached pair share one review: opening JupyterLab fires a
 //! burst of requests that must not become a burst of SubjectAccessReviews.
 
+use crate::FastMap;
 use crate::authz::{AccessUnknown, Answer, NamespaceAccess};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::Api;
 use kube::api::PostParams;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
@@ -46,7 +47,7 @@ pub struct ReviewedAccess {
     shared: BTreeSet<String>,
     cache: ReviewCache,
     /// user → namespace → answer (nested so a lookup needs no owned key).
-    answers: Mutex<HashMap<String, HashMap<String, Cached>>>,
+    answers: Mutex<FastMap<String, FastMap<String, Cached>>>,
 }
 
 struct Cached {
@@ -89,12 +90,12 @@ impl NamespaceAccess for ReviewedAccess {
                     None => cached.answer.clone(),
                 }
             } else {
-                if answers.values().map(HashMap::len).sum::<usize>() >= MAX_CACHED {
+                if answers.values().map(FastMap::len).sum::<usize>() >= MAX_CACHED {
                     answers.retain(|_, by_ns| {
                         by_ns.retain(|_, cached| self.fresh(cached, now));
                         !by_ns.is_empty()
                     });
-                    if answers.values().map(HashMap::len).sum::<usize>() >= MAX_CACHED {
+                    if answers.values().map(FastMap::len).sum::<usize>() >= MAX_CACHED {
                         answers.clear();
                     }
                 }

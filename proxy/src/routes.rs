@@ -27,6 +27,7 @@
 //! prefix length, and only the other rules are tried in order, each only while it could still
 //! come before the best indexed candidate.
 
+use crate::FastMap;
 use crate::activity::{Activity, ActivityCell};
 use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
@@ -784,11 +785,11 @@ pub struct Found<'t> {
 struct HostRules {
     rules: Vec<Arc<Rule>>,
     /// Pure prefix → first rule index with it.
-    prefixes: HashMap<Arc<str>, usize>,
+    prefixes: FastMap<Arc<str>, usize>,
     /// Distinct prefix lengths, ascending.
     prefix_lengths: Vec<usize>,
     /// Pure exact path → first rule index.
-    exact: HashMap<Arc<str>, usize>,
+    exact: FastMap<Arc<str>, usize>,
     /// Indices of rules with any non-indexable condition, ascending.
     scanned: Vec<usize>,
 }
@@ -881,7 +882,7 @@ pub struct Skipped {
 /// Every route the proxy serves, immutable once built.
 #[derive(Debug, Default)]
 pub struct RouteTable {
-    exact_hosts: HashMap<String, HostRules>,
+    exact_hosts: FastMap<String, HostRules>,
     /// `*.example.com` as `.example.com`, longest first.
     suffix_hosts: Vec<(String, HostRules)>,
     any_host: Option<HostRules>,

@@ -28,13 +28,13 @@
 //! the connect timeout: behind connects to an address that drops SYNs (a stopped pod's), a
 //! request gets its 503 within the timeout, not after its turn at the slots.
 
+use crate::FastMap;
 use crate::heap_release::HeapRelease;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -101,7 +101,7 @@ pub const SURPLUS_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections by upstream address.
 pub struct UpstreamPool {
-    upstreams: Mutex<HashMap<Arc<str>, Upstream>>,
+    upstreams: Mutex<FastMap<Arc<str>, Upstream>>,
     idle_timeout: Duration,
     /// [`SURPLUS_IDLE_TIMEOUT`], or the idle timeout when that is shorter.
     surplus_idle_timeout: Duration,
@@ -225,7 +225,7 @@ impl UpstreamPool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Upstream>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<Arc<str>, Upstream>> {
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -407,7 +407,7 @@ impl UpstreamPool {
 
 /// `f` on the entry for `address`, made when there is none.
 fn with_upstream<R>(
-    upstreams: &mut HashMap<Arc<str>, Upstream>,
+    upstreams: &mut FastMap<Arc<str>, Upstream>,
     address: &str,
     f: impl FnOnce(&mut Upstream) -> R,
 ) -> R {
