@@ -200,7 +200,7 @@ impl Forwarder {
             .identity
             .identify(request.headers())
             .ok_or(ProxyError::Unauthenticated)?;
-        let host = lowercase(authority.host());
+        let host = lowercase(authority_host(&authority));
         let table = self.routes.table();
         let view = RequestView {
             host: &host,
@@ -617,6 +617,29 @@ fn request_authority<B>(request: &Request<B>) -> Option<Authority> {
     host.parse().ok()
 }
 
+/// The host of `authority` as [`Authority::host`] gives it (after any userinfo, an IPv6 literal
+/// with its brackets, no port), found by scanning bytes: `host()` splits on `char` patterns, which
+/// took 400 instructions a request (callgrind), as much as parsing the authority.
+fn authority_host(authority: &Authority) -> &str {
+    let text = authority.as_str();
+    let bytes = text.as_bytes();
+    let start = bytes.iter().rposition(|&b| b == b'@').map_or(0, |at| at + 1);
+    let host_port = &bytes[start..];
+    let len = if host_port.first() == Some(&b'[') {
+        host_port
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(host_port.len(), |at| at + 1)
+    } else {
+        host_port
+            .iter()
+            .position(|&b| b == b':')
+            .unwrap_or(host_port.len())
+    };
+    // Both ends are at ASCII bytes (or the ends of the text), so on character boundaries.
+    &text[start..start + len]
+}
+
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers
@@ -851,6 +874,25 @@ mod tests {
             upstream_target(&uri("http://lab/notebook/a/b/?k"), "/notebook/a/b/").as_deref(),
             Some("/notebook/a/b/?k")
         );
+    }
+
+    #[test]
+    fn the_host_is_found_as_the_http_crate_finds_it() {
+        for text in [
+            "example.com",
+            "Notebooks.Example.COM:8443",
+            "127.0.0.1:18080",
+            "[::1]",
+            "[::1]:8080",
+            "[fe80::1%25eth0]:80",
+            "alice@example.com:80",
+            "alice:secret@[::1]:80",
+            "host:",
+            "xn--bcher-kva.example",
+        ] {
+            let authority: Authority = text.parse().unwrap();
+            assert_eq!(authority_host(&authority), authority.host(), "{text}");
+        }
     }
 
     #[test]
