@@ -14,6 +14,7 @@
 //! an answer may come later.
 
 use http::{HeaderMap, HeaderName};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -27,6 +28,13 @@ pub struct Identity {
 /// Finds the user a request carries; `None` is anonymous.
 pub trait IdentitySource: Send + Sync {
     fn identify(&self, headers: &HeaderMap) -> Option<Identity>;
+
+    /// The user's name, borrowed from the request where the source can: what the proxy asks for
+    /// every request, where a copy of the name would cost an allocation each time.
+    fn user<'h>(&self, headers: &'h HeaderMap) -> Option<Cow<'h, str>> {
+        self.identify(headers)
+            .map(|identity| Cow::Owned(identity.user))
+    }
 }
 
 /// The user from a header set by a trusted auth proxy (Kubeflow: `kubeflow-userid`, with an
@@ -49,6 +57,12 @@ impl Default for TrustedHeader {
 
 impl IdentitySource for TrustedHeader {
     fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
+        self.user(headers).map(|user| Identity {
+            user: user.into_owned(),
+        })
+    }
+
+    fn user<'h>(&self, headers: &'h HeaderMap) -> Option<Cow<'h, str>> {
         // Several values would mean someone appended their own: trust none of them.
         let mut values = headers.get_all(&self.header).iter();
         let value = values.next()?;
@@ -57,9 +71,7 @@ impl IdentitySource for TrustedHeader {
         }
         let user = value.to_str().ok()?.trim();
         let user = user.strip_prefix(self.prefix.as_str())?;
-        (!user.is_empty()).then(|| Identity {
-            user: user.to_owned(),
-        })
+        (!user.is_empty()).then_some(Cow::Borrowed(user))
     }
 }
 
@@ -164,6 +176,26 @@ pub enum Decision {
     Unknown,
 }
 
+/// What [`authorize`] decides, when every answer it needs is known now (a static map, cached
+/// reviews); `None` when one must be waited for. The proxy decides most requests this way, with
+/// the user's name borrowed from the request.
+pub fn authorize_now<'n>(
+    user: &str,
+    namespaces: impl IntoIterator<Item = &'n str>,
+    access: &dyn NamespaceAccess,
+) -> Option<Decision> {
+    for namespace in namespaces.into_iter().filter(|ns| !access.is_shared(ns)) {
+        // A pending answer is dropped unawaited: asked again, the source joins the same
+        // question (a review in flight stays in its cache).
+        match access.may_use(user, namespace) {
+            Answer::Now(true) => {}
+            Answer::Now(false) => return Some(Decision::Forbidden),
+            Answer::Later(_) => return None,
+        }
+    }
+    Some(Decision::Allow)
+}
+
 /// Whether `identity` may use a route guarded by `namespaces`: only if it may use every one of
 /// them that is not shared.
 pub async fn authorize<'n>(
@@ -246,6 +278,67 @@ mod tests {
             Decision::Allow
         );
         assert_eq!(decide(None, &["kubeflow"]).await, Decision::Unauthenticated);
+    }
+
+    /// Members of `alice` known at once; every other namespace must be asked.
+    struct AliceKnown;
+
+    impl NamespaceAccess for AliceKnown {
+        fn may_use(&self, user: &str, namespace: &str) -> Answer {
+            match namespace {
+                "alice" => Answer::Now(user == "alice@example.com"),
+                _ => Answer::Later(Box::pin(async { Ok(true) })),
+            }
+        }
+
+        fn is_shared(&self, namespace: &str) -> bool {
+            namespace == "kubeflow"
+        }
+    }
+
+    #[tokio::test]
+    async fn decided_now_where_the_answers_are_known_and_left_to_wait_for_otherwise() {
+        let now = |who: &str, ns: &'static [&'static str]| {
+            authorize_now(who, ns.iter().copied(), &AliceKnown)
+        };
+        assert_eq!(now("alice@example.com", &["alice"]), Some(Decision::Allow));
+        assert_eq!(
+            now("bob@example.com", &["alice"]),
+            Some(Decision::Forbidden)
+        );
+        assert_eq!(now("bob@example.com", &["kubeflow"]), Some(Decision::Allow));
+        // A refusal known at once needs no wait for the other namespace's answer.
+        assert_eq!(
+            now("bob@example.com", &["alice", "bob"]),
+            Some(Decision::Forbidden)
+        );
+        assert_eq!(now("alice@example.com", &["alice", "bob"]), None);
+        assert_eq!(now("alice@example.com", &["bob"]), None);
+        // What is left to wait for, `authorize` decides.
+        assert_eq!(
+            authorize(
+                Some(&user("alice@example.com")),
+                ["alice", "bob"],
+                &AliceKnown
+            )
+            .await,
+            Decision::Allow
+        );
+    }
+
+    #[test]
+    fn trusted_header_lends_the_user_it_identifies() {
+        let source = TrustedHeader::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "kubeflow-userid",
+            HeaderValue::from_static(" alice@example.com "),
+        );
+        assert!(matches!(
+            source.user(&headers),
+            Some(Cow::Borrowed("alice@example.com"))
+        ));
+        assert_eq!(source.identify(&headers), Some(user("alice@example.com")));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use crate::FastMap;
 use crate::activity::ActivityCell;
-use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize};
+use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize, authorize_now};
 use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
 use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
@@ -196,9 +196,9 @@ impl Forwarder {
             });
         }
         // Authentication first: an anonymous client learns nothing about which routes exist.
-        let identity = self
+        let user = self
             .identity
-            .identify(request.headers())
+            .user(request.headers())
             .ok_or(ProxyError::Unauthenticated)?;
         let host = lowercase(authority_host(&authority));
         let table = self.routes.table();
@@ -218,22 +218,36 @@ impl Forwarder {
             }
             _ => upstream_target(request.uri(), &found.rule.rewritten_path(&found, &path)),
         };
+        // Decided here while the name is borrowed from the request; copied only when an answer
+        // must be waited for.
+        let admission = match authorize_now(&user, found.rule.namespaces(), self.access.as_ref()) {
+            Some(decision) => Admission::Decided(decision),
+            None => Admission::Pending(Identity {
+                user: user.into_owned(),
+            }),
+        };
         let rule = found.rule.clone();
         Ok(Routed {
             request,
             authority,
             target,
-            via: Via::Rule(identity, rule),
+            via: Via::Rule(admission, rule),
         })
     }
 
     /// Whether the user may go where the request was routed, and the address it goes to then.
     async fn admit(&self, via: &Via) -> Result<Address, ProxyError> {
-        let (identity, rule) = match via {
+        let (admission, rule) = match via {
             Via::Fallback(address) => return Ok(Address::Own(address.clone())),
-            Via::Rule(identity, rule) => (identity, rule),
+            Via::Rule(admission, rule) => (admission, rule),
         };
-        match authorize(Some(identity), rule.namespaces(), self.access.as_ref()).await {
+        let decision = match admission {
+            Admission::Decided(decision) => *decision,
+            Admission::Pending(identity) => {
+                authorize(Some(identity), rule.namespaces(), self.access.as_ref()).await
+            }
+        };
+        match decision {
             Decision::Allow => {}
             Decision::Unauthenticated => return Err(ProxyError::Unauthenticated),
             Decision::Forbidden => return Err(ProxyError::Forbidden),
@@ -495,8 +509,16 @@ struct Routed {
 enum Via {
     /// The web app (embedded mode) at this address, which authenticates its own requests.
     Fallback(Arc<str>),
-    /// A route's rule, for this user.
-    Rule(Identity, Arc<Rule>),
+    /// A route's rule, and whether the user may use it.
+    Rule(Admission, Arc<Rule>),
+}
+
+/// Whether the user may use the rule a request was routed by.
+enum Admission {
+    /// Known when the request was routed: most requests, whose access answers are at hand.
+    Decided(Decision),
+    /// To be asked for this user (a review not cached yet).
+    Pending(Identity),
 }
 
 /// The address a request goes to, named without a reference count that other threads share:
@@ -625,7 +647,10 @@ fn request_authority<B>(request: &Request<B>) -> Option<Authority> {
 fn authority_host(authority: &Authority) -> &str {
     let text = authority.as_str();
     let bytes = text.as_bytes();
-    let start = bytes.iter().rposition(|&b| b == b'@').map_or(0, |at| at + 1);
+    let start = bytes
+        .iter()
+        .rposition(|&b| b == b'@')
+        .map_or(0, |at| at + 1);
     let host_port = &bytes[start..];
     let len = if host_port.first() == Some(&b'[') {
         host_port
