@@ -134,7 +134,7 @@ impl Forwarder {
         // state while the arm awaits.
         let Routed {
             request,
-            authority,
+            sent_to,
             target,
             via,
         } = match routed {
@@ -148,7 +148,7 @@ impl Forwarder {
         if let (Address::Answered, Via::Rule(_, rule)) = (&address, &via) {
             return self.respond(rule_answer(rule, target), json);
         }
-        let outgoing = match self.outgoing(request, authority, target, via, address, &peer, tls) {
+        let outgoing = match self.outgoing(request, sent_to, target, via, address, &peer, tls) {
             Ok(outgoing) => outgoing,
             Err(error) => return self.respond(Err(error), json),
         };
@@ -181,7 +181,8 @@ impl Forwarder {
 
     /// Where the request goes, before anyone decided whether it may: nothing here waits.
     fn route(&self, request: Request<Incoming>, tls: bool) -> Result<Routed, ProxyError> {
-        let authority = request_authority(&request).ok_or(ProxyError::NoHost)?;
+        let sent_to = SentTo::of(&request).ok_or(ProxyError::NoHost)?;
+        let authority = &sent_to.authority;
         let path = normalize_path(request.uri().path())?;
         // The web app (embedded mode) authenticates its own requests; notebook paths never go there.
         if let Some(fallback) = &self.fallback
@@ -190,7 +191,7 @@ impl Forwarder {
             let target = upstream_target(request.uri(), &path);
             return Ok(Routed {
                 request,
-                authority,
+                sent_to,
                 target,
                 via: Via::Fallback(fallback.clone()),
             });
@@ -200,7 +201,7 @@ impl Forwarder {
             .identity
             .user(request.headers())
             .ok_or(ProxyError::Unauthenticated)?;
-        let host = lowercase(authority_host(&authority));
+        let host = lowercase(authority_host(authority));
         let table = self.routes.table();
         let view = RequestView {
             host: &host,
@@ -229,7 +230,7 @@ impl Forwarder {
         let rule = found.rule.clone();
         Ok(Routed {
             request,
-            authority,
+            sent_to,
             target,
             via: Via::Rule(admission, rule),
         })
@@ -270,7 +271,7 @@ impl Forwarder {
     fn outgoing(
         &self,
         mut request: Request<Incoming>,
-        authority: Authority,
+        sent_to: SentTo,
         target: Option<String>,
         via: Via,
         address: Address,
@@ -299,7 +300,6 @@ impl Forwarder {
 
         // Edited in place: taking the request apart and putting it together again moved its
         // 264 bytes twice.
-        let absolute_form = request.uri().authority().is_some();
         let headers = request.headers_mut();
         strip_hop_by_hop(headers);
         if let Some(protocol) = upgrade_protocol {
@@ -309,9 +309,9 @@ impl Forwarder {
         // The upstream sees the host the request was routed by: HTTP/2's :authority (there is no
         // Host header) and an absolute-form target both override Host (RFC 9112 §3.2.2); the
         // notebook checks Origin against it.
-        let host = match headers.get(header::HOST) {
-            Some(host) if !absolute_form => Some(host.clone()),
-            _ => HeaderValue::from_str(authority.as_str())
+        let host = match sent_to.host_header {
+            Some(host) => Some(host),
+            None => HeaderValue::from_str(sent_to.authority.as_str())
                 .ok()
                 .inspect(|host| {
                     headers.insert(header::HOST, host.clone());
@@ -498,7 +498,7 @@ impl Forwarder {
 /// A request the table routed, before anyone decided whether it may go there.
 struct Routed {
     request: Request<Incoming>,
-    authority: Authority,
+    sent_to: SentTo,
     /// The target the upstream gets when the request's own will not do; for a rule that
     /// redirects, the `Location`.
     target: Option<String>,
@@ -633,12 +633,27 @@ fn lowercase(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// The authority a request was sent to: the absolute URI's (HTTP/2, absolute-form) or Host.
-fn request_authority<B>(request: &Request<B>) -> Option<Authority> {
-    if let Some(authority) = request.uri().authority() {
-        return Some(authority.clone());
+struct SentTo {
+    authority: Authority,
+    /// The Host header it was read from, which the upstream gets as it is: kept rather than
+    /// looked up again. `None` when it came from the URI, which overrides Host.
+    host_header: Option<HeaderValue>,
+}
+
+impl SentTo {
+    fn of<B>(request: &Request<B>) -> Option<Self> {
+        if let Some(authority) = request.uri().authority() {
+            return Some(SentTo {
+                authority: authority.clone(),
+                host_header: None,
+            });
+        }
+        let host = request.headers().get(header::HOST)?;
+        Some(SentTo {
+            authority: host.to_str().ok()?.parse().ok()?,
+            host_header: Some(host.clone()),
+        })
     }
-    let host = request.headers().get(header::HOST)?.to_str().ok()?;
-    host.parse().ok()
 }
 
 /// The host of `authority` as [`Authority::host`] gives it (after any userinfo, an IPv6 literal
