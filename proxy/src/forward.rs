@@ -740,7 +740,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
             .map(str::trim)
-            .filter(|option| !option.is_empty() && !is_dropped_anyway(option))
+            .filter(|option| {
+                // Host is kept whatever Connection says: HTTP/1.1 requires it, and the upstream
+                // gets the one the request was routed by.
+                !option.is_empty()
+                    && !is_dropped_anyway(option)
+                    && !option.eq_ignore_ascii_case("host")
+            })
     };
     if options().next().is_some() {
         let named: Vec<HeaderName> = options()
@@ -884,6 +890,15 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["x-kept"]);
+
+        // A Connection header naming Host does not take the Host away.
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("HOST, x-a"));
+        headers.insert(header::HOST, HeaderValue::from_static("lab"));
+        headers.insert("x-a", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["host"]);
     }
 
     #[test]
