@@ -184,7 +184,8 @@ impl Forwarder {
         response
     }
 
-    /// Where the request goes, before anyone decided whether it may: nothing here waits.
+    /// Where the request goes and, when every access answer is at hand, whether it may: nothing
+    /// here waits (an answer that must be waited for is left to [`Self::admit`]).
     fn route(&self, request: Request<Incoming>, tls: bool) -> Result<Routed, ProxyError> {
         let sent_to = SentTo::of(&request).ok_or(ProxyError::NoHost)?;
         let authority = &sent_to.authority;
@@ -241,7 +242,8 @@ impl Forwarder {
         })
     }
 
-    /// Whether the user may go where the request was routed, and the address it goes to then.
+    /// Whether the user may go where the request was routed (waiting for the access answer if
+    /// routing could not decide), and the address it goes to then.
     async fn admit(&self, via: &Via) -> Result<Address, ProxyError> {
         let (admission, rule) = match via {
             Via::Fallback(address) => return Ok(Address::Own(address.clone())),
@@ -500,7 +502,7 @@ impl Forwarder {
     }
 }
 
-/// A request the table routed, before anyone decided whether it may go there.
+/// A request the table routed, with its admission decided or still to be asked.
 struct Routed {
     request: Request<Incoming>,
     sent_to: SentTo,
