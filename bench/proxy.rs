@@ -5,7 +5,8 @@
 //! - `labforge proxy` (release build, routes from a VirtualService file), nginx (temporary config,
 //!   foreground, loopback, keep-alive upstream pool) and configurable-http-proxy (npm, routes via
 //!   its REST API);
-//! - wrk at full load (req/s, p50, p99, and each contender's CPU time per request), in rounds
+//! - wrk at full load (req/s, p50, p99, each contender's CPU time per request, and that of the
+//!   whole exchange: wrk, the upstream and the contender, which the two cores share), in rounds
 //!   that take the contenders in turn (the machine's speed drifts by a fifth within minutes, so
 //!   one run each would compare moments, not proxies; medians are reported); then at half of
 //!   labforge's full-load rate (each connection waits a random time between its requests, so
@@ -64,11 +65,21 @@ fn serve_each_connection<Served>(
     });
 }
 
+/// The upstream's thread (its id under `/proc/self/task`), whose CPU time is part of each
+/// request's.
+static UPSTREAM_THREAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// A small fixed response, keep-alive, from a one-thread hyper server.
 fn start_upstream() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
     let addr = listener.local_addr().expect("upstream addr");
     std::thread::spawn(move || {
+        if let Some(thread) = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|link| Some(link.file_name()?.to_str()?.to_owned()))
+        {
+            let _ = UPSTREAM_THREAD.set(thread);
+        }
         serve_each_connection(listener, |stream| async move {
             let service = hyper::service::service_fn(|_request| async {
                 Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
@@ -325,33 +336,56 @@ struct Wrk {
     requests: u64,
     /// CPU time the contender's processes used per request during the run, when measured.
     cpu_us_per_request: Option<f64>,
+    /// CPU time per request of everything the run made work: the contender, the upstream's
+    /// thread and wrk. On two shared cores the rate follows it.
+    exchange_cpu_us_per_request: Option<f64>,
+}
+
+/// User + system CPU time in a `/proc/.../stat` file so far, in clock ticks, and that of the
+/// children it waited for.
+fn stat_ticks(path: &str) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let field = |at: usize| fields.get(at)?.parse::<u64>().ok();
+    Some((field(11)? + field(12)?, field(13)? + field(14)?))
 }
 
 /// User + system CPU time of `pids` so far, in clock ticks (`/proc/<pid>/stat`, all threads).
 fn cpu_ticks(pids: &[u32]) -> u64 {
     pids.iter()
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // Fields after the command name, which is in parentheses and may hold spaces.
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            let user: u64 = fields.get(11)?.parse().ok()?;
-            let system: u64 = fields.get(12)?.parse().ok()?;
-            Some(user + system)
-        })
+        .filter_map(|pid| Some(stat_ticks(&format!("/proc/{pid}/stat"))?.0))
         .sum()
+}
+
+/// CPU time so far of the upstream's thread and of this process's waited-for children (wrk,
+/// once a run ends), in clock ticks.
+fn harness_ticks() -> Option<u64> {
+    let thread = UPSTREAM_THREAD.get()?;
+    let (upstream, _) = stat_ticks(&format!("/proc/self/task/{thread}/stat"))?;
+    let (_, children) = stat_ticks("/proc/self/stat")?;
+    Some(upstream + children)
 }
 
 /// Linux's USER_HZ, the unit of `/proc/<pid>/stat` times, on every architecture it runs on here.
 const TICKS_PER_SECOND: f64 = 100.0;
 
-/// [`wrk`] at full load, with the CPU time `pids` spent per request.
+/// [`wrk`] at full load, with the CPU time `pids` spent per request, and that of the whole
+/// exchange (with wrk and the upstream).
 fn wrk_measuring_cpu(url: &str, seconds: u32, dir: &Path, pids: &[u32]) -> Wrk {
     let before = cpu_ticks(pids);
+    let harness_before = harness_ticks();
     let mut result = wrk(url, seconds, None, dir);
     let used = cpu_ticks(pids).saturating_sub(before);
+    let harness_used = harness_ticks()
+        .zip(harness_before)
+        .map(|(after, before)| after.saturating_sub(before));
     if !pids.is_empty() && result.requests > 0 {
-        result.cpu_us_per_request =
-            Some(used as f64 / TICKS_PER_SECOND * 1e6 / result.requests as f64);
+        let per_request =
+            |ticks: u64| ticks as f64 / TICKS_PER_SECOND * 1e6 / result.requests as f64;
+        result.cpu_us_per_request = Some(per_request(used));
+        result.exchange_cpu_us_per_request =
+            harness_used.map(|harness| per_request(used + harness));
     }
     result
 }
@@ -372,6 +406,11 @@ fn median_run(runs: &[Wrk]) -> Wrk {
     let mut middle = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
     let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_request).collect();
     middle.cpu_us_per_request = (!cpu.is_empty()).then(|| median(cpu));
+    let exchange: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.exchange_cpu_us_per_request)
+        .collect();
+    middle.exchange_cpu_us_per_request = (!exchange.is_empty()).then(|| median(exchange));
     middle.errors = runs.iter().map(|r| r.errors).sum();
     middle
 }
@@ -511,16 +550,19 @@ struct Row {
 fn print_table(title: &str, rows: &[Row], direct: &Row) {
     println!("\n### {title}\n");
     println!(
-        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request | p99 at half load (added vs upstream) | RSS after full / half load | ws echo RTT p50 / p99 | errors |"
+        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request: its own / with wrk and upstream | p99 at half load (added vs upstream) | RSS after full / half load | ws echo RTT p50 / p99 | errors |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in std::iter::once(direct).chain(rows) {
         let ratio = row.ratio.map(|r| format!("{r:.2}×")).unwrap_or_default();
-        let cpu = row
-            .full
-            .cpu_us_per_request
-            .map(|us| format!("{us:.1} µs"))
-            .unwrap_or_default();
+        let cpu = match (
+            row.full.cpu_us_per_request,
+            row.full.exchange_cpu_us_per_request,
+        ) {
+            (Some(own), Some(exchange)) => format!("{own:.1} / {exchange:.1} µs"),
+            (Some(own), None) => format!("{own:.1} µs"),
+            _ => String::new(),
+        };
         let half = match (row.half, direct.half) {
             (Some(h), Some(d)) if row.label != direct.label => {
                 format!("{:.3} ms (+{:.3} ms)", h.p99_ms, h.p99_ms - d.p99_ms)
