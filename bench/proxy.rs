@@ -360,7 +360,7 @@ fn cpu_ticks(pids: &[u32]) -> u64 {
 
 /// CPU time so far of the upstream's thread and of this process's waited-for children (wrk,
 /// once a run ends), in clock ticks.
-fn harness_ticks() -> Option<u64> {
+fn upstream_and_wrk_ticks() -> Option<u64> {
     let thread = UPSTREAM_THREAD.get()?;
     let (upstream, _) = stat_ticks(&format!("/proc/self/task/{thread}/stat"))?;
     let (_, children) = stat_ticks("/proc/self/stat")?;
@@ -374,18 +374,17 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// exchange (with wrk and the upstream).
 fn wrk_measuring_cpu(url: &str, seconds: u32, dir: &Path, pids: &[u32]) -> Wrk {
     let before = cpu_ticks(pids);
-    let harness_before = harness_ticks();
+    let others_before = upstream_and_wrk_ticks();
     let mut result = wrk(url, seconds, None, dir);
     let used = cpu_ticks(pids).saturating_sub(before);
-    let harness_used = harness_ticks()
-        .zip(harness_before)
+    let others_used = upstream_and_wrk_ticks()
+        .zip(others_before)
         .map(|(after, before)| after.saturating_sub(before));
     if !pids.is_empty() && result.requests > 0 {
         let per_request =
             |ticks: u64| ticks as f64 / TICKS_PER_SECOND * 1e6 / result.requests as f64;
         result.cpu_us_per_request = Some(per_request(used));
-        result.exchange_cpu_us_per_request =
-            harness_used.map(|harness| per_request(used + harness));
+        result.exchange_cpu_us_per_request = others_used.map(|others| per_request(used + others));
     }
     result
 }
