@@ -69,7 +69,8 @@ fn serve_each_connection<Served>(
 /// request's.
 static UPSTREAM_THREAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// A small fixed response, keep-alive, from a one-thread hyper server.
+/// A small fixed response, keep-alive, from a one-thread hyper server, after reading the request's
+/// body (there is none but in `--train`'s uploads).
 fn start_upstream() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
     let addr = listener.local_addr().expect("upstream addr");
@@ -81,7 +82,8 @@ fn start_upstream() -> SocketAddr {
             let _ = UPSTREAM_THREAD.set(thread);
         }
         serve_each_connection(listener, |stream| async move {
-            let service = hyper::service::service_fn(|_request| async {
+            let service = hyper::service::service_fn(|request: hyper::Request<_>| async {
+                let _ = http_body_util::BodyExt::collect(request.into_body()).await;
                 Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
                     bytes::Bytes::from_static(b"ok\n"),
                 )))
@@ -203,7 +205,14 @@ fn wait_port(port: u16) {
     }
 }
 
-fn start_labforge(dir: &Path, routes: &Routes) -> Running {
+/// The labforge proxy built as it ships: `scripts/build-proxy`'s profile-guided build, whose path
+/// that script passes in `LABFORGE_PROXY_BIN`.
+const SHIPPED_PROXY: &str = "LABFORGE_PROXY_BIN";
+
+/// The proxy-only binary cargo builds for this bench: the release profile without a profile.
+const PLAIN_PROXY: &str = env!("CARGO_BIN_EXE_labforge-proxy");
+
+fn start_labforge(name: &'static str, binary: &Path, dir: &Path, routes: &Routes) -> Running {
     let file = dir.join(format!("routes-{}.yaml", routes.count));
     let mut yaml = String::new();
     for (i, (prefix, port)) in routes.list().into_iter().enumerate() {
@@ -212,7 +221,7 @@ fn start_labforge(dir: &Path, routes: &Routes) -> Running {
     std::fs::write(&file, yaml).expect("routes file");
     let port = free_port();
     // The proxy-only binary, as the proxy's Deployment runs it.
-    let mut command = Command::new(env!("CARGO_BIN_EXE_labforge-proxy"));
+    let mut command = Command::new(binary);
     command
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
@@ -220,7 +229,7 @@ fn start_labforge(dir: &Path, routes: &Routes) -> Running {
         .arg("--routes-file")
         .arg(&file)
         .env("LABFORGE_LOG", "error");
-    Running::serving("labforge", &mut command, port)
+    Running::serving(name, &mut command, port)
 }
 
 /// nginx sends the upstream the request labforge sends (Host as the client sent it,
@@ -462,7 +471,11 @@ fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
         .arg(url)
         .output()
         .expect("wrk (scripts/setup installs it)");
-    let text = String::from_utf8_lossy(&output.stdout);
+    parse_wrk(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// What wrk printed, read.
+fn parse_wrk(text: &str) -> Wrk {
     let mut result = Wrk::default();
     for line in text.lines() {
         let line = line.trim();
@@ -602,8 +615,17 @@ fn start_hyper_floor(routes: &Routes) -> Running {
     Running::serving("hyper alone (floor)", &mut command, port)
 }
 
-async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
-    let mut list = vec![start_labforge(dir, routes), start_hyper_floor(routes)];
+/// labforge first (the shipped build when given, else the plain one), then the others.
+async fn contenders(dir: &Path, routes: &Routes, shipped: Option<&Path>) -> Vec<Running> {
+    let plain = Path::new(PLAIN_PROXY);
+    let mut list = match shipped {
+        Some(shipped) => vec![
+            start_labforge("labforge", shipped, dir, routes),
+            start_labforge("labforge without PGO", plain, dir, routes),
+        ],
+        None => vec![start_labforge("labforge", plain, dir, routes)],
+    };
+    list.push(start_hyper_floor(routes));
     match start_nginx(dir, routes) {
         Some(nginx) => list.push(nginx),
         None => eprintln!("nginx not installed (scripts/setup): skipped"),
@@ -616,18 +638,122 @@ async fn contenders(dir: &Path, routes: &Routes) -> Vec<Running> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    // cargo adds `--bench` to what follows `--`.
+    let args: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
     if let [_, mode, listen, upstream] = args.as_slice()
         && mode == "--hyper-floor"
     {
         let address = |text: &str| text.parse().expect("--hyper-floor <listen> <upstream>");
         return hyper_floor::run(address(listen), address(upstream));
     }
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("bench runtime")
-        .block_on(bench());
+        .expect("bench runtime");
+    if let [_, mode, proxy] = args.as_slice()
+        && mode == "--train"
+    {
+        return runtime.block_on(train(Path::new(proxy)));
+    }
+    runtime.block_on(bench());
+}
+
+/// `--train <proxy>`: the traffic `scripts/build-proxy` optimizes the shipped proxy for, sent
+/// through `proxy`, a build that records where its time goes and writes that profile as it exits.
+///
+/// It is the traffic a notebook's users make, in rough proportion: mostly small requests of
+/// signed-in users, from many connections at once, with one route and with 10,000; uploads;
+/// kernel websockets; and the refusals (401, 403, 404, 503) that must stay cheap too.
+async fn train(proxy: &Path) {
+    labforge_tests::init_crypto();
+    labforge_tests::locate("wrk").expect("wrk is needed: run scripts/setup");
+    let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
+    let upstream = start_upstream();
+    let echo = start_echo();
+    let refused = free_port();
+    let upload = dir.join("upload.lua");
+    std::fs::write(
+        &upload,
+        "wrk.method = \"POST\"\nwrk.body = string.rep(\"x\", 65536)\n\
+         wrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
+    )
+    .expect("upload.lua");
+    for count in [1, 10_000] {
+        let routes = Routes {
+            count,
+            upstream: upstream.port(),
+            echo: echo.port(),
+            refused,
+        };
+        let labforge = start_labforge("labforge (recording)", proxy, &dir, &routes);
+        let base = format!("http://127.0.0.1:{}", labforge.port);
+        let notebook = format!("{base}{}", routes.measured());
+        let missing = format!("{base}/notebook/bench/missing/x");
+        for (what, url, user, script, seconds) in [
+            ("small requests", &notebook, Some(USER), None, 8),
+            ("uploads of 64 KiB", &notebook, Some(USER), Some(&upload), 1),
+            (
+                "another user's (403)",
+                &notebook,
+                Some("other@example.com"),
+                None,
+                1,
+            ),
+            ("nobody's (401)", &notebook, None, None, 1),
+            ("no route (404)", &missing, Some(USER), None, 1),
+        ] {
+            let (requests, refusals) = training_load(url, seconds, user, script);
+            eprintln!("train, {count} route(s), {what}: {requests} requests, {refusals} not 2xx");
+        }
+        let mut echoes = 0;
+        for _ in 0..4 {
+            echoes += ws_round_trips(labforge.port, 2000)
+                .await
+                .map_or(0, |_| 2100);
+        }
+        let http = reqwest::Client::new();
+        let mut unavailable = 0;
+        for _ in 0..1000 {
+            if let Ok(r) = http
+                .get(format!("{base}/refused/x"))
+                .header("kubeflow-userid", USER)
+                .send()
+                .await
+                && r.status() == 503
+            {
+                unavailable += 1;
+            }
+        }
+        eprintln!(
+            "train, {count} route(s): {echoes} websocket echoes, {unavailable} of 1000 refused upstream (503)"
+        );
+        // SIGTERM: the proxy stops and writes its profile.
+        drop(labforge);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// wrk at full load as `user` (none: no header), with `script` when given, for training: the
+/// number of requests and of answers that were not 2xx.
+fn training_load(
+    url: &str,
+    seconds: u32,
+    user: Option<&str>,
+    script: Option<&PathBuf>,
+) -> (u64, u64) {
+    let mut command = Command::new("wrk");
+    command
+        .args(["-t", &THREADS.to_string(), "-c", &CONNECTIONS.to_string()])
+        .args(["-d", &format!("{seconds}s")]);
+    if let Some(user) = user {
+        command.args(["-H", &format!("kubeflow-userid: {user}")]);
+    }
+    if let Some(script) = script {
+        command.arg("-s").arg(script);
+    }
+    let output = command.arg(url).output().expect("wrk");
+    let result = parse_wrk(&String::from_utf8_lossy(&output.stdout));
+    (result.requests, result.errors)
 }
 
 async fn bench() {
@@ -639,6 +765,16 @@ async fn bench() {
     let seconds = numbers.first().copied().unwrap_or(6);
     let rounds = numbers.get(1).copied().unwrap_or(3).max(1) as usize;
     labforge_tests::locate("wrk").expect("wrk is needed: run scripts/setup");
+    let shipped = std::env::var_os(SHIPPED_PROXY).map(PathBuf::from);
+    match &shipped {
+        Some(path) => eprintln!(
+            "labforge: {} (and {PLAIN_PROXY} without PGO)",
+            path.display()
+        ),
+        None => eprintln!(
+            "labforge: {PLAIN_PROXY}, without PGO ({SHIPPED_PROXY} unset; see scripts/build-proxy)"
+        ),
+    }
     let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
     let upstream = start_upstream();
     let echo = start_echo();
@@ -656,7 +792,7 @@ async fn bench() {
             refused,
         };
         let started = Instant::now();
-        let running = contenders(&dir, &routes).await;
+        let running = contenders(&dir, &routes, shipped.as_deref()).await;
         eprintln!(
             "{count} routes: contenders up in {:.1} s",
             started.elapsed().as_secs_f64()
