@@ -18,8 +18,12 @@
 //! - websocket echo round trips through each proxy;
 //! - labforge's open descriptors before and after 10,000 requests to a refused upstream.
 //!
-//!   scripts/setup   # nginx, wrk, configurable-http-proxy
-//!   cargo bench --bench proxy [-- SECONDS [ROUNDS]]
+//! labforge is the proxy as it ships when `LABFORGE_PROXY_BIN` names it (`scripts/build-proxy`'s
+//! profile-guided build), with the plain release build beside it; the plain build alone otherwise.
+//! `--train <proxy>` sends `proxy` the traffic that build is optimized for, and nothing else.
+//!
+//!   scripts/setup   # nginx, wrk, configurable-http-proxy, llvm-profdata
+//!   LABFORGE_PROXY_BIN=$(scripts/build-proxy) cargo bench --bench proxy [-- SECONDS [ROUNDS]]
 
 mod hyper_floor;
 
