@@ -38,6 +38,10 @@ use tokio_tungstenite::tungstenite::Message;
 const CONNECTIONS: u32 = 64;
 const THREADS: u32 = 2;
 const USER: &str = "bench@example.com";
+/// A signed-in user who is no member of the bench's namespace.
+const OTHER: &str = "other@example.com";
+/// Websocket echoes of each of `--train`'s four connections, after 100 of warm-up.
+const TRAINING_ECHOES: usize = 2000;
 const CHP: &str = "/opt/labforge/chp/node_modules/.bin/configurable-http-proxy";
 
 fn free_port() -> u16 {
@@ -167,19 +171,33 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Running {
+    /// Asks the process to stop and waits for it, killing it after 5 s: true when it stopped by
+    /// itself and exited with success.
+    fn stop(&mut self) -> bool {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            // Stopped before (its pid may be another process's by now).
+            return status.success();
+        }
         // SIGTERM, not SIGKILL: nginx's master stops and reaps its workers only when asked.
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break,
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        false
     }
 }
 
@@ -689,31 +707,47 @@ async fn train(proxy: &Path) {
             echo: echo.port(),
             refused,
         };
-        let labforge = start_labforge("labforge (recording)", proxy, &dir, &routes);
+        let mut labforge = start_labforge("labforge (recording)", proxy, &dir, &routes);
         let base = format!("http://127.0.0.1:{}", labforge.port);
         let notebook = format!("{base}{}", routes.measured());
         let missing = format!("{base}/notebook/bench/missing/x");
-        for (what, url, user, script, seconds) in [
-            ("small requests", &notebook, Some(USER), None, 8),
-            ("uploads of 64 KiB", &notebook, Some(USER), Some(&upload), 1),
+        // A profile of a proxy that answered wrongly would optimize the wrong paths: each load
+        // must get the answers it is meant to.
+        for (what, url, user, script, seconds, refused) in [
+            ("small requests", &notebook, Some(USER), None, 8, false),
+            (
+                "uploads of 64 KiB",
+                &notebook,
+                Some(USER),
+                Some(&upload),
+                1,
+                false,
+            ),
             (
                 "another user's (403)",
                 &notebook,
-                Some("other@example.com"),
+                Some(OTHER),
                 None,
                 1,
+                true,
             ),
-            ("nobody's (401)", &notebook, None, None, 1),
-            ("no route (404)", &missing, Some(USER), None, 1),
+            ("nobody's (401)", &notebook, None, None, 1, true),
+            ("no route (404)", &missing, Some(USER), None, 1, true),
         ] {
             let (requests, refusals) = training_load(url, seconds, user, script);
             eprintln!("train, {count} route(s), {what}: {requests} requests, {refusals} not 2xx");
+            let expected_refusals = if refused { requests } else { 0 };
+            assert!(
+                requests > 0 && refusals == expected_refusals,
+                "training with {count} route(s), {what}: {refusals} of {requests} answers not 2xx"
+            );
         }
         let mut echoes = 0;
         for _ in 0..4 {
-            echoes += ws_round_trips(labforge.port, 2000)
+            ws_round_trips(labforge.port, TRAINING_ECHOES)
                 .await
-                .map_or(0, |_| 2100);
+                .expect("training websocket echoes");
+            echoes += TRAINING_ECHOES + 100;
         }
         let http = reqwest::Client::new();
         let mut unavailable = 0;
@@ -731,8 +765,15 @@ async fn train(proxy: &Path) {
         eprintln!(
             "train, {count} route(s): {echoes} websocket echoes, {unavailable} of 1000 refused upstream (503)"
         );
-        // SIGTERM: the proxy stops and writes its profile.
-        drop(labforge);
+        assert_eq!(
+            unavailable, 1000,
+            "training: answers from a refused upstream"
+        );
+        // SIGTERM: the proxy stops and writes its profile as it exits.
+        assert!(
+            labforge.stop(),
+            "the proxy did not stop by itself: it wrote no profile"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
