@@ -148,6 +148,16 @@ struct Routes {
 }
 
 impl Routes {
+    /// The two tables each run measures (and `--train` trains with): one notebook's route, and
+    /// 10,000 notebooks' routes.
+    fn both(upstream: SocketAddr, echo: SocketAddr, refused: u16) -> [Routes; 2] {
+        [1, 10_000].map(|count| Routes {
+            count,
+            upstream: upstream.port(),
+            echo: echo.port(),
+            refused,
+        })
+    }
     fn measured(&self) -> String {
         format!("{}x", route_prefix(self.count - 1))
     }
@@ -700,13 +710,8 @@ async fn train(proxy: &Path) {
          wrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
     )
     .expect("upload.lua");
-    for count in [1, 10_000] {
-        let routes = Routes {
-            count,
-            upstream: upstream.port(),
-            echo: echo.port(),
-            refused,
-        };
+    for routes in Routes::both(upstream, echo, refused) {
+        let count = routes.count;
         let mut labforge = start_labforge("labforge (recording)", proxy, &dir, &routes);
         let base = format!("http://127.0.0.1:{}", labforge.port);
         let notebook = format!("{base}{}", routes.measured());
@@ -829,13 +834,8 @@ async fn bench() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    for count in [1, 10_000] {
-        let routes = Routes {
-            count,
-            upstream: upstream.port(),
-            echo: echo.port(),
-            refused,
-        };
+    for routes in Routes::both(upstream, echo, refused) {
+        let count = routes.count;
         let started = Instant::now();
         let running = contenders(&dir, &routes, shipped.as_deref()).await;
         eprintln!(
