@@ -40,8 +40,10 @@ const THREADS: u32 = 2;
 const USER: &str = "bench@example.com";
 /// A signed-in user who is no member of the bench's namespace.
 const OTHER: &str = "other@example.com";
-/// Websocket echoes of each of `--train`'s four connections, after 100 of warm-up.
+/// Websocket echoes of each of `--train`'s four connections, after [`WS_WARM_UP`].
 const TRAINING_ECHOES: usize = 2000;
+/// Websocket echoes before [`ws_round_trips`] times any.
+const WS_WARM_UP: usize = 100;
 const CHP: &str = "/opt/labforge/chp/node_modules/.bin/configurable-http-proxy";
 
 fn free_port() -> u16 {
@@ -472,34 +474,50 @@ fn parse_latency(value: &str) -> f64 {
 /// wrk against `url`; `rate` sets the request rate through a wait between each connection's
 /// requests.
 fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
+    let Some(rate) = rate else {
+        return run_wrk(url, seconds, CONNECTIONS, Some(USER), None);
+    };
+    // Each connection waits a random 0–20 ms between requests (10 on average): rate ≈
+    // connections × 1000 / 10. A fixed wait keeps the connections, all started together, in
+    // step: every one of them sends at once every 10 ms, a burst at full load rather than
+    // half load. Each wrk thread has its own seed, the same in every run, so every contender
+    // gets the same arrivals.
+    let mean_delay_ms = 10.0;
+    let connections = ((rate * mean_delay_ms / 1000.0).round() as u32).clamp(THREADS, 1000);
+    let script = dir.join("spread.lua");
+    std::fs::write(
+        &script,
+        format!(
+            "local threads = 0\n\
+             function setup(thread) threads = threads + 1; thread:set(\"seed\", threads) end\n\
+             function init(args) math.randomseed(seed) end\n\
+             function delay() return math.random() * {} end\n",
+            2.0 * mean_delay_ms
+        ),
+    )
+    .expect("lua");
+    run_wrk(url, seconds, connections, Some(USER), Some(&script))
+}
+
+/// wrk's run against `url` as `user` (none: no header), with `script` when given.
+fn run_wrk(
+    url: &str,
+    seconds: u32,
+    connections: u32,
+    user: Option<&str>,
+    script: Option<&Path>,
+) -> Wrk {
     let mut command = Command::new("wrk");
-    let mut connections = CONNECTIONS;
-    if let Some(rate) = rate {
-        // Each connection waits a random 0–20 ms between requests (10 on average): rate ≈
-        // connections × 1000 / 10. A fixed wait keeps the connections, all started together, in
-        // step: every one of them sends at once every 10 ms, a burst at full load rather than
-        // half load. Each wrk thread has its own seed, the same in every run, so every contender
-        // gets the same arrivals.
-        let mean_delay_ms = 10.0;
-        connections = ((rate * mean_delay_ms / 1000.0).round() as u32).clamp(THREADS, 1000);
-        let script = dir.join("spread.lua");
-        std::fs::write(
-            &script,
-            format!(
-                "local threads = 0\n\
-                 function setup(thread) threads = threads + 1; thread:set(\"seed\", threads) end\n\
-                 function init(args) math.randomseed(seed) end\n\
-                 function delay() return math.random() * {} end\n",
-                2.0 * mean_delay_ms
-            ),
-        )
-        .expect("lua");
+    command
+        .args(["-t", &THREADS.to_string(), "-c", &connections.to_string()])
+        .args(["-d", &format!("{seconds}s"), "--latency"]);
+    if let Some(user) = user {
+        command.args(["-H", &format!("kubeflow-userid: {user}")]);
+    }
+    if let Some(script) = script {
         command.arg("-s").arg(script);
     }
     let output = command
-        .args(["-t", &THREADS.to_string(), "-c", &connections.to_string()])
-        .args(["-d", &format!("{seconds}s"), "--latency"])
-        .args(["-H", &format!("kubeflow-userid: {USER}")])
         .arg(url)
         .output()
         .expect("wrk (scripts/setup installs it)");
@@ -552,6 +570,22 @@ fn open_fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// `count` sequential requests to the route whose upstream refuses connections: how many were
+/// answered 503.
+async fn requests_to_refused_upstream(port: u16, count: usize) -> usize {
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/refused/x");
+    let mut unavailable = 0;
+    for _ in 0..count {
+        if let Ok(r) = http.get(&url).header("kubeflow-userid", USER).send().await
+            && r.status() == 503
+        {
+            unavailable += 1;
+        }
+    }
+    unavailable
+}
+
 /// Median and p99 of `count` sequential websocket echo round trips, in µs.
 async fn ws_round_trips(port: u16, count: usize) -> Option<(f64, f64)> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -563,11 +597,11 @@ async fn ws_round_trips(port: u16, count: usize) -> Option<(f64, f64)> {
         .insert("kubeflow-userid", USER.parse().ok()?);
     let (mut ws, _) = tokio_tungstenite::connect_async(request).await.ok()?;
     let mut samples = Vec::with_capacity(count);
-    for i in 0..count + 100 {
+    for i in 0..count + WS_WARM_UP {
         let started = Instant::now();
         ws.send(Message::text(format!("m{i}"))).await.ok()?;
         ws.next().await?.ok()?;
-        if i >= 100 {
+        if i >= WS_WARM_UP {
             samples.push(started.elapsed().as_secs_f64() * 1e6);
         }
     }
@@ -718,7 +752,7 @@ async fn train(proxy: &Path) {
         let missing = format!("{base}/notebook/bench/missing/x");
         // A profile of a proxy that answered wrongly would optimize the wrong paths: each load
         // must get the answers it is meant to.
-        for (what, url, user, script, seconds, refused) in [
+        for (what, url, user, script, seconds, refusing) in [
             ("small requests", &notebook, Some(USER), None, 8, false),
             (
                 "uploads of 64 KiB",
@@ -739,9 +773,19 @@ async fn train(proxy: &Path) {
             ("nobody's (401)", &notebook, None, None, 1, true),
             ("no route (404)", &missing, Some(USER), None, 1, true),
         ] {
-            let (requests, refusals) = training_load(url, seconds, user, script);
+            let Wrk {
+                requests,
+                errors: refusals,
+                ..
+            } = run_wrk(
+                url,
+                seconds,
+                CONNECTIONS,
+                user,
+                script.map(PathBuf::as_path),
+            );
             eprintln!("train, {count} route(s), {what}: {requests} requests, {refusals} not 2xx");
-            let expected_refusals = if refused { requests } else { 0 };
+            let expected_refusals = if refusing { requests } else { 0 };
             assert!(
                 requests > 0 && refusals == expected_refusals,
                 "training with {count} route(s), {what}: {refusals} of {requests} answers not 2xx"
@@ -752,21 +796,9 @@ async fn train(proxy: &Path) {
             ws_round_trips(labforge.port, TRAINING_ECHOES)
                 .await
                 .expect("training websocket echoes");
-            echoes += TRAINING_ECHOES + 100;
+            echoes += TRAINING_ECHOES + WS_WARM_UP;
         }
-        let http = reqwest::Client::new();
-        let mut unavailable = 0;
-        for _ in 0..1000 {
-            if let Ok(r) = http
-                .get(format!("{base}/refused/x"))
-                .header("kubeflow-userid", USER)
-                .send()
-                .await
-                && r.status() == 503
-            {
-                unavailable += 1;
-            }
-        }
+        let unavailable = requests_to_refused_upstream(labforge.port, 1000).await;
         eprintln!(
             "train, {count} route(s): {echoes} websocket echoes, {unavailable} of 1000 refused upstream (503)"
         );
@@ -781,29 +813,6 @@ async fn train(proxy: &Path) {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// wrk at full load as `user` (none: no header), with `script` when given, for training: the
-/// number of requests and of answers that were not 2xx.
-fn training_load(
-    url: &str,
-    seconds: u32,
-    user: Option<&str>,
-    script: Option<&PathBuf>,
-) -> (u64, u64) {
-    let mut command = Command::new("wrk");
-    command
-        .args(["-t", &THREADS.to_string(), "-c", &CONNECTIONS.to_string()])
-        .args(["-d", &format!("{seconds}s")]);
-    if let Some(user) = user {
-        command.args(["-H", &format!("kubeflow-userid: {user}")]);
-    }
-    if let Some(script) = script {
-        command.arg("-s").arg(script);
-    }
-    let output = command.arg(url).output().expect("wrk");
-    let result = parse_wrk(&String::from_utf8_lossy(&output.stdout));
-    (result.requests, result.errors)
 }
 
 async fn bench() {
@@ -910,18 +919,9 @@ async fn bench() {
             // Descriptors of labforge before and after 10,000 requests to a refused upstream.
             let labforge = &running[0];
             let pid = labforge.pids[0];
-            let http = reqwest::Client::new();
-            let url = format!("http://127.0.0.1:{}/refused/x", labforge.port);
             let before = open_fds(pid);
             let started = Instant::now();
-            let mut unavailable = 0;
-            for _ in 0..10_000 {
-                if let Ok(r) = http.get(&url).header("kubeflow-userid", USER).send().await
-                    && r.status() == 503
-                {
-                    unavailable += 1;
-                }
-            }
+            let unavailable = requests_to_refused_upstream(labforge.port, 10_000).await;
             tokio::time::sleep(Duration::from_millis(500)).await;
             println!(
                 "\nlabforge after 10,000 requests to a refused upstream ({unavailable} answered 503, {:.1} s): open descriptors {before} → {}; peak RSS {:.1} MiB",
