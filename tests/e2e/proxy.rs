@@ -1880,38 +1880,7 @@ async fn failing_and_vanishing_upstreams_leave_no_sockets_or_tasks() {
 #[tokio::test]
 async fn tls_listener_serves_with_rustls() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost",
-            "-addext",
-            "basicConstraints=critical,CA:FALSE",
-            "-addext",
-            "extendedKeyUsage=serverAuth",
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl (scripts/setup installs it with curl)");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let (cert, key) = labforge_tests::tools::self_signed_certificate(dir.path()).unwrap();
     let up = Upstream::start("one").await;
     let mut opts = options(HashMap::from([(
         service_authority("alice", "lab"),

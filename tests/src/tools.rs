@@ -94,6 +94,30 @@ pub fn free_port() -> Result<u16, SupportError> {
         })
 }
 
+/// A self-signed certificate for `localhost` (P-256, valid for a day) and its key, written as
+/// `cert.pem` and `key.pem` in `dir`, by `openssl` (scripts/setup installs it).
+pub fn self_signed_certificate(dir: &Path) -> Result<(PathBuf, PathBuf), SupportError> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    run(std::process::Command::new(locate("openssl")?)
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .args(["-addext", "extendedKeyUsage=serverAuth"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert))?;
+    Ok((cert, key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
