@@ -16,16 +16,19 @@
 //! - the floor of any hyper-based proxy ([`hyper_floor`]): hyper's server and client with nothing
 //!   between them, which tells labforge's own cost apart from its building blocks';
 //! - websocket echo round trips through each proxy;
+//! - with one route, HTTP/2 (in clear and under TLS) and HTTP/1.1 under TLS through labforge and
+//!   nginx, with h2load as the client ([`protocols`]);
 //! - labforge's open descriptors before and after 10,000 requests to a refused upstream.
 //!
 //! labforge is the proxy as it ships when `LABFORGE_PROXY_BIN` names it (`scripts/build-proxy`'s
 //! profile-guided build), with the plain release build beside it; the plain build alone otherwise.
 //! `--train <proxy>` sends `proxy` the traffic that build is optimized for, and nothing else.
 //!
-//!   scripts/setup   # nginx, wrk, configurable-http-proxy, llvm-profdata
+//!   scripts/setup   # nginx, wrk, h2load, configurable-http-proxy, llvm-profdata
 //!   LABFORGE_PROXY_BIN=$(scripts/build-proxy) cargo bench --bench proxy [-- SECONDS [ROUNDS]]
 
 mod hyper_floor;
+mod protocols;
 
 use futures::{SinkExt, StreamExt};
 use std::io::Write as _;
@@ -246,7 +249,38 @@ const SHIPPED_PROXY: &str = "LABFORGE_PROXY_BIN";
 /// The proxy-only binary cargo builds for this bench: the release profile without a profile.
 const PLAIN_PROXY: &str = env!("CARGO_BIN_EXE_labforge-proxy");
 
-fn start_labforge(name: &'static str, binary: &Path, dir: &Path, routes: &Routes) -> Running {
+/// A self-signed certificate for `localhost` and its key, for the proxies' TLS listeners.
+struct Certificate {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl Certificate {
+    fn make(dir: &Path) -> Certificate {
+        let (cert, key) =
+            labforge_tests::tools::self_signed_certificate(dir).expect("a certificate (openssl)");
+        Certificate { cert, key }
+    }
+}
+
+/// How a contender listens.
+#[derive(Clone, Copy)]
+enum Listen<'a> {
+    /// HTTP/1.1 in clear; labforge also takes HTTP/2 with prior knowledge there.
+    Clear,
+    /// HTTP/2 with prior knowledge: nginx takes it only on a listener of its own.
+    H2c,
+    /// TLS, with HTTP/2 and HTTP/1.1 by ALPN.
+    Tls(&'a Certificate),
+}
+
+fn start_labforge(
+    name: &'static str,
+    binary: &Path,
+    dir: &Path,
+    routes: &Routes,
+    listen: Listen,
+) -> Running {
     let file = dir.join(format!("routes-{}.yaml", routes.count));
     let mut yaml = String::new();
     for (i, (prefix, port)) in routes.list().into_iter().enumerate() {
@@ -263,17 +297,35 @@ fn start_labforge(name: &'static str, binary: &Path, dir: &Path, routes: &Routes
         .arg("--routes-file")
         .arg(&file)
         .env("LABFORGE_LOG", "error");
+    if let Listen::Tls(certificate) = listen {
+        command
+            .arg("--tls-cert")
+            .arg(&certificate.cert)
+            .arg("--tls-key")
+            .arg(&certificate.key);
+    }
     Running::serving(name, &mut command, port)
 }
 
 /// nginx sends the upstream the request labforge sends (Host as the client sent it,
 /// `X-Forwarded-For`, `-Proto` and `-Host`), so that both upstreams parse the same headers: until
 /// 2026-11-24 it sent `X-Forwarded-For` alone, which saved its upstream about 0.2 µs a request.
-fn start_nginx(dir: &Path, routes: &Routes) -> Option<Running> {
+/// Nor does it close a client's connection after its 1,000th request (`keepalive_requests`'s
+/// default), as labforge does not: the client connects again, under TLS with a new handshake.
+fn start_nginx(dir: &Path, routes: &Routes, listen: Listen) -> Option<Running> {
     let nginx = labforge_tests::locate("nginx").ok()?;
-    let prefix = dir.join(format!("nginx-{}", routes.count));
-    std::fs::create_dir_all(prefix.join("logs")).expect("nginx dir");
     let port = free_port();
+    let prefix = dir.join(format!("nginx-{}-{port}", routes.count));
+    std::fs::create_dir_all(prefix.join("logs")).expect("nginx dir");
+    let listener = match listen {
+        Listen::Clear => String::new(),
+        Listen::H2c => " http2".into(),
+        Listen::Tls(certificate) => format!(
+            " ssl http2;\n  ssl_certificate {};\n  ssl_certificate_key {}",
+            certificate.cert.display(),
+            certificate.key.display()
+        ),
+    };
     let mut locations = String::new();
     for (path, upstream) in routes.list() {
         locations.push_str(&format!(
@@ -288,14 +340,14 @@ fn start_nginx(dir: &Path, routes: &Routes) -> Option<Running> {
         "daemon off;\nmaster_process on;\nuser root;\nworker_processes 2;\npid {pid};\n\
          error_log {prefix}/logs/error.log crit;\n\
          events {{ worker_connections 8192; }}\n\
-         http {{\n access_log off;\n client_body_temp_path {prefix}/body;\n proxy_temp_path {prefix}/proxy;\n\
+         http {{\n access_log off;\n keepalive_requests 1000000;\n client_body_temp_path {prefix}/body;\n proxy_temp_path {prefix}/proxy;\n\
          fastcgi_temp_path {prefix}/fastcgi;\n uwsgi_temp_path {prefix}/uwsgi;\n scgi_temp_path {prefix}/scgi;\n\
          map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}\n\
          proxy_http_version 1.1;\n proxy_set_header Host $http_host;\n\
          proxy_set_header X-Forwarded-Proto $scheme;\n proxy_set_header X-Forwarded-Host $http_host;\n\
          proxy_set_header Upgrade $http_upgrade;\n proxy_set_header Connection $connection_upgrade;\n\
          proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n proxy_read_timeout 3600s;\n\
-         {upstreams}\n server {{\n  listen 127.0.0.1:{port} backlog=4096;\n{locations} }}\n}}\n",
+         {upstreams}\n server {{\n  listen 127.0.0.1:{port} backlog=4096{listener};\n{locations} }}\n}}\n",
         pid = prefix.join("nginx.pid").display(),
         prefix = prefix.display(),
     );
@@ -370,8 +422,9 @@ async fn start_chp(routes: &Routes) -> Option<Running> {
     })
 }
 
+/// What one run of a load generator (wrk, h2load) measured.
 #[derive(Clone, Copy, Debug, Default)]
-struct Wrk {
+struct LoadRun {
     rps: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -380,7 +433,7 @@ struct Wrk {
     /// CPU time the contender's processes used per request during the run, when measured.
     cpu_us_per_request: Option<f64>,
     /// CPU time per request of everything the run made work: the contender, the upstream's
-    /// thread and wrk. On two shared cores the rate follows it.
+    /// thread and the load generator. On two shared cores the rate follows it.
     exchange_cpu_us_per_request: Option<f64>,
 }
 
@@ -401,9 +454,9 @@ fn cpu_ticks(pids: &[u32]) -> u64 {
         .sum()
 }
 
-/// CPU time so far of the upstream's thread and of this process's waited-for children (wrk,
-/// once a run ends), in clock ticks.
-fn upstream_and_wrk_ticks() -> Option<u64> {
+/// CPU time so far of the upstream's thread and of this process's waited-for children (the load
+/// generator, once a run ends), in clock ticks.
+fn upstream_and_load_ticks() -> Option<u64> {
     let thread = UPSTREAM_THREAD.get()?;
     let (upstream, _) = stat_ticks(&format!("/proc/self/task/{thread}/stat"))?;
     let (_, children) = stat_ticks("/proc/self/stat")?;
@@ -415,12 +468,18 @@ const TICKS_PER_SECOND: f64 = 100.0;
 
 /// [`wrk`] at full load, with the CPU time `pids` spent per request, and that of the whole
 /// exchange (with wrk and the upstream).
-fn wrk_measuring_cpu(url: &str, seconds: u32, dir: &Path, pids: &[u32]) -> Wrk {
+fn wrk_measuring_cpu(url: &str, seconds: u32, dir: &Path, pids: &[u32]) -> LoadRun {
+    measuring_cpu(pids, || wrk(url, seconds, None, dir))
+}
+
+/// `load`'s run (a load generator this process waits for), with the CPU time `pids` spent per
+/// request, and that of the whole exchange (with the load generator and the upstream).
+fn measuring_cpu(pids: &[u32], load: impl FnOnce() -> LoadRun) -> LoadRun {
     let before = cpu_ticks(pids);
-    let others_before = upstream_and_wrk_ticks();
-    let mut result = wrk(url, seconds, None, dir);
+    let others_before = upstream_and_load_ticks();
+    let mut result = load();
     let used = cpu_ticks(pids).saturating_sub(before);
-    let others_used = upstream_and_wrk_ticks()
+    let others_used = upstream_and_load_ticks()
         .zip(others_before)
         .map(|(after, before)| after.saturating_sub(before));
     if !pids.is_empty() && result.requests > 0 {
@@ -442,7 +501,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The run with the median req/s among `runs`, carrying the median CPU time per request.
-fn median_run(runs: &[Wrk]) -> Wrk {
+fn median_run(runs: &[LoadRun]) -> LoadRun {
     let mut sorted = runs.to_vec();
     sorted.sort_by(|a, b| a.rps.total_cmp(&b.rps));
     let mut middle = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
@@ -455,6 +514,37 @@ fn median_run(runs: &[Wrk]) -> Wrk {
     middle.exchange_cpu_us_per_request = (!exchange.is_empty()).then(|| median(exchange));
     middle.errors = runs.iter().map(|r| r.errors).sum();
     middle
+}
+
+/// `rounds` rounds of `measure(round, contender)` over `count` contenders, `each_round(round)`
+/// first in each; round r starts with contender r, so that none always runs first (or right
+/// after a rest). Each contender's runs, in round order.
+fn in_turn(
+    count: usize,
+    rounds: usize,
+    mut each_round: impl FnMut(usize),
+    mut measure: impl FnMut(usize, usize) -> LoadRun,
+) -> Vec<Vec<LoadRun>> {
+    let mut runs = vec![Vec::new(); count];
+    for round in 0..rounds {
+        each_round(round);
+        for turn in 0..count {
+            let index = (round + turn) % count;
+            runs[index].push(measure(round, index));
+        }
+    }
+    runs
+}
+
+/// labforge's req/s ÷ another contender's: the median of the rounds' ratios, each from runs of
+/// the same round (the machine's speed drifts between rounds).
+fn median_ratio(labforge: &[LoadRun], them: &[LoadRun]) -> f64 {
+    median(
+        them.iter()
+            .zip(labforge)
+            .map(|(them, labforge)| labforge.rps / them.rps)
+            .collect(),
+    )
 }
 
 fn parse_latency(value: &str) -> f64 {
@@ -473,7 +563,7 @@ fn parse_latency(value: &str) -> f64 {
 
 /// wrk against `url`; `rate` sets the request rate through a wait between each connection's
 /// requests.
-fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> Wrk {
+fn wrk(url: &str, seconds: u32, rate: Option<f64>, dir: &Path) -> LoadRun {
     let Some(rate) = rate else {
         return run_wrk(url, seconds, CONNECTIONS, Some(USER), None);
     };
@@ -506,7 +596,7 @@ fn run_wrk(
     connections: u32,
     user: Option<&str>,
     script: Option<&Path>,
-) -> Wrk {
+) -> LoadRun {
     let mut command = Command::new("wrk");
     command
         .args(["-t", &THREADS.to_string(), "-c", &connections.to_string()])
@@ -525,8 +615,8 @@ fn run_wrk(
 }
 
 /// What wrk printed, read.
-fn parse_wrk(text: &str) -> Wrk {
-    let mut result = Wrk::default();
+fn parse_wrk(text: &str) -> LoadRun {
+    let mut result = LoadRun::default();
     for line in text.lines() {
         let line = line.trim();
         if let Some((count, _)) = line.split_once(" requests in ") {
@@ -615,10 +705,10 @@ async fn ws_round_trips(port: u16, count: usize) -> Option<(f64, f64)> {
 struct Row {
     label: String,
     /// The median round at full load.
-    full: Wrk,
+    full: LoadRun,
     /// Median over rounds of labforge's req/s ÷ this contender's, both from the same round.
     ratio: Option<f64>,
-    half: Option<Wrk>,
+    half: Option<LoadRun>,
     /// Resident size after the full-load rounds, and after the half-load phase.
     rss_after_full_kb: u64,
     rss_after_half_kb: u64,
@@ -681,18 +771,24 @@ fn start_hyper_floor(routes: &Routes) -> Running {
     Running::serving("hyper alone (floor)", &mut command, port)
 }
 
+/// labforge's builds, named: the shipped one and the plain one beside it when the shipped one is
+/// given, else the plain one as "labforge".
+fn labforge_builds(shipped: Option<&Path>) -> Vec<(&'static str, &Path)> {
+    let plain = Path::new(PLAIN_PROXY);
+    match shipped {
+        Some(shipped) => vec![("labforge", shipped), ("labforge without PGO", plain)],
+        None => vec![("labforge", plain)],
+    }
+}
+
 /// labforge first (the shipped build when given, else the plain one), then the others.
 async fn contenders(dir: &Path, routes: &Routes, shipped: Option<&Path>) -> Vec<Running> {
-    let plain = Path::new(PLAIN_PROXY);
-    let mut list = match shipped {
-        Some(shipped) => vec![
-            start_labforge("labforge", shipped, dir, routes),
-            start_labforge("labforge without PGO", plain, dir, routes),
-        ],
-        None => vec![start_labforge("labforge", plain, dir, routes)],
-    };
+    let mut list: Vec<Running> = labforge_builds(shipped)
+        .into_iter()
+        .map(|(name, binary)| start_labforge(name, binary, dir, routes, Listen::Clear))
+        .collect();
     list.push(start_hyper_floor(routes));
-    match start_nginx(dir, routes) {
+    match start_nginx(dir, routes, Listen::Clear) {
         Some(nginx) => list.push(nginx),
         None => eprintln!("nginx not installed (scripts/setup): skipped"),
     }
@@ -732,7 +828,9 @@ fn main() {
 /// kernel websockets; and the refusals (401, 403, 404, 503) that must stay cheap too.
 async fn train(proxy: &Path) {
     labforge_tests::init_crypto();
-    labforge_tests::locate("wrk").expect("wrk is needed: run scripts/setup");
+    for tool in ["wrk", "h2load"] {
+        labforge_tests::locate(tool).expect("the load generators: run scripts/setup");
+    }
     let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
     let upstream = start_upstream();
     let echo = start_echo();
@@ -746,7 +844,8 @@ async fn train(proxy: &Path) {
     .expect("upload.lua");
     for routes in Routes::both(upstream, echo, refused) {
         let count = routes.count;
-        let mut labforge = start_labforge("labforge (recording)", proxy, &dir, &routes);
+        let mut labforge =
+            start_labforge("labforge (recording)", proxy, &dir, &routes, Listen::Clear);
         let base = format!("http://127.0.0.1:{}", labforge.port);
         let notebook = format!("{base}{}", routes.measured());
         let missing = format!("{base}/notebook/bench/missing/x");
@@ -773,7 +872,7 @@ async fn train(proxy: &Path) {
             ("nobody's (401)", &notebook, None, None, 1, true),
             ("no route (404)", &missing, Some(USER), None, 1, true),
         ] {
-            let Wrk {
+            let LoadRun {
                 requests,
                 errors: refusals,
                 ..
@@ -798,6 +897,7 @@ async fn train(proxy: &Path) {
                 .expect("training websocket echoes");
             echoes += TRAINING_ECHOES + WS_WARM_UP;
         }
+        protocols::train(proxy, &dir, &routes, 2);
         let unavailable = requests_to_refused_upstream(labforge.port, 1000).await;
         eprintln!(
             "train, {count} route(s): {echoes} websocket echoes, {unavailable} of 1000 refused upstream (503)"
@@ -823,7 +923,9 @@ async fn bench() {
         .collect();
     let seconds = numbers.first().copied().unwrap_or(6);
     let rounds = numbers.get(1).copied().unwrap_or(3).max(1) as usize;
-    labforge_tests::locate("wrk").expect("wrk is needed: run scripts/setup");
+    for tool in ["wrk", "h2load"] {
+        labforge_tests::locate(tool).expect("the load generators: run scripts/setup");
+    }
     let shipped = std::env::var_os(SHIPPED_PROXY).map(PathBuf::from);
     match &shipped {
         Some(path) => eprintln!(
@@ -852,20 +954,19 @@ async fn bench() {
             started.elapsed().as_secs_f64()
         );
         let direct_url = format!("http://{upstream}{}", routes.measured());
-        // Round r starts with contender r: none always runs first (or right after a rest).
         let mut direct_runs = Vec::new();
-        let mut runs: Vec<Vec<Wrk>> = vec![Vec::new(); running.len()];
-        for round in 0..rounds {
-            direct_runs.push(wrk(&direct_url, seconds, None, &dir));
-            for turn in 0..running.len() {
-                let index = (round + turn) % running.len();
+        let runs = in_turn(
+            running.len(),
+            rounds,
+            |_| direct_runs.push(wrk(&direct_url, seconds, None, &dir)),
+            |round, index| {
                 let contender = &running[index];
                 let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
                 let full = wrk_measuring_cpu(&url, seconds, &dir, &contender.pids);
                 eprintln!("{} {count} round {round}: {full:?}", contender.name);
-                runs[index].push(full);
-            }
-        }
+                full
+            },
+        );
         // labforge is the first contender.
         let labforge_runs = &runs[0];
         let mut rows: Vec<Row> = running
@@ -873,14 +974,7 @@ async fn bench() {
             .zip(&runs)
             .enumerate()
             .map(|(index, (contender, runs))| {
-                let ratio = (index > 0).then(|| {
-                    median(
-                        runs.iter()
-                            .zip(labforge_runs)
-                            .map(|(them, labforge)| labforge.rps / them.rps)
-                            .collect(),
-                    )
-                });
+                let ratio = (index > 0).then(|| median_ratio(labforge_runs, runs));
                 Row {
                     label: contender.name.to_owned(),
                     full: median_run(runs),
@@ -914,6 +1008,11 @@ async fn bench() {
             &rows,
             &direct,
         );
+        if count == 1 {
+            // Protocols cost the same whatever the table's size: measured with one route.
+            let builds = labforge_builds(shipped.as_deref());
+            protocols::measure(&dir, &routes, &builds, seconds, rounds);
+        }
 
         if count == 10_000 {
             // Descriptors of labforge before and after 10,000 requests to a refused upstream.
