@@ -10,7 +10,8 @@
 //!   that take the contenders in turn (the machine's speed drifts by a fifth within minutes, so
 //!   one run each would compare moments, not proxies; medians are reported); then at half of
 //!   labforge's full-load rate (each connection waits a random time between its requests, so
-//!   arrivals spread out) to compare p99 added latency against the upstream alone;
+//!   arrivals spread out), in rounds too, to compare p99 added latency against the upstream
+//!   alone's in the same round;
 //! - each contender's RSS after the full-load rounds and after the half-load phase;
 //! - the same with 10,000 routes (the measured route is the last one created);
 //! - the floor of any hyper-based proxy ([`hyper_floor`]): hyper's server and client with nothing
@@ -702,13 +703,22 @@ async fn ws_round_trips(port: u16, count: usize) -> Option<(f64, f64)> {
     ))
 }
 
+/// p99 at half load, over the rounds: one run's p99 moves by milliseconds from run to run.
+#[derive(Clone, Copy)]
+struct HalfLoad {
+    /// The median of the rounds' p99.
+    p99_ms: f64,
+    /// The median of the rounds' p99 minus the upstream alone's in the same round.
+    added_ms: Option<f64>,
+}
+
 struct Row {
     label: String,
     /// The median round at full load.
     full: LoadRun,
     /// Median over rounds of labforge's req/s ÷ this contender's, both from the same round.
     ratio: Option<f64>,
-    half: Option<LoadRun>,
+    half: Option<HalfLoad>,
     /// Resident size after the full-load rounds, and after the half-load phase.
     rss_after_full_kb: u64,
     rss_after_half_kb: u64,
@@ -718,7 +728,7 @@ struct Row {
 fn print_table(title: &str, rows: &[Row], direct: &Row) {
     println!("\n### {title}\n");
     println!(
-        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request: its own / with wrk and upstream | p99 at half load (added vs upstream) | RSS after full / half load | ws echo RTT p50 / p99 | errors |"
+        "| contender | req/s | p50 | p99 | labforge ÷ it | CPU per request: its own / with wrk and upstream | p99 at half load, median of the rounds (added vs upstream alone) | RSS after full / half load | ws echo RTT p50 / p99 | errors |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in std::iter::once(direct).chain(rows) {
@@ -731,12 +741,13 @@ fn print_table(title: &str, rows: &[Row], direct: &Row) {
             (Some(own), None) => format!("{own:.1} µs"),
             _ => String::new(),
         };
-        let half = match (row.half, direct.half) {
-            (Some(h), Some(d)) if row.label != direct.label => {
-                format!("{:.3} ms (+{:.3} ms)", h.p99_ms, h.p99_ms - d.p99_ms)
-            }
-            (Some(h), _) => format!("{:.3} ms", h.p99_ms),
-            _ => "".into(),
+        let half = match row.half {
+            Some(HalfLoad {
+                p99_ms,
+                added_ms: Some(added),
+            }) => format!("{p99_ms:.3} ms ({added:+.3} ms)"),
+            Some(HalfLoad { p99_ms, .. }) => format!("{p99_ms:.3} ms"),
+            None => String::new(),
         };
         let ws = row
             .ws
@@ -988,18 +999,44 @@ async fn bench() {
             .collect();
         // Half of labforge's full-load rate, the same fixed rate for everyone.
         let half_rate = rows[0].full.rps / 2.0;
+        let mut direct_half = Vec::new();
+        let half_runs = in_turn(
+            running.len(),
+            rounds,
+            |_| direct_half.push(wrk(&direct_url, seconds, Some(half_rate), &dir)),
+            |round, index| {
+                let contender = &running[index];
+                let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
+                let half = wrk(&url, seconds, Some(half_rate), &dir);
+                eprintln!(
+                    "{} {count} half load, round {round}: p99 {:.3} ms",
+                    contender.name, half.p99_ms
+                );
+                half
+            },
+        );
+        let median_p99 = |runs: &[LoadRun]| median(runs.iter().map(|run| run.p99_ms).collect());
         let direct = Row {
             label: "upstream alone".into(),
             full: median_run(&direct_runs),
             ratio: None,
-            half: Some(wrk(&direct_url, seconds, Some(half_rate), &dir)),
+            half: Some(HalfLoad {
+                p99_ms: median_p99(&direct_half),
+                added_ms: None,
+            }),
             rss_after_full_kb: 0,
             rss_after_half_kb: 0,
             ws: None,
         };
-        for (row, contender) in rows.iter_mut().zip(&running) {
-            let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
-            row.half = Some(wrk(&url, seconds, Some(half_rate), &dir));
+        for ((row, contender), runs) in rows.iter_mut().zip(&running).zip(&half_runs) {
+            let added = runs
+                .iter()
+                .zip(&direct_half)
+                .map(|(run, direct)| run.p99_ms - direct.p99_ms);
+            row.half = Some(HalfLoad {
+                p99_ms: median_p99(runs),
+                added_ms: Some(median(added.collect())),
+            });
             row.ws = ws_round_trips(contender.port, 2000).await;
             row.rss_after_half_kb = rss_kb(&contender.pids, false);
         }
