@@ -9,8 +9,8 @@
 //! show a protocol its profile had left cold.
 
 use crate::{
-    Certificate, Listen, LoadRun, Routes, Running, THREADS, USER, in_turn, measuring_cpu,
-    median_ratio, median_run, start_labforge, start_nginx,
+    CONNECTIONS, Certificate, Listen, LoadRun, Routes, Running, THREADS, USER, in_turn,
+    measuring_cpu, median_ratio, median_run, start_labforge, start_nginx,
 };
 use std::path::Path;
 use std::process::Command;
@@ -66,7 +66,7 @@ pub fn h2load(protocol: Protocol, port: u16, path: &str, seconds: u32, dir: &Pat
         .arg("--log-file")
         .arg(&log);
     if protocol == Protocol::TlsHttp1 {
-        command.args(["--h1", "-c", &crate::CONNECTIONS.to_string()]);
+        command.args(["--h1", "-c", &CONNECTIONS.to_string()]);
     } else {
         command
             .args(["-c", &HTTP2_CONNECTIONS.to_string()])
@@ -261,25 +261,28 @@ pub fn measure(
     }
 }
 
-/// `--train`'s HTTP/2 and TLS: each protocol for `seconds` through `proxy` (a recording build),
-/// started on its own listeners; fails unless every answer was 2xx and each instance stopped by
-/// itself (a killed proxy writes no profile).
-pub fn train(proxy: &Path, dir: &Path, routes: &Routes, seconds: u32) {
-    let certificate = Certificate::make(dir);
-    let name = "labforge (recording)";
-    let mut contender = Contender {
-        name,
-        clear: start_labforge(name, proxy, dir, routes, Listen::Clear),
-        tls: start_labforge(name, proxy, dir, routes, Listen::Tls(&certificate)),
-    };
+/// `--train`'s HTTP/2 and TLS, each protocol for `seconds`: HTTP/2 in clear to `clear`, the
+/// recording proxy already serving, and both protocols under TLS to an instance of `proxy` (a
+/// recording build) started on a TLS listener. Fails unless every answer was 2xx and that
+/// instance stopped by itself (a killed proxy writes no profile).
+pub fn train(
+    proxy: &Path,
+    clear: &Running,
+    certificate: &Certificate,
+    dir: &Path,
+    routes: &Routes,
+    seconds: u32,
+) {
+    let mut tls = start_labforge(
+        "labforge (recording, TLS)",
+        proxy,
+        dir,
+        routes,
+        Listen::Tls(certificate),
+    );
     for protocol in Protocol::ALL {
-        let run = h2load(
-            protocol,
-            contender.serving(protocol).port,
-            &routes.measured(),
-            seconds,
-            dir,
-        );
+        let port = if protocol.tls() { tls.port } else { clear.port };
+        let run = h2load(protocol, port, &routes.measured(), seconds, dir);
         eprintln!(
             "train, {} route(s), {}: {} requests, {} failed or not 2xx",
             routes.count,
@@ -296,10 +299,8 @@ pub fn train(proxy: &Path, dir: &Path, routes: &Routes, seconds: u32) {
             run.requests
         );
     }
-    for running in [&mut contender.clear, &mut contender.tls] {
-        assert!(
-            running.stop(),
-            "the proxy did not stop by itself: it wrote no profile"
-        );
-    }
+    assert!(
+        tls.stop(),
+        "the TLS proxy did not stop by itself: it wrote no profile"
+    );
 }

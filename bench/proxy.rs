@@ -836,7 +836,8 @@ fn main() {
 ///
 /// It is the traffic a notebook's users make, in rough proportion: mostly small requests of
 /// signed-in users, from many connections at once, with one route and with 10,000; uploads;
-/// kernel websockets; and the refusals (401, 403, 404, 503) that must stay cheap too.
+/// kernel websockets; HTTP/2, and TLS where the proxy terminates it; and the refusals (401, 403,
+/// 404, 503) that must stay cheap too.
 async fn train(proxy: &Path) {
     labforge_tests::init_crypto();
     for tool in ["wrk", "h2load"] {
@@ -853,6 +854,7 @@ async fn train(proxy: &Path) {
          wrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
     )
     .expect("upload.lua");
+    let certificate = Certificate::make(&dir);
     for routes in Routes::both(upstream, echo, refused) {
         let count = routes.count;
         let mut labforge =
@@ -908,7 +910,7 @@ async fn train(proxy: &Path) {
                 .expect("training websocket echoes");
             echoes += TRAINING_ECHOES + WS_WARM_UP;
         }
-        protocols::train(proxy, &dir, &routes, 2);
+        protocols::train(proxy, &labforge, &certificate, &dir, &routes, 2);
         let unavailable = requests_to_refused_upstream(labforge.port, 1000).await;
         eprintln!(
             "train, {count} route(s): {echoes} websocket echoes, {unavailable} of 1000 refused upstream (503)"
