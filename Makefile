@@ -7,7 +7,7 @@ SHELL := /bin/bash
 EXTRA_CA ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 CARGO ?= cargo
 
-.PHONY: up test setup images build agent lint unit help
+.PHONY: up test setup images build agent lint unit drills help
 
 help:
 	@echo "make up    - set up this machine, build, start labforge"
@@ -43,3 +43,8 @@ lint:
 ## Only the tests that need no external service (fast feedback while coding).
 unit:
 	$(CARGO) nextest run --workspace --lib --bins
+
+## Reliability drills: the long forms of the suite's soaks (300 sign-ins, 100 notebook cycles,
+## 20 saves against `labforge up`, resident memory sampled from /proc).
+drills: setup images agent
+	LABFORGE_SOAK=full $(CARGO) nextest run --test e2e --no-fail-fast memory_soak

@@ -48,6 +48,10 @@ pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `labforge_builder=debug`.
     #[arg(long, global = true, env = "LABFORGE_LOG", default_value = "warn")]
     pub log: String,
+    /// Milliseconds an idle thread of the async runtime's blocking pool is kept (tokio's
+    /// default is 10 s). The memory soak shortens it so that every sign-in meets a fresh pool.
+    #[arg(long, global = true, hide = true, env = "LABFORGE_BLOCKING_THREAD_KEEP_ALIVE_MS")]
+    pub blocking_thread_keep_alive_ms: Option<u64>,
     #[command(subcommand)]
     pub command: Command,
 }

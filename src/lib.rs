@@ -12,10 +12,16 @@ pub mod cli;
 use std::future::Future;
 use std::process::ExitCode;
 
-/// Sets up logging (`log`: an EnvFilter) and the crypto provider, runs `work` on a runtime, and
-/// turns its error into a message naming `program` and a failing exit code ([`cli::EXIT_USAGE`]
-/// for a [`cli::UsageError`]).
-pub fn run_main<W>(program: &str, log: &str, work: impl FnOnce() -> W) -> ExitCode
+/// Sets up logging (`log`: an EnvFilter) and the crypto provider, runs `work` on a runtime (its
+/// blocking pool's idle threads kept for `blocking_keep_alive`, else tokio's default), and turns
+/// its error into a message naming `program` and a failing exit code ([`cli::EXIT_USAGE`] for a
+/// [`cli::UsageError`]).
+pub fn run_main<W>(
+    program: &str,
+    log: &str,
+    blocking_keep_alive: Option<std::time::Duration>,
+    work: impl FnOnce() -> W,
+) -> ExitCode
 where
     W: Future<Output = anyhow::Result<ExitCode>>,
 {
@@ -32,7 +38,12 @@ where
     // S3 client all use the process default). Installing twice is harmless, so the error is moot.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(keep_alive) = blocking_keep_alive {
+        builder.thread_keep_alive(keep_alive);
+    }
+    let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("{program}: cannot start the async runtime: {err}");

@@ -7,5 +7,8 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let log = cli.log.clone();
-    labforge_cli::run_main("labforge", &log, || run(cli))
+    let keep_alive = cli
+        .blocking_thread_keep_alive_ms
+        .map(std::time::Duration::from_millis);
+    labforge_cli::run_main("labforge", &log, keep_alive, || run(cli))
 }

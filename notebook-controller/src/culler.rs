@@ -94,7 +94,8 @@ pub trait ActivitySource: Send + Sync {
     async fn last_activity(&self, notebook: &Notebook) -> Result<Option<Timestamp>, ActivityError>;
 }
 
-/// Maps (namespace, name) to the base URL of that notebook's server.
+/// Maps (namespace, name) to the base URL of that notebook's server, or to the `Authorization`
+/// its server wants.
 type BaseUrlFn = Box<dyn Fn(&str, &str) -> String + Send + Sync>;
 
 /// Jupyter's own view: `/api/kernels` and `/api/terminals` under the notebook's prefix. A busy
@@ -103,6 +104,8 @@ pub struct JupyterActivity {
     http: reqwest::Client,
     /// Base URL of a notebook's server, e.g. `http://<name>.<ns>.svc.cluster.local`.
     base_url: BaseUrlFn,
+    /// The `Authorization` a notebook's server takes (the embedded mode's per-notebook secret).
+    authorization: Option<BaseUrlFn>,
 }
 
 impl JupyterActivity {
@@ -113,7 +116,17 @@ impl JupyterActivity {
                 .build()
                 .unwrap_or_default(),
             base_url: Box::new(base_url),
+            authorization: None,
         }
+    }
+
+    /// Sends `authorization(namespace, name)` as the `Authorization` header to each server.
+    pub fn with_authorization(
+        mut self,
+        authorization: impl Fn(&str, &str) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.authorization = Some(Box::new(authorization));
+        self
     }
 
     /// In a cluster: through the notebook's Service.
@@ -124,15 +137,20 @@ impl JupyterActivity {
     async fn fetch(
         &self,
         url: &str,
-        notebook: &str,
+        (namespace, notebook): (&str, &str),
     ) -> Result<Vec<serde_json::Value>, ActivityError> {
         let error = |message: String| ActivityError {
             notebook: notebook.to_owned(),
             message,
         };
-        let response = self
-            .http
-            .get(url)
+        let mut request = self.http.get(url);
+        if let Some(authorization) = &self.authorization {
+            request = request.header(
+                reqwest::header::AUTHORIZATION,
+                authorization(namespace, notebook),
+            );
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| error(format!("GET {url}: {e}")))?;
@@ -161,8 +179,9 @@ impl ActivitySource for JupyterActivity {
             "{}/notebook/{namespace}/{name}",
             (self.base_url)(&namespace, &name)
         );
-        let kernels = self.fetch(&format!("{base}/api/kernels"), &name).await?;
-        let terminals = self.fetch(&format!("{base}/api/terminals"), &name).await?;
+        let notebook = (namespace.as_str(), name.as_str());
+        let kernels = self.fetch(&format!("{base}/api/kernels"), notebook).await?;
+        let terminals = self.fetch(&format!("{base}/api/terminals"), notebook).await?;
         Ok(jupyter_last_activity(
             &kernels,
             &terminals,

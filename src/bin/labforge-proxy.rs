@@ -22,5 +22,5 @@ struct ProxyCli {
 
 fn main() -> ExitCode {
     let cli = ProxyCli::parse();
-    labforge_cli::run_main("labforge-proxy", &cli.log, || proxy(&cli.proxy))
+    labforge_cli::run_main("labforge-proxy", &cli.log, None, || proxy(&cli.proxy))
 }

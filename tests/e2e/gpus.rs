@@ -148,8 +148,8 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         .await;
     }
     let (g1, g2) = (
-        env_in(&format!("labforge-{user}-g1")),
-        env_in(&format!("labforge-{user}-g2")),
+        env_in(&labforge_web::runtime::container_name(&user, "g1")),
+        env_in(&labforge_web::runtime::container_name(&user, "g2")),
     );
     let mut seen = [g1.clone(), g2.clone()];
     seen.sort();
@@ -183,7 +183,7 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
     })
     .await;
     assert_eq!(
-        env_in(&format!("labforge-{user}-g3")),
+        env_in(&labforge_web::runtime::container_name(&user, "g3")),
         g1,
         "g1's device, freed by its stop"
     );

@@ -194,7 +194,7 @@ async fn diagnostics(up: &LabforgeUp, user: &str, password: &str) -> String {
     };
     let containers = podman(&["ps", "-a", "--format", "{{.Names}} {{.Status}} {{.Ports}}"]);
     report.push_str(&format!("containers:\n{containers}"));
-    let prefix = format!("labforge-{user}-");
+    let prefix = labforge_web::runtime::container_name(user, "");
     for name in containers
         .lines()
         .filter_map(|line| line.split_whitespace().next())

@@ -133,7 +133,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
     let anonymous = reqwest::Client::new().get(&url).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
 
-    let container = format!("labforge-{user}-code");
+    let container = labforge_web::runtime::container_name(&user, "code");
     exec(
         &container,
         "echo hello-from-workspace > /home/jovyan/hello.txt",

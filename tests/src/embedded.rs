@@ -137,6 +137,20 @@ impl LabforgeUp {
         })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its resident set size in KiB (`VmRSS` in `/proc/<pid>/status`).
+    pub fn resident_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// What it printed so far.
     pub fn stdout(&self) -> String {
         self.stdout.lock().map(|t| t.clone()).unwrap_or_default()
@@ -212,19 +226,23 @@ impl Drop for LabforgeUp {
     }
 }
 
-/// Removes the podman containers and volumes of these namespaces (`labforge-<ns>-*`) when
-/// dropped, however a test ends. Declare it before the [`LabforgeUp`], so that labforge is stopped
+/// Removes the podman containers, networks and volumes of these namespaces (`labforge-<ns>_*`)
+/// when dropped, however a test ends. Declare it before the [`LabforgeUp`], so that labforge is stopped
 /// first and does not start containers again while they are removed.
 pub struct RemoveNotebooksOnDrop(pub Vec<String>);
 
 impl Drop for RemoveNotebooksOnDrop {
     fn drop(&mut self) {
         for ns in &self.0 {
-            let prefix = format!("labforge-{ns}-");
+            let prefix = format!("labforge-{ns}_");
             for (list, remove) in [
                 (
                     &["ps", "-a", "--format", "{{.Names}}"][..],
                     &["rm", "-f", "-t", "0"][..],
+                ),
+                (
+                    &["network", "ls", "--format", "{{.Name}}"][..],
+                    &["network", "rm", "-f"][..],
                 ),
                 (
                     &["volume", "ls", "--format", "{{.Name}}"][..],

@@ -14,6 +14,7 @@ use crate::model::{
 };
 use crate::runtime::{Engine, container_name};
 use crate::saves::{Saves, StartSaveError};
+use crate::sign_in::{SignIn, SignInError};
 use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_token};
 use crate::validate::{FieldError, image_reference, notebook_from_request};
@@ -48,6 +49,8 @@ pub struct ApiState {
     pub access: Arc<dyn Access>,
     /// Local users (embedded mode); `None` where an auth proxy signs users in.
     pub local_users: Option<Arc<LocalAuth>>,
+    /// Password checks for [`Self::local_users`].
+    pub sign_in: Option<Arc<SignIn>>,
     /// Saves: run here (embedded mode) or as ImageBuilds (a cluster with `--save-registry`);
     /// `None` where saving is not set up.
     pub saves: Option<Arc<dyn Saves>>,
@@ -212,27 +215,29 @@ struct Login {
 
 async fn login(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     body: Result<Json<Login>, JsonRejection>,
-) -> ApiResult<Response> {
-    let Json(login) = body?;
-    let Some(auth) = state.local_users.clone() else {
+) -> Result<Response, Response> {
+    let Json(login) = body.map_err(|e| Failure::from(e).into_response())?;
+    let (Some(auth), Some(sign_in)) = (&state.local_users, &state.sign_in) else {
         return Err(Failure::new(
             StatusCode::NOT_FOUND,
             "users sign in through the cluster's auth proxy",
-        ));
+        )
+        .into_response());
     };
-    let sessions = auth.clone();
-    // Checked off the async threads: argon2 is slow on purpose.
-    let user =
-        tokio::task::spawn_blocking(move || auth.users.verify(&login.username, &login.password))
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "wrong user name or password"))?;
-    let token = sessions
-        .sessions
-        .start(&user.name)
-        .map_err(|e| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let user = sign_in
+        .check(
+            &auth.users,
+            &login.username,
+            &login.password,
+            client_address(&headers),
+        )
+        .await
+        .map_err(sign_in_failure)?;
+    let token = auth.sessions.start(&user.name).map_err(|e| {
+        Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+    })?;
     let secure = if state.secure_cookies { "; Secure" } else { "" };
     let cookie = format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax{secure}");
     let mut response = Json(whoami_body(&user)).into_response();
@@ -252,6 +257,41 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
         HeaderValue::from_static("labforge_session=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
     );
     response
+}
+
+/// The client's address as the proxy in front saw it: the last `X-Forwarded-For` entry, which
+/// is the proxy's own (the embedded web app listens on loopback behind it).
+fn client_address(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .next_back()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+fn sign_in_failure(error: SignInError) -> Response {
+    match error {
+        SignInError::Wrong => Failure::new(StatusCode::UNAUTHORIZED, error.to_string()).into_response(),
+        SignInError::Busy => {
+            let mut response =
+                Failure::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+        SignInError::Throttled(wait) => {
+            let mut response =
+                Failure::new(StatusCode::TOO_MANY_REQUESTS, error.to_string()).into_response();
+            if let Ok(seconds) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, seconds);
+            }
+            response
+        }
+    }
 }
 
 fn whoami_body(user: &User) -> serde_json::Value {

@@ -31,6 +31,7 @@ pub async fn router(
             header,
         }),
         local_users: None,
+        sign_in: None,
         saves: save_registry.map(|registry| {
             Arc::new(ImageBuildSaves::new(client.clone(), registry)) as Arc<dyn crate::saves::Saves>
         }),

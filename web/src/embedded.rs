@@ -17,6 +17,7 @@ use crate::model::ServerType;
 use crate::runtime::{Engine, Runtime};
 use crate::saves::SaveJobs;
 use crate::store::Store;
+use crate::notebook_secret::NotebookSecrets;
 use crate::users::{LocalAuth, Sessions, UserError, Users};
 use labforge_builder::cache::BlobCache;
 use labforge_builder::image::RuntimeConfig;
@@ -215,6 +216,12 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         sessions: Sessions::default(),
     });
     let store = Arc::new(Store::open(&dir.join("store"))?);
+    let secrets = Arc::new(
+        NotebookSecrets::open(&dir).map_err(|source| UpError::DataDir {
+            path: dir.clone(),
+            source,
+        })?,
+    );
 
     let (registry, registry_child) = match &options.registry {
         Some(registry) => (registry.clone(), None),
@@ -326,6 +333,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         agent_dir,
         gpus,
         Some(saves.clone()),
+        secrets.clone(),
     ));
     match runtime.adopt().await {
         Ok(0) => {}
@@ -336,6 +344,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         backend: store.clone(),
         access: auth.clone(),
         local_users: Some(auth.clone()),
+        sign_in: Some(Arc::new(crate::sign_in::SignIn::for_this_machine()?)),
         saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
         config: Arc::new(spawner),
         logs: crate::api::LogSource::Engine(engine),
@@ -381,13 +390,15 @@ async fn cull(
     config: CullingConfig,
 ) {
     let ports = runtime.clone();
+    let secrets = runtime.secrets.clone();
     let jupyter = JupyterActivity::new(move |ns, name| {
         format!(
             "http://127.0.0.1:{}{}",
             ports.port_of(ns, name).unwrap_or(0),
             labforge_notebook_controller::builders::route_prefix(ns, name)
         )
-    });
+    })
+    .with_authorization(move |ns, name| format!("token {}", secrets.of(ns, name)));
     let mut tick = tokio::time::interval(config.check_period);
     loop {
         tick.tick().await;

@@ -8,6 +8,7 @@
 //! kept on stop and on delete.
 
 use crate::model::AUTO_SAVE_ANNOTATION;
+use crate::notebook_secret::NotebookSecrets;
 use crate::store::{Change, Store};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, PodSpec,
@@ -49,6 +50,8 @@ pub enum PlanError {
 /// One notebook's container, as `<engine> run` arguments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerPlan {
+    /// The container's name, and its network's: each notebook has a network of its own, which
+    /// no other notebook's container can reach.
     pub name: String,
     pub image: String,
     /// Everything between `run -d` and the image, except the published port.
@@ -59,14 +62,16 @@ pub struct ContainerPlan {
     pub digest: String,
 }
 
-/// The container name of a notebook.
+/// The container name of a notebook, which is also the name of its network. Namespaces and
+/// notebook names are DNS labels, which never hold `_`: no two notebooks share a name (with `-`
+/// between them, `alice`'s `x-lab` and `alice-x`'s `lab` did).
 pub fn container_name(namespace: &str, name: &str) -> String {
-    format!("labforge-{namespace}-{name}")
+    format!("labforge-{namespace}_{name}")
 }
 
-/// The podman volume standing in for a PersistentVolumeClaim.
+/// The podman volume standing in for a PersistentVolumeClaim; injective as [`container_name`].
 pub fn volume_name(namespace: &str, claim: &str) -> String {
-    format!("labforge-{namespace}-{claim}")
+    format!("labforge-{namespace}_{claim}")
 }
 
 /// A quantity as `--cpus` wants it.
@@ -80,12 +85,14 @@ fn bytes(quantity: &str) -> Option<String> {
     Some(format!("{}", value.round() as u64))
 }
 
-/// Plans the container of `notebook`, from the pod template the controller would give Kubernetes.
+/// Plans the container of `notebook`, from the pod template the controller would give Kubernetes;
+/// `secret` is the notebook's own ([`crate::notebook_secret`]), given to its server.
 pub fn plan(
     notebook: &Notebook,
     config: &BuilderConfig,
     agent_dir: Option<&std::path::Path>,
     gpu_devices: &[String],
+    secret: Option<&str>,
 ) -> Result<ContainerPlan, PlanError> {
     let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
     let name = notebook.metadata.name.clone().unwrap_or_default();
@@ -111,6 +118,8 @@ pub fn plan(
         format!("{NOTEBOOK_LABEL}={namespace}/{name}"),
         "--hostname".into(),
         name.clone(),
+        "--network".into(),
+        container_name(&namespace, &name),
     ];
     if let Some(dir) = &container.working_dir {
         options.extend(["--workdir".into(), dir.clone()]);
@@ -182,6 +191,13 @@ pub fn plan(
             options.extend(["--memory".into(), memory]);
         }
     }
+    if let Some(secret) = secret {
+        // Last, so that it wins over a variable of that name in the spec.
+        options.extend([
+            "--env".into(),
+            format!("{}={secret}", crate::notebook_secret::SECRET_ENV),
+        ]);
+    }
     for device in gpu_devices {
         options.extend(["--device".into(), device.clone()]);
     }
@@ -236,19 +252,33 @@ pub fn plan(
     })
 }
 
-/// The route of `notebook`, pointed at its container's published port.
+/// The route of `notebook`, pointed at its container's published port, presenting `secret` (the
+/// notebook's own) to its server.
 pub fn route(
     notebook: &Notebook,
     config: &BuilderConfig,
     host_port: u16,
+    secret: Option<&str>,
 ) -> Result<VirtualService, builders::BuildError> {
     let mut vs = builders::virtual_service(notebook, config)?;
+    let code_server = notebook.annotation(crate::model::SERVER_TYPE_ANNOTATION)
+        == Some(crate::model::ServerType::Vscode.annotation());
     for rule in &mut vs.spec.http {
         for destination in &mut rule.route {
             destination.destination.host = "127.0.0.1".into();
             if let Some(port) = destination.destination.port.as_mut() {
                 port.number = u32::from(host_port);
             }
+        }
+        if let Some(secret) = secret {
+            let operations = rule
+                .headers
+                .get_or_insert_with(Default::default)
+                .request
+                .get_or_insert_with(Default::default);
+            operations
+                .set
+                .extend(crate::notebook_secret::upstream_headers(secret, code_server));
         }
     }
     // Merge order among VirtualServices is by creation time, as in Istio.
@@ -394,7 +424,40 @@ impl Engine {
         self.run(&args).await.map(|_| ())
     }
 
+    /// Creates the network `name` unless it exists: isolated, so that its containers reach no
+    /// other isolated network's (podman; docker isolates its bridge networks from each other by
+    /// itself).
+    async fn ensure_network(&self, name: &str) -> Result<(), EngineError> {
+        let exists = ["network".to_owned(), "exists".to_owned(), name.to_owned()];
+        if self.run(&exists).await.is_ok() {
+            return Ok(());
+        }
+        let mut create = vec![
+            "network".to_owned(),
+            "create".to_owned(),
+            "--label".to_owned(),
+            format!("{MANAGED_LABEL}={}", self.instance),
+        ];
+        if !self.is_docker() {
+            create.extend(["--opt".to_owned(), "isolate=true".to_owned()]);
+        }
+        create.push(name.to_owned());
+        match self.run(&create).await {
+            Ok(_) => Ok(()),
+            // Created meanwhile by another reconcile.
+            Err(_) if self.run(&exists).await.is_ok() => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn is_docker(&self) -> bool {
+        self.program
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("docker"))
+    }
+
     pub async fn start(&self, plan: &ContainerPlan, host_port: u16) -> Result<(), EngineError> {
+        self.ensure_network(&plan.name).await?;
         let mut args = vec!["run".to_owned(), "--detach".to_owned()];
         args.extend(plan.options.iter().cloned());
         args.extend([
@@ -410,6 +473,7 @@ impl Engine {
         self.run(&args).await.map(|_| ())
     }
 
+    /// Removes the container `name` and then its network.
     pub async fn remove(&self, name: &str) -> Result<(), EngineError> {
         self.run(&[
             "rm".into(),
@@ -418,8 +482,15 @@ impl Engine {
             "10".into(),
             name.into(),
         ])
-        .await
-        .map(|_| ())
+        .await?;
+        // A container from before networks were per notebook has none of its own.
+        if let Err(err) = self
+            .run(&["network".into(), "rm".into(), name.into()])
+            .await
+        {
+            tracing::debug!(error = %err, network = name, "removing a notebook's network");
+        }
+        Ok(())
     }
 
     /// `<engine> logs` of a container, stdout and stderr as one stream.
@@ -461,6 +532,8 @@ pub struct Runtime {
     pub gpus: crate::gpus::GpuPool,
     /// Saves before stops, for notebooks that ask for it.
     pub saves: Option<Arc<crate::saves::SaveJobs>>,
+    /// Each notebook's secret, which only its server and the proxy know.
+    pub secrets: Arc<NotebookSecrets>,
     http: reqwest::Client,
     /// Notebooks with a reconcile under way, so a slow pull does not get a second one.
     busy: Mutex<HashSet<(String, String)>>,
@@ -477,6 +550,7 @@ impl Runtime {
         agent_dir: Option<PathBuf>,
         gpus: crate::gpus::GpuPool,
         saves: Option<Arc<crate::saves::SaveJobs>>,
+        secrets: Arc<NotebookSecrets>,
     ) -> Self {
         Self {
             engine,
@@ -486,6 +560,7 @@ impl Runtime {
             agent_dir,
             gpus,
             saves,
+            secrets,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .redirect(reqwest::redirect::Policy::none())
@@ -524,7 +599,8 @@ impl Runtime {
             let Some(notebook) = self.store.get(ns, name).filter(|nb| !nb.is_stopped()) else {
                 continue;
             };
-            if let Ok(vs) = route(&notebook, &self.builder_config, port) {
+            let secret = self.secrets.of(ns, name);
+            if let Ok(vs) = route(&notebook, &self.builder_config, port, Some(&secret)) {
                 self.routes.upsert(vs);
                 self.set_port(ns, name, Some(port));
                 adopted += 1;
@@ -659,11 +735,13 @@ impl Runtime {
                 return;
             }
         };
+        let secret = self.secrets.of(&ns, &name);
         let plan = match plan(
             notebook,
             &self.builder_config,
             self.agent_dir.as_deref(),
             &devices,
+            Some(&secret),
         ) {
             Ok(plan) => plan,
             Err(err) => {
@@ -711,7 +789,7 @@ impl Runtime {
             },
         };
         self.set_port(&ns, &name, Some(port));
-        match route(notebook, &self.builder_config, port) {
+        match route(notebook, &self.builder_config, port, Some(&secret)) {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
@@ -882,5 +960,103 @@ fn running_status(ready: bool) -> NotebookStatus {
             running: Some(ContainerStateRunning { started_at: None }),
             ..Default::default()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NotebookRequest, ServerType, WorkspaceRequest};
+
+    fn notebook(namespace: &str, request: NotebookRequest) -> Notebook {
+        let config = crate::embedded::default_spawner("registry.local");
+        crate::validate::notebook_from_request(&request, namespace, namespace, &config, &[])
+            .unwrap()
+    }
+
+    fn request(name: &str) -> NotebookRequest {
+        NotebookRequest {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    fn option_values<'p>(plan: &'p ContainerPlan, option: &str) -> Vec<&'p str> {
+        plan.options
+            .windows(2)
+            .filter(|pair| pair[0] == option)
+            .map(|pair| pair[1].as_str())
+            .collect()
+    }
+
+    #[test]
+    fn names_of_containers_networks_and_volumes_never_collide_across_namespaces() {
+        // `alice`'s `x-lab` and `alice-x`'s `lab`: one string apart only in where the dash goes.
+        let config = BuilderConfig::default();
+        let mut existing = request("x-lab");
+        existing.workspace = Some(WorkspaceRequest::Existing {
+            name: "ws".into(),
+        });
+        let a = plan(&notebook("alice", existing), &config, None, &[], None).unwrap();
+        let mut other = request("lab");
+        other.workspace = Some(WorkspaceRequest::Existing {
+            name: "x-ws".into(),
+        });
+        let b = plan(&notebook("alice-x", other), &config, None, &[], None).unwrap();
+        assert_ne!(a.name, b.name);
+        assert_eq!(option_values(&a, "--network"), [a.name.as_str()]);
+        assert_eq!(option_values(&b, "--network"), [b.name.as_str()]);
+        assert_ne!(option_values(&a, "--volume"), option_values(&b, "--volume"));
+        assert_eq!(option_values(&a, "--volume"), ["labforge-alice_ws:/home/jovyan"]);
+        assert_ne!(volume_name("alice", "x-ws"), volume_name("alice-x", "ws"));
+    }
+
+    #[test]
+    fn the_secret_goes_to_the_server_and_onto_its_route_only() {
+        let config = BuilderConfig::default();
+        let lab = notebook("alice", request("lab"));
+        let mut spec = lab.clone();
+        // A variable of that name in the spec does not win over the notebook's own secret.
+        if let Some(container) = spec.container_mut() {
+            container.env.get_or_insert_with(Vec::new).push(
+                k8s_openapi::api::core::v1::EnvVar {
+                    name: crate::notebook_secret::SECRET_ENV.into(),
+                    value: Some("chosen".into()),
+                    ..Default::default()
+                },
+            );
+        }
+        let planned = plan(&spec, &config, None, &[], Some("s3cret")).unwrap();
+        let envs = option_values(&planned, "--env");
+        let position = |value: &str| envs.iter().position(|e| *e == value);
+        assert!(
+            position("LABFORGE_NOTEBOOK_SECRET=s3cret") > position("LABFORGE_NOTEBOOK_SECRET=chosen"),
+            "{envs:?}"
+        );
+        // Same inputs, same plan: a running container is not replaced for its secret.
+        assert_eq!(
+            plan(&spec, &config, None, &[], Some("s3cret")).unwrap().digest,
+            planned.digest
+        );
+
+        let headers = |nb: &Notebook| {
+            let vs = route(nb, &config, 4000, Some("s3cret")).unwrap();
+            vs.spec.http[0]
+                .headers
+                .clone()
+                .and_then(|h| h.request)
+                .unwrap()
+                .set
+        };
+        let jupyter = headers(&lab);
+        assert_eq!(jupyter["authorization"], "token s3cret");
+        assert!(!jupyter.contains_key("cookie"));
+        let mut code = request("code");
+        code.server_type = ServerType::Vscode;
+        let vscode = headers(&notebook("alice", code));
+        assert_eq!(vscode["cookie"], "code-server-session=s3cret");
+        let vs = route(&lab, &config, 4000, None).unwrap();
+        assert!(vs.spec.http.iter().all(|r| r.headers.is_none()), "no secret, no headers");
+        assert_eq!(vs.spec.http[0].route[0].destination.host, "127.0.0.1");
     }
 }

@@ -65,7 +65,7 @@ pub fn random_token(len: usize) -> Result<String, UserError> {
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
 
-fn hash_password(password: &str) -> Result<String, UserError> {
+pub(crate) fn hash_password(password: &str) -> Result<String, UserError> {
     let mut salt = [0u8; 16];
     getrandom::fill(&mut salt).map_err(|e| UserError::Random(e.to_string()))?;
     let salt = SaltString::encode_b64(&salt).map_err(|e| UserError::Hash(e.to_string()))?;
@@ -73,6 +73,15 @@ fn hash_password(password: &str) -> Result<String, UserError> {
         .hash_password(password.as_bytes(), &salt)
         .map(|h| h.to_string())
         .map_err(|e| UserError::Hash(e.to_string()))
+}
+
+/// Whether `password` hashes to the PHC string `hash` (argon2, its parameters from `hash`).
+pub(crate) fn password_matches(password: &str, hash: &str) -> bool {
+    PasswordHash::new(hash).is_ok_and(|hash| {
+        argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &hash)
+            .is_ok()
+    })
 }
 
 /// Inode and mtime of the users file.
@@ -227,15 +236,12 @@ impl Users {
         Ok(Some(("admin".to_owned(), password)))
     }
 
-    /// The user, if `password` is theirs.
+    /// The user, if `password` is theirs. Signing in goes through [`crate::sign_in::SignIn`],
+    /// which runs this check on its own threads.
     pub fn verify(&self, name: &str, password: &str) -> Option<User> {
         let _ = self.refresh();
         let user = self.get(name)?;
-        let hash = PasswordHash::new(&user.password_hash).ok()?;
-        argon2::Argon2::default()
-            .verify_password(password.as_bytes(), &hash)
-            .ok()?;
-        Some(user)
+        password_matches(password, &user.password_hash).then_some(user)
     }
 }
 

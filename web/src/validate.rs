@@ -128,6 +128,12 @@ fn env_name(field: &str, name: &str) -> Result<(), FieldError> {
             "NB_PREFIX is set by labforge to the notebook's route",
         ));
     }
+    if name == crate::notebook_secret::SECRET_ENV {
+        return Err(FieldError::new(
+            field,
+            format!("{name} is set by labforge to the notebook's own secret"),
+        ));
+    }
     Ok(())
 }
 
@@ -534,6 +540,10 @@ mod tests {
         let mut r = request("lab");
         r.environment.insert("1BAD".into(), "x".into());
         assert_eq!(field_of(r), "environment.1BAD");
+        let mut r = request("lab");
+        r.environment
+            .insert("LABFORGE_NOTEBOOK_SECRET".into(), "mine".into());
+        assert_eq!(field_of(r), "environment.LABFORGE_NOTEBOOK_SECRET");
         let mut r = request("lab");
         r.data_volumes.push(DataVolumeRequest {
             name: "data".into(),
