@@ -50,7 +50,12 @@ pub struct Cli {
     pub log: String,
     /// Milliseconds an idle thread of the async runtime's blocking pool is kept (tokio's
     /// default is 10 s). The memory soak shortens it so that every sign-in meets a fresh pool.
-    #[arg(long, global = true, hide = true, env = "LABFORGE_BLOCKING_THREAD_KEEP_ALIVE_MS")]
+    #[arg(
+        long,
+        global = true,
+        hide = true,
+        env = "LABFORGE_BLOCKING_THREAD_KEEP_ALIVE_MS"
+    )]
     pub blocking_thread_keep_alive_ms: Option<u64>,
     #[command(subcommand)]
     pub command: Command,

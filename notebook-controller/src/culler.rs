@@ -181,7 +181,9 @@ impl ActivitySource for JupyterActivity {
         );
         let notebook = (namespace.as_str(), name.as_str());
         let kernels = self.fetch(&format!("{base}/api/kernels"), notebook).await?;
-        let terminals = self.fetch(&format!("{base}/api/terminals"), notebook).await?;
+        let terminals = self
+            .fetch(&format!("{base}/api/terminals"), notebook)
+            .await?;
         Ok(jupyter_last_activity(
             &kernels,
             &terminals,

@@ -246,7 +246,11 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
         Duration::from_secs(120),
         || async {
             let out = std::process::Command::new("podman")
-                .args(["container", "exists", &labforge_web::runtime::container_name(ns, "lab")])
+                .args([
+                    "container",
+                    "exists",
+                    &labforge_web::runtime::container_name(ns, "lab"),
+                ])
                 .status()
                 .unwrap();
             (!out.success()).then_some(())

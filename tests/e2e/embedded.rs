@@ -402,7 +402,10 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     // Longer than the runtime's resync, so the other instance has looked at every container.
     tokio::time::sleep(Duration::from_secs(5)).await;
     drop(other);
-    assert_eq!(container_id(&labforge_web::runtime::container_name(&alice, "lab")), running);
+    assert_eq!(
+        container_id(&labforge_web::runtime::container_name(&alice, "lab")),
+        running
+    );
 
     // Save the environment; follow the progress to the pushed digest.
     let (code, save) = a

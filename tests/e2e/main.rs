@@ -15,6 +15,7 @@ mod embedded;
 mod fake_kube;
 mod gpus;
 mod image_builds;
+mod isolation;
 mod memory_soak;
 mod notebook_image;
 mod proxy;

@@ -92,7 +92,10 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
                 }
             });
             for status in futures::future::join_all(wrong).await {
-                assert!(matches!(status, 401 | 503), "wrong password answered {status}");
+                assert!(
+                    matches!(status, 401 | 503),
+                    "wrong password answered {status}"
+                );
             }
             // The next good sign-in clears the address's failures.
             need(up.sign_in(user, password).await);

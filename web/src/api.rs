@@ -274,7 +274,9 @@ fn client_address(headers: &HeaderMap) -> Option<&str> {
 
 fn sign_in_failure(error: SignInError) -> Response {
     match error {
-        SignInError::Wrong => Failure::new(StatusCode::UNAUTHORIZED, error.to_string()).into_response(),
+        SignInError::Wrong => {
+            Failure::new(StatusCode::UNAUTHORIZED, error.to_string()).into_response()
+        }
         SignInError::Busy => {
             let mut response =
                 Failure::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response();

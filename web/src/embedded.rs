@@ -14,10 +14,10 @@ use crate::api::{ApiState, STOPPED_BY_ANNOTATION};
 use crate::config::{CatalogImage, SpawnerConfig};
 use crate::gpus::GpuPool;
 use crate::model::ServerType;
+use crate::notebook_secret::NotebookSecrets;
 use crate::runtime::{Engine, Runtime};
 use crate::saves::SaveJobs;
 use crate::store::Store;
-use crate::notebook_secret::NotebookSecrets;
 use crate::users::{LocalAuth, Sessions, UserError, Users};
 use labforge_builder::cache::BlobCache;
 use labforge_builder::image::RuntimeConfig;
@@ -335,6 +335,11 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Some(saves.clone()),
         secrets.clone(),
     ));
+    let namespaces = auth.users.list().into_iter().map(|u| u.namespace);
+    let copied = runtime.migrate_legacy_volumes(&dir, namespaces).await;
+    if copied > 0 {
+        tracing::info!(copied, "workspace volumes moved to their new names");
+    }
     match runtime.adopt().await {
         Ok(0) => {}
         Ok(adopted) => tracing::info!(adopted, "notebooks still running were adopted"),

@@ -50,7 +50,12 @@ impl NotebookSecrets {
                 file.sync_all()?;
                 std::fs::rename(&temporary, &path)?;
             }
-            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", path.display()),
+                ));
+            }
         }
         Ok(Self { key })
     }
@@ -74,7 +79,10 @@ impl NotebookSecrets {
 pub fn upstream_headers(secret: &str, code_server: bool) -> Vec<(String, String)> {
     let mut headers = vec![("authorization".to_owned(), format!("token {secret}"))];
     if code_server {
-        headers.push(("cookie".to_owned(), format!("{CODE_SERVER_COOKIE}={secret}")));
+        headers.push((
+            "cookie".to_owned(),
+            format!("{CODE_SERVER_COOKIE}={secret}"),
+        ));
     }
     headers
 }
@@ -101,6 +109,11 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         // Another data dir, another key.
         let other = tempfile::tempdir().unwrap();
-        assert_ne!(NotebookSecrets::open(other.path()).unwrap().of("alice", "lab"), alice);
+        assert_ne!(
+            NotebookSecrets::open(other.path())
+                .unwrap()
+                .of("alice", "lab"),
+            alice
+        );
     }
 }

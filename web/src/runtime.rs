@@ -74,6 +74,29 @@ pub fn volume_name(namespace: &str, claim: &str) -> String {
     format!("labforge-{namespace}_{claim}")
 }
 
+/// The name [`volume_name`] gave before names were injective: `labforge-<ns>-<claim>`.
+fn legacy_volume_name(namespace: &str, claim: &str) -> String {
+    format!("labforge-{namespace}-{claim}")
+}
+
+/// The claim a legacy volume name can only have meant for `namespace`, or `None` when another of
+/// `namespaces` could have made the same name (`labforge-alice-x-ws` is `alice`'s `x-ws` or
+/// `alice-x`'s `ws`).
+fn unambiguous_legacy_claim<'n>(
+    legacy: &str,
+    namespace: &str,
+    namespaces: impl IntoIterator<Item = &'n str>,
+) -> Option<String> {
+    let claim = legacy.strip_prefix(&format!("labforge-{namespace}-"))?;
+    let ambiguous = namespaces.into_iter().any(|other| {
+        other != namespace
+            && legacy
+                .strip_prefix(&format!("labforge-{other}-"))
+                .is_some_and(|rest| !rest.is_empty())
+    });
+    (!ambiguous && !claim.is_empty()).then(|| claim.to_owned())
+}
+
 /// A quantity as `--cpus` wants it.
 fn cpus(quantity: &str) -> Option<String> {
     let value = crate::validate::quantity("cpu", quantity).ok()?;
@@ -278,7 +301,10 @@ pub fn route(
                 .get_or_insert_with(Default::default);
             operations
                 .set
-                .extend(crate::notebook_secret::upstream_headers(secret, code_server));
+                .extend(crate::notebook_secret::upstream_headers(
+                    secret,
+                    code_server,
+                ));
         }
     }
     // Merge order among VirtualServices is by creation time, as in Istio.
@@ -473,6 +499,52 @@ impl Engine {
         self.run(&args).await.map(|_| ())
     }
 
+    async fn volume_exists(&self, name: &str) -> bool {
+        self.run(&["volume".into(), "exists".into(), name.into()])
+            .await
+            .is_ok()
+    }
+
+    /// Copies volume `from` into a new volume `to` (podman's `volume export` and `import`).
+    async fn copy_volume(
+        &self,
+        from: &str,
+        to: &str,
+        scratch: &std::path::Path,
+    ) -> Result<(), EngineError> {
+        let archive = scratch.join(format!(".{to}.tar"));
+        let archive_arg = archive.display().to_string();
+        let result = async {
+            self.run(&["volume".into(), "create".into(), to.into()])
+                .await?;
+            self.run(&[
+                "volume".into(),
+                "export".into(),
+                "--output".into(),
+                archive_arg.clone(),
+                from.into(),
+            ])
+            .await?;
+            self.run(&[
+                "volume".into(),
+                "import".into(),
+                to.into(),
+                archive_arg.clone(),
+            ])
+            .await
+            .map(|_| ())
+        }
+        .await;
+        let _ = std::fs::remove_file(&archive);
+        if result.is_err() {
+            // Nothing half-made: the next start tries again from the old volume.
+            let _ = self
+                .run(&["volume".into(), "rm".into(), "--force".into(), to.into()])
+                .await;
+        }
+        result
+    }
+
     /// Removes the container `name` and then its network.
     pub async fn remove(&self, name: &str) -> Result<(), EngineError> {
         self.run(&[
@@ -585,6 +657,64 @@ impl Runtime {
                 None => ports.remove(&key),
             };
         }
+    }
+
+    /// Copies each workspace volume still under its legacy name (`labforge-<ns>-<claim>`) into
+    /// its injective one, when none of `namespaces` (every user's, besides the store's) but the
+    /// notebook's own could have made that legacy name; the old volume is kept. Only podman can
+    /// copy volumes; `scratch` holds each copy's archive.
+    pub async fn migrate_legacy_volumes(
+        &self,
+        scratch: &std::path::Path,
+        namespaces: impl IntoIterator<Item = String>,
+    ) -> usize {
+        if self.engine.is_docker() {
+            return 0;
+        }
+        let notebooks = self.store.list(None);
+        let namespaces: HashSet<String> = notebooks
+            .iter()
+            .filter_map(|nb| nb.metadata.namespace.clone())
+            .chain(namespaces)
+            .collect();
+        let mut copied = 0;
+        for notebook in &notebooks {
+            let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
+            let claims = notebook
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|pod| pod.volumes.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.persistent_volume_claim.as_ref())
+                .map(|claim| claim.claim_name.clone());
+            for claim in claims {
+                let (new, legacy) = (volume_name(ns, &claim), legacy_volume_name(ns, &claim));
+                if self.engine.volume_exists(&new).await
+                    || !self.engine.volume_exists(&legacy).await
+                {
+                    continue;
+                }
+                if unambiguous_legacy_claim(&legacy, ns, namespaces.iter().map(String::as_str))
+                    .is_none()
+                {
+                    tracing::warn!(volume = %legacy, "not copied: another namespace could have made this name; copy it by hand");
+                    continue;
+                }
+                match self.engine.copy_volume(&legacy, &new, scratch).await {
+                    Ok(()) => {
+                        tracing::info!(from = %legacy, to = %new, "workspace volume copied to its new name; the old one is kept");
+                        copied += 1;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, volume = %legacy, "copying a workspace volume to its new name")
+                    }
+                }
+            }
+        }
+        copied
     }
 
     /// Routes to the containers that kept running while labforge was down, before anything is
@@ -994,9 +1124,7 @@ mod tests {
         // `alice`'s `x-lab` and `alice-x`'s `lab`: one string apart only in where the dash goes.
         let config = BuilderConfig::default();
         let mut existing = request("x-lab");
-        existing.workspace = Some(WorkspaceRequest::Existing {
-            name: "ws".into(),
-        });
+        existing.workspace = Some(WorkspaceRequest::Existing { name: "ws".into() });
         let a = plan(&notebook("alice", existing), &config, None, &[], None).unwrap();
         let mut other = request("lab");
         other.workspace = Some(WorkspaceRequest::Existing {
@@ -1007,8 +1135,32 @@ mod tests {
         assert_eq!(option_values(&a, "--network"), [a.name.as_str()]);
         assert_eq!(option_values(&b, "--network"), [b.name.as_str()]);
         assert_ne!(option_values(&a, "--volume"), option_values(&b, "--volume"));
-        assert_eq!(option_values(&a, "--volume"), ["labforge-alice_ws:/home/jovyan"]);
+        assert_eq!(
+            option_values(&a, "--volume"),
+            ["labforge-alice_ws:/home/jovyan"]
+        );
         assert_ne!(volume_name("alice", "x-ws"), volume_name("alice-x", "ws"));
+    }
+
+    #[test]
+    fn a_legacy_volume_name_is_taken_only_when_no_other_namespace_could_have_made_it() {
+        let legacy = legacy_volume_name("alice", "x-ws");
+        assert_eq!(
+            unambiguous_legacy_claim(&legacy, "alice", ["alice", "bob"]).as_deref(),
+            Some("x-ws")
+        );
+        assert_eq!(
+            unambiguous_legacy_claim(&legacy, "alice", ["alice", "alice-x"]),
+            None
+        );
+        assert_eq!(
+            unambiguous_legacy_claim(&legacy, "bob", ["alice", "bob"]),
+            None
+        );
+        assert_eq!(
+            unambiguous_legacy_claim("labforge-alice-", "alice", ["alice"]),
+            None
+        );
     }
 
     #[test]
@@ -1018,24 +1170,28 @@ mod tests {
         let mut spec = lab.clone();
         // A variable of that name in the spec does not win over the notebook's own secret.
         if let Some(container) = spec.container_mut() {
-            container.env.get_or_insert_with(Vec::new).push(
-                k8s_openapi::api::core::v1::EnvVar {
+            container
+                .env
+                .get_or_insert_with(Vec::new)
+                .push(k8s_openapi::api::core::v1::EnvVar {
                     name: crate::notebook_secret::SECRET_ENV.into(),
                     value: Some("chosen".into()),
                     ..Default::default()
-                },
-            );
+                });
         }
         let planned = plan(&spec, &config, None, &[], Some("s3cret")).unwrap();
         let envs = option_values(&planned, "--env");
         let position = |value: &str| envs.iter().position(|e| *e == value);
         assert!(
-            position("LABFORGE_NOTEBOOK_SECRET=s3cret") > position("LABFORGE_NOTEBOOK_SECRET=chosen"),
+            position("LABFORGE_NOTEBOOK_SECRET=s3cret")
+                > position("LABFORGE_NOTEBOOK_SECRET=chosen"),
             "{envs:?}"
         );
         // Same inputs, same plan: a running container is not replaced for its secret.
         assert_eq!(
-            plan(&spec, &config, None, &[], Some("s3cret")).unwrap().digest,
+            plan(&spec, &config, None, &[], Some("s3cret"))
+                .unwrap()
+                .digest,
             planned.digest
         );
 
@@ -1056,7 +1212,10 @@ mod tests {
         let vscode = headers(&notebook("alice", code));
         assert_eq!(vscode["cookie"], "code-server-session=s3cret");
         let vs = route(&lab, &config, 4000, None).unwrap();
-        assert!(vs.spec.http.iter().all(|r| r.headers.is_none()), "no secret, no headers");
+        assert!(
+            vs.spec.http.iter().all(|r| r.headers.is_none()),
+            "no secret, no headers"
+        );
         assert_eq!(vs.spec.http[0].route[0].destination.host, "127.0.0.1");
     }
 }

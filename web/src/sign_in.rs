@@ -283,14 +283,22 @@ mod tests {
         let throttle = Throttle::default();
         let start = Instant::now();
         for i in 0..FREE_FAILURES_PER_NAME {
-            assert_eq!(throttle.wait(&name("a"), start), None, "failure {i} is free");
+            assert_eq!(
+                throttle.wait(&name("a"), start),
+                None,
+                "failure {i} is free"
+            );
             throttle.failed(&name("a"), start);
         }
         assert_eq!(
             throttle.wait(&name("a"), start),
             Some(Duration::from_secs(1))
         );
-        assert_eq!(throttle.wait(&name("b"), start), None, "other names are free");
+        assert_eq!(
+            throttle.wait(&name("b"), start),
+            None,
+            "other names are free"
+        );
         throttle.failed(&name("a"), start);
         assert_eq!(
             throttle.wait(&name("a"), start),
@@ -353,7 +361,11 @@ mod tests {
             sign_in.check(&users, "nobody", "x", Some("a")).await,
             Err(SignInError::Wrong)
         );
-        assert_eq!(sign_in.checks_completed(), 2, "an unknown name is hashed too");
+        assert_eq!(
+            sign_in.checks_completed(),
+            2,
+            "an unknown name is hashed too"
+        );
 
         // One thread, one waiting place: of many at once, some are turned away unhashed.
         let attempts = (0..8).map(|i| {
