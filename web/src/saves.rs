@@ -301,15 +301,19 @@ impl SaveJob {
         progress: impl Fn(SaveProgress) + Send + Sync + Clone + 'static,
     ) -> Result<SavedImage, String> {
         let (ns, nb) = (self.namespace.as_str(), self.notebook.as_str());
-        match save(
+        let saved = save(
             &self.source,
             Some(&self.base),
             &self.target,
             &self.options,
             progress,
         )
-        .await
-        {
+        .await;
+        // A save's indexes, package sets and compression buffers were allocated on blocking
+        // threads, whose allocator arenas keep what they freed: give it back, or each save
+        // leaves the server larger.
+        let _ = tokio::task::spawn_blocking(labforge_heap::release_free_memory).await;
+        match saved {
             Ok(saved) => {
                 let digest = saved.image.manifest_digest.to_string();
                 let layer_bytes = saved.layer.as_ref().map_or(0, |l| l.size);

@@ -76,6 +76,7 @@ impl PasswordChecks {
             let matched = password_matches(&password, &hash);
             completed.fetch_add(1, Ordering::Relaxed);
             let _ = answer.send(matched);
+            labforge_heap::release_free_memory();
         });
         self.queue.try_send(job).map_err(|err| match err {
             TrySendError::Full(_) | TrySendError::Disconnected(_) => SignInError::Busy,
