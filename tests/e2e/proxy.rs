@@ -83,6 +83,12 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
         request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
         fallback: None,
+        confinement: Default::default(),
+        visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
+            .map(String::from)
+            .into(),
+        max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
+        body_pace: Default::default(),
     }
 }
 

@@ -305,6 +305,13 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
             request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
             fallback: Some(web_addr.to_string()),
+            // Every route is the runtime's own (`RouteStore::upsert`), trusted.
+            confinement: Default::default(),
+            visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
+                .map(String::from)
+                .into(),
+            max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
+            body_pace: Default::default(),
         },
         RoutesFrom::Pushed,
     )
