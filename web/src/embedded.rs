@@ -317,6 +317,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     )
     .await?;
     proxy.routes.replace_all(Vec::new());
+    // Sessions of users removed or reset by the CLI end, and their tunnels with them.
+    let session_watch = tokio::spawn(auth.clone().watch_sessions());
 
     let saves = Arc::new(SaveJobs::new(
         store.clone(),
@@ -351,6 +353,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     };
     let api = crate::api::router(state.clone()).merge(crate::ui::router(state));
     let mut tasks = vec![
+        session_watch,
         tokio::spawn(async move {
             if let Err(err) = axum::serve(web_listener, api).await {
                 tracing::error!(error = %err, "web app stopped");
