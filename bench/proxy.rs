@@ -295,6 +295,8 @@ fn start_labforge(
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
         .args(["--access", "static", "--member", &format!("bench={USER}")])
+        // The bench's routes go to loopback ports, as only a trusted namespace's may.
+        .args(["--trusted-namespace", "bench"])
         .arg("--routes-file")
         .arg(&file)
         .env("LABFORGE_LOG", "error");

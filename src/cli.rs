@@ -15,7 +15,7 @@ use labforge_notebook_controller::culler::CullingConfig;
 use labforge_notebook_controller::service::{LeaderElection, ServeOptions, serve};
 use labforge_proxy::authz::{StaticAccess, TrustedHeader};
 use labforge_proxy::review::{ReviewCache, ReviewedAccess};
-use labforge_proxy::routes::GatewayFilter;
+use labforge_proxy::routes::{Confinement, GatewayFilter};
 use labforge_proxy::server::TlsFiles;
 use labforge_proxy::{ProxyOptions, RoutesFrom};
 use labforge_snapshot::ScanOptions;
@@ -242,6 +242,32 @@ pub struct ProxyArgs {
     /// flight before it is closed (idle keep-alive connections, clients trickling headers).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_head_timeout: u64,
+    /// A namespace whose VirtualServices are not confined to it (they may send requests to
+    /// other namespaces and IPs, set identity headers, serve any path); repeatable. Every other
+    /// namespace's rules are held to it: profile owners write VirtualServices there.
+    #[arg(long = "trusted-namespace", default_values_t = labforge_proxy::routes::DEFAULT_TRUSTED_NAMESPACES.map(String::from))]
+    pub trusted_namespaces: Vec<String>,
+    /// A path under which each namespace has its own subtree (`/notebook/` →
+    /// `/notebook/<ns>/`): a confined VirtualService serves only its namespace's; repeatable.
+    #[arg(long = "tenant-root", default_values_t = labforge_proxy::routes::DEFAULT_TENANT_ROOTS.map(String::from))]
+    pub tenant_roots: Vec<String>,
+    /// The cluster's DNS domain (`<svc>.<ns>.svc.<domain>`).
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// A cookie never forwarded to notebooks (nor its split parts `<name>_<n>`), beside
+    /// labforge_session, _oauth2_proxy and authservice_session; repeatable.
+    #[arg(long = "strip-cookie")]
+    pub strip_cookies: Vec<String>,
+    /// Client connections served at once (all threads); more are answered 503 and closed.
+    #[arg(long, default_value_t = labforge_proxy::server::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// Seconds a request body may take before it must keep up --request-body-min-rate.
+    #[arg(long, default_value_t = labforge_proxy::server::BodyPace::default().grace.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_body_timeout: u64,
+    /// Bytes per second a request body must average after --request-body-timeout: each byte
+    /// received extends its deadline by 1/rate s; a slower body is cut off.
+    #[arg(long, default_value_t = labforge_proxy::server::BodyPace::default().min_rate, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_body_min_rate: u64,
     /// TLS certificate chain (PEM); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -292,7 +318,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             admin: args.admin_addr,
             gateway: GatewayFilter((!args.any_gateway).then(|| args.gateway.clone())),
             identity: std::sync::Arc::new(TrustedHeader {
-                header,
+                header: header.clone(),
                 prefix: args.user_prefix.clone(),
             }),
             access: std::sync::Arc::new(access),
@@ -309,6 +335,35 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             upstream_connect_timeout: Duration::from_secs(args.upstream_connect_timeout),
             request_head_timeout: Duration::from_secs(args.request_head_timeout),
             fallback: None,
+            confinement: Confinement {
+                trusted_namespaces: args.trusted_namespaces.iter().cloned().collect(),
+                tenant_roots: args
+                    .tenant_roots
+                    .iter()
+                    .map(|root| {
+                        if root.starts_with('/') && root.ends_with('/') {
+                            Ok(root.clone())
+                        } else {
+                            anyhow::bail!("--tenant-root {root:?} must start and end with /")
+                        }
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+                identity_headers: vec![
+                    header.clone(),
+                    http::HeaderName::from_static(labforge_proxy::routes::KUBEFLOW_GROUPS_HEADER),
+                ],
+                cluster_domain: args.cluster_domain.trim_matches('.').to_ascii_lowercase(),
+            },
+            visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
+                .iter()
+                .map(|name| name.to_string())
+                .chain(args.strip_cookies.iter().cloned())
+                .collect(),
+            max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+            body_pace: labforge_proxy::server::BodyPace {
+                grace: Duration::from_secs(args.request_body_timeout),
+                min_rate: args.request_body_min_rate,
+            },
         })
     }
 }
@@ -1123,6 +1178,19 @@ mod tests {
             labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT
         );
         assert_eq!(options.request_head_timeout, Duration::from_secs(30));
+        assert_eq!(options.confinement, Confinement::default());
+        assert_eq!(
+            options.visitor_cookies,
+            ["labforge_session", "_oauth2_proxy", "authservice_session"]
+        );
+        assert_eq!(
+            options.max_connections,
+            labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize
+        );
+        assert_eq!(
+            options.body_pace,
+            labforge_proxy::server::BodyPace::default()
+        );
         let any = ProxyOptions::try_from(&parse_proxy(&[
             "--any-gateway",
             "--upstream-idle-timeout",
@@ -1131,8 +1199,39 @@ mod tests {
             "3",
             "--request-head-timeout",
             "7",
+            "--trusted-namespace",
+            "platform",
+            "--trusted-namespace",
+            "kubeflow",
+            "--tenant-root",
+            "/user/",
+            "--user-header",
+            "X-User",
+            "--strip-cookie",
+            "sso",
+            "--max-connections",
+            "100",
+            "--request-body-timeout",
+            "9",
+            "--request-body-min-rate",
+            "10",
         ]))
         .unwrap();
+        assert_eq!(
+            any.confinement.trusted_namespaces,
+            ["kubeflow".to_owned(), "platform".to_owned()].into()
+        );
+        assert_eq!(any.confinement.tenant_roots, ["/user/"]);
+        assert_eq!(any.confinement.identity_headers[0], "x-user");
+        assert_eq!(any.visitor_cookies.last().map(String::as_str), Some("sso"));
+        assert_eq!(any.max_connections, 100);
+        assert_eq!(
+            any.body_pace,
+            labforge_proxy::server::BodyPace {
+                grace: Duration::from_secs(9),
+                min_rate: 10
+            }
+        );
         assert_eq!(any.gateway, GatewayFilter(None));
         assert_eq!(any.upstream_idle_timeout, Duration::from_secs(5));
         assert_eq!(any.upstream_connect_timeout, Duration::from_secs(3));
@@ -1147,6 +1246,7 @@ mod tests {
             &["--admin", "root@x"],
             &["--upstream", "nowhere"],
             &["--user-header", "bad header"],
+            &["--tenant-root", "notebook"],
         ] {
             assert!(
                 ProxyOptions::try_from(&parse_proxy(bad)).is_err(),
@@ -1161,6 +1261,9 @@ mod tests {
             "--upstream-idle-timeout",
             "--upstream-connect-timeout",
             "--request-head-timeout",
+            "--max-connections",
+            "--request-body-timeout",
+            "--request-body-min-rate",
         ] {
             let zero = Cli::try_parse_from(["labforge", "proxy", flag, "0"])
                 .unwrap_err()

@@ -25,9 +25,21 @@ pub struct Identity {
     pub user: String,
 }
 
+/// Resolves when an identity stops being valid (its session ended).
+pub type Revocation = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// Finds the user a request carries; `None` is anonymous.
 pub trait IdentitySource: Send + Sync {
     fn identify(&self, headers: &HeaderMap) -> Option<Identity>;
+
+    /// What ends when the identity `headers` carry is revoked (a signed-out or removed user's
+    /// session): the proxy closes the websocket tunnels opened with it then. Asked only for
+    /// upgrades. `None` by default: an identity from a header lasts as long as its request, and
+    /// the auth proxy in front decides what the next one carries.
+    fn revocation(&self, headers: &HeaderMap) -> Option<Revocation> {
+        let _ = headers;
+        None
+    }
 
     /// The user's name, borrowed from the request where the source can: what the proxy asks for
     /// every request, where a copy of the name would cost an allocation each time.

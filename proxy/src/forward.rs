@@ -11,22 +11,24 @@
 
 use crate::FastMap;
 use crate::activity::ActivityCell;
-use crate::authz::{Decision, Identity, IdentitySource, NamespaceAccess, authorize, authorize_now};
+use crate::authz::{
+    Decision, Identity, IdentitySource, NamespaceAccess, Revocation, authorize, authorize_now,
+};
 use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
 use crate::normalize::normalize_path;
 use crate::respond::{ProxyError, error_response, wants_json};
 use crate::routes::{FixedAnswer, RequestView, Rule};
+use crate::server::{BodyPace, PacedBody};
 use crate::source::RouteStore;
 use crate::upstream::{PooledBody, UpstreamError, UpstreamPool};
 use bytes::Bytes;
 use futures::future;
-use http::header::{self, Entry, HeaderName};
+use http::header::{self, HeaderName};
 use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -69,33 +71,48 @@ pub struct Forwarder {
     upstream_addresses: FastMap<String, Arc<str>>,
     /// Where requests outside [`NOTEBOOK_PATHS`] go, unauthenticated (the embedded web app).
     fallback: Option<Arc<str>>,
+    /// Cookies never forwarded to a route ([`strip_visitor`]).
+    visitor_cookies: Box<[Box<[u8]>]>,
+    /// How fast request bodies must come.
+    body_pace: BodyPace,
 }
+
+/// Cookies that identify the visitor, never forwarded to a route unless configured otherwise:
+/// labforge's session, oauth2-proxy's (split into `_oauth2_proxy_0`, `_1`… when large) and
+/// Kubeflow's authservice's.
+pub const DEFAULT_VISITOR_COOKIES: [&str; 3] =
+    ["labforge_session", "_oauth2_proxy", "authservice_session"];
 
 /// Paths only routes serve, never the fallback: every notebook's prefix is below it.
 pub const NOTEBOOK_PATHS: &str = "/notebook/";
 
 impl Forwarder {
+    /// A serving thread's forwarder, with its own `upstreams`, for the proxy `options` configure.
     pub fn new(
         routes: Arc<RouteStore>,
-        identity: Arc<dyn IdentitySource>,
-        access: Arc<dyn NamespaceAccess>,
         metrics: Arc<Metrics>,
-        upstream_addresses: HashMap<String, String>,
-        fallback: Option<String>,
+        options: &crate::ProxyOptions,
         upstreams: UpstreamPool,
     ) -> Self {
         Self {
             upstreams: Arc::new(upstreams),
             routes,
-            identity,
-            access,
+            identity: options.identity.clone(),
+            access: options.access.clone(),
             thread_metrics: metrics.thread_shard(),
             metrics,
-            upstream_addresses: upstream_addresses
-                .into_iter()
-                .map(|(destination, address)| (destination, address.into()))
+            upstream_addresses: options
+                .upstream_addresses
+                .iter()
+                .map(|(destination, address)| (destination.clone(), address.as_str().into()))
                 .collect(),
-            fallback: fallback.map(Arc::from),
+            fallback: options.fallback.as_deref().map(Arc::from),
+            visitor_cookies: options
+                .visitor_cookies
+                .iter()
+                .map(|name| name.as_bytes().into())
+                .collect(),
+            body_pace: options.body_pace,
         }
     }
 
@@ -295,14 +312,22 @@ impl Forwarder {
             .map_err(|_| ProxyError::NoRoute)?;
 
         // Looked up only for an upgrade: each lookup hashes a name, and most requests are not.
-        let (upgrade_protocol, client_upgrade, websocket_key) =
+        let (upgrade_protocol, client_upgrade, websocket_key, revoked) =
             if request.version() == Version::HTTP_11 && is_upgrade(request.headers()) {
                 let headers = request.headers();
                 let protocol = headers.get(header::UPGRADE).cloned();
                 let key = headers.get(header::SEC_WEBSOCKET_KEY).cloned();
-                (protocol, Some(hyper::upgrade::on(&mut request)), key)
+                // Asked before the visitor's cookies are stripped: the session is in them. The
+                // web app's own tunnels (fallback) end with its session too.
+                let revoked = self.identity.revocation(headers);
+                (
+                    protocol,
+                    Some(hyper::upgrade::on(&mut request)),
+                    key,
+                    revoked,
+                )
             } else {
-                (None, None, None)
+                (None, None, None, None)
             };
 
         // Edited in place: taking the request apart and putting it together again moved its
@@ -324,18 +349,22 @@ impl Forwarder {
                     headers.insert(header::HOST, host.clone());
                 }),
         };
-        append_forwarded_for(headers, peer);
-        // Entries: one hash of the name, not one to look and one to insert.
-        if let Entry::Vacant(proto) = headers.entry(&X_FORWARDED_PROTO) {
-            proto.insert(HeaderValue::from_static(if tls { "https" } else { "http" }));
-        }
+        // Set, never passed on: what a client sends here is whatever it likes.
+        headers.insert(&X_FORWARDED_FOR, peer.forwarded_for.clone());
+        headers.insert(
+            &X_FORWARDED_PROTO,
+            HeaderValue::from_static(if tls { "https" } else { "http" }),
+        );
         // The routed authority's value, shared rather than parsed and copied again.
-        if let Entry::Vacant(forwarded_host) = headers.entry(&X_FORWARDED_HOST)
-            && let Some(host) = host
-        {
-            forwarded_host.insert(host);
-        }
+        match host {
+            Some(host) => headers.insert(&X_FORWARDED_HOST, host),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
         if let Some(rule) = &rule {
+            // The notebook's server belongs to its owner: it learns who the visitor is from the
+            // user header alone. The rule's own edits come after, so that a trusted route may
+            // give its upstream a credential of its own.
+            strip_visitor(headers, &self.visitor_cookies);
             // Host only: X-Forwarded-Host keeps the authority the client asked for.
             if let Some(authority) = rule
                 .other_rewrites
@@ -352,12 +381,16 @@ impl Forwarder {
             *request.uri_mut() = uri;
         }
         *request.version_mut() = Version::HTTP_11;
+        let body_pace = self.body_pace;
+        let request =
+            request.map(|body| PacedBody::new(body, body_pace, &self.metrics.slow_bodies));
         Ok(Outgoing {
             request,
             address,
             rule,
             client_upgrade,
             websocket_key,
+            revoked,
         })
     }
 
@@ -373,6 +406,7 @@ impl Forwarder {
             rule,
             client_upgrade,
             websocket_key,
+            revoked,
         } = outgoing;
         let timeout = rule.as_ref().and_then(|rule| rule.timeout());
         // This thread's own: its reference count stays in this core's cache, where the shared
@@ -473,11 +507,26 @@ impl Forwarder {
                         io: TokioIo::new(upstream_io),
                         cell: activity,
                     };
-                    // Ends when either side closes or fails; both sockets are dropped with it.
-                    if let Err(err) =
-                        tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io).await
-                    {
-                        tracing::debug!(error = %err, "websocket tunnel ended");
+                    // Ends when either side closes or fails, or when the visitor's session
+                    // ends (a tunnel must not outlive the right to open it); both sockets are
+                    // dropped with it.
+                    let copying = tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io);
+                    let revoked = async move {
+                        match revoked {
+                            Some(revoked) => revoked.await,
+                            None => future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        copied = copying => {
+                            if let Err(err) = copied {
+                                tracing::debug!(error = %err, "websocket tunnel ended");
+                            }
+                        }
+                        () = revoked => {
+                            tracing::debug!("websocket tunnel closed: the session ended");
+                            metrics.tunnels_revoked.inc();
+                        }
                     }
                     metrics.websockets_active.dec();
                 });
@@ -564,13 +613,15 @@ fn rule_answer(rule: &Rule, location: Option<String>) -> Result<Response<ProxyBo
 
 /// A request ready for its upstream.
 struct Outgoing {
-    request: Request<Incoming>,
+    request: Request<PacedBody>,
     address: Address,
     /// The rule it was routed by (its response header changes and activity), if any.
     rule: Option<Arc<Rule>>,
     /// The client's side of an upgrade it asked for.
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     websocket_key: Option<HeaderValue>,
+    /// For an upgrade: resolves when the identity it was opened with is revoked.
+    revoked: Option<Revocation>,
 }
 
 /// Websocket close code 1013, "try again later": the notebook is stopped or starting.
@@ -770,6 +821,84 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Removes from a request to a route what identifies the visitor beyond the user header: the
+/// `visitor_cookies` (and their split parts `<name>_<n>`) from `Cookie`, which is dropped when
+/// nothing is left, `Authorization` (a bearer ID token) and `Forwarded`. The other cookies (the
+/// notebook's own, Jupyter's `_xsrf`) stay as they were.
+pub fn strip_visitor(headers: &mut HeaderMap, visitor_cookies: &[Box<[u8]>]) {
+    // One pass over the request's few headers: most carry none of these.
+    let (mut cookie, mut authorization, mut forwarded) = (false, false, false);
+    for key in headers.keys() {
+        match key.as_str() {
+            "cookie" => cookie = true,
+            "authorization" => authorization = true,
+            "forwarded" => forwarded = true,
+            _ => {}
+        }
+    }
+    if authorization {
+        headers.remove(header::AUTHORIZATION);
+    }
+    if forwarded {
+        headers.remove(header::FORWARDED);
+    }
+    if cookie {
+        strip_cookies(headers, visitor_cookies);
+    }
+}
+
+/// Whether cookie `name` is one of `names`, or a split part of one (`_oauth2_proxy_1`).
+fn is_visitor_cookie(name: &[u8], names: &[Box<[u8]>]) -> bool {
+    names.iter().any(|visitor| {
+        name.strip_prefix(&**visitor).is_some_and(|rest| {
+            rest.is_empty()
+                || rest
+                    .strip_prefix(b"_")
+                    .is_some_and(|part| !part.is_empty() && part.iter().all(u8::is_ascii_digit))
+        })
+    })
+}
+
+/// Drops the visitor's cookies from every `Cookie` header (HTTP/2 clients send one per cookie),
+/// read as bytes so that no value can hide a pair; what is left becomes one header, or none.
+fn strip_cookies(headers: &mut HeaderMap, names: &[Box<[u8]>]) {
+    let mut kept: Vec<u8> = Vec::new();
+    let mut dropped = false;
+    for value in headers.get_all(header::COOKIE) {
+        for pair in value.as_bytes().split(|&b| b == b';') {
+            let pair = pair.trim_ascii();
+            if pair.is_empty() {
+                continue;
+            }
+            let name = pair
+                .iter()
+                .position(|&b| b == b'=')
+                .map_or(pair, |at| &pair[..at])
+                .trim_ascii();
+            if is_visitor_cookie(name, names) {
+                dropped = true;
+                continue;
+            }
+            if !kept.is_empty() {
+                kept.extend_from_slice(b"; ");
+            }
+            kept.extend_from_slice(pair);
+        }
+    }
+    if !dropped {
+        return;
+    }
+    // The kept pairs came from header values, so they make one again.
+    match HeaderValue::from_bytes(&kept) {
+        Ok(value) if !kept.is_empty() => {
+            headers.insert(header::COOKIE, value);
+        }
+        _ => {
+            headers.remove(header::COOKIE);
+        }
+    }
+}
+
 /// The client a connection comes from, with its address as `X-Forwarded-For` names it, made
 /// once per connection rather than per request.
 #[derive(Clone, Debug)]
@@ -785,26 +914,6 @@ impl Peer {
         Self {
             address,
             forwarded_for,
-        }
-    }
-}
-
-fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
-    match headers.entry(&X_FORWARDED_FOR) {
-        Entry::Vacant(entry) => {
-            entry.insert(peer.forwarded_for.clone());
-        }
-        Entry::Occupied(mut entry) => {
-            // Several headers are one list (RFC 9110 §5.3); values that are not text are dropped.
-            let mut list = String::new();
-            for existing in entry.iter().filter_map(|v| v.to_str().ok()) {
-                list.push_str(existing);
-                list.push_str(", ");
-            }
-            list.push_str(&peer.address.ip().to_string());
-            if let Ok(value) = HeaderValue::from_str(&list) {
-                entry.insert(value);
-            }
         }
     }
 }
@@ -960,7 +1069,7 @@ mod tests {
     }
 
     #[test]
-    fn upgrade_needs_both_headers_and_forwarded_for_appends() {
+    fn upgrade_needs_both_headers() {
         let mut headers = HeaderMap::new();
         headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         assert!(!is_upgrade(&headers));
@@ -969,13 +1078,99 @@ mod tests {
             HeaderValue::from_static("keep-alive, Upgrade"),
         );
         assert!(is_upgrade(&headers));
-        append_forwarded_for(&mut headers, &Peer::new("10.0.0.9:5555".parse().unwrap()));
-        assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9");
-        append_forwarded_for(&mut headers, &Peer::new("[::1]:1".parse().unwrap()));
-        assert_eq!(headers[&X_FORWARDED_FOR], "10.0.0.9, ::1");
-        headers.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.1.1.1"));
-        append_forwarded_for(&mut headers, &Peer::new("10.2.2.2:1".parse().unwrap()));
-        let values: Vec<_> = headers.get_all(&X_FORWARDED_FOR).iter().collect();
-        assert_eq!(values, ["10.0.0.9, ::1, 10.1.1.1, 10.2.2.2"]);
+    }
+
+    fn defaults() -> Vec<Box<[u8]>> {
+        DEFAULT_VISITOR_COOKIES
+            .iter()
+            .map(|name| name.as_bytes().into())
+            .collect()
+    }
+
+    fn cookies(headers: &HeaderMap) -> Vec<&str> {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_visitors_cookies_and_credentials_are_stripped_and_the_notebooks_kept() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static(
+                "_xsrf=2|abc; labforge_session=SECRET;_oauth2_proxy=o; theme=dark",
+            ),
+        );
+        // HTTP/2 clients send a header per cookie.
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("_oauth2_proxy_0=a"),
+        );
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("_oauth2_proxy_12=b"),
+        );
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("authservice_session=c; _oauth2_proxy_x=kept"),
+        );
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer id"));
+        headers.insert(header::FORWARDED, HeaderValue::from_static("for=1.2.3.4"));
+        headers.insert("kubeflow-userid", HeaderValue::from_static("alice"));
+        strip_visitor(&mut headers, &defaults());
+        assert_eq!(
+            cookies(&headers),
+            ["_xsrf=2|abc; theme=dark; _oauth2_proxy_x=kept"]
+        );
+        assert!(!headers.contains_key(header::AUTHORIZATION));
+        assert!(!headers.contains_key(header::FORWARDED));
+        assert_eq!(headers["kubeflow-userid"], "alice");
+
+        // Nothing but the visitor's: no Cookie header at all.
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("labforge_session=s; _oauth2_proxy_1=x"),
+        );
+        strip_visitor(&mut headers, &defaults());
+        assert!(!headers.contains_key(header::COOKIE));
+
+        // Nothing to strip: the headers stay exactly as they came, several or not.
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(header::COOKIE, HeaderValue::from_static("b=2;;  "));
+        strip_visitor(&mut headers, &defaults());
+        assert_eq!(cookies(&headers), ["a=1", "b=2;;  "]);
+
+        // A value that is not text hides nothing; a configured name is stripped too.
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_bytes(b"x=\xff\xfe; labforge_session=s; my_sso=t").unwrap(),
+        );
+        let mut names = defaults();
+        names.push(b"my_sso".as_slice().into());
+        strip_visitor(&mut headers, &names);
+        assert_eq!(headers[header::COOKIE].as_bytes(), b"x=\xff\xfe");
+    }
+
+    #[test]
+    fn split_cookie_parts_are_numbered_only() {
+        let names = defaults();
+        for stripped in ["_oauth2_proxy", "_oauth2_proxy_0", "_oauth2_proxy_10"] {
+            assert!(is_visitor_cookie(stripped.as_bytes(), &names), "{stripped}");
+        }
+        for kept in [
+            "_oauth2_proxy_",
+            "_oauth2_proxyx",
+            "_oauth2_proxy_1a",
+            "_xsrf",
+            "labforge",
+        ] {
+            assert!(!is_visitor_cookie(kept.as_bytes(), &names), "{kept}");
+        }
     }
 }

@@ -85,6 +85,16 @@ pub struct ProxyOptions {
     /// How long a client connection may go without completing a request head while none is in
     /// flight ([`server::DEFAULT_REQUEST_HEAD_TIMEOUT`] unless configured).
     pub request_head_timeout: Duration,
+    /// What VirtualServices from the watch or files may do outside trusted namespaces.
+    pub confinement: routes::Confinement,
+    /// Cookies that identify the visitor (the platform's session, the auth proxy's), never
+    /// forwarded to a route ([`forward::DEFAULT_VISITOR_COOKIES`] and any configured); a name
+    /// also covers its split parts `<name>_<n>`.
+    pub visitor_cookies: Vec<String>,
+    /// Client connections served at once, over all threads; more are answered 503.
+    pub max_connections: usize,
+    /// How fast a request body must arrive ([`server::BodyPace::default`] unless configured).
+    pub body_pace: server::BodyPace,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +191,7 @@ pub async fn start(
     let heap = Arc::new(HeapRelease::default());
     let routes = Arc::new(RouteStore::new(
         options.gateway.clone(),
+        options.confinement.clone(),
         activity.clone(),
         metrics.clone(),
         heap.clone(),
@@ -221,11 +232,8 @@ pub async fn start(
         let listener = listener.into_std().map_err(bind_error("the proxy", addr))?;
         let forwarder = Forwarder::new(
             routes.clone(),
-            options.identity.clone(),
-            options.access.clone(),
             metrics.clone(),
-            options.upstream_addresses.clone(),
-            options.fallback.clone(),
+            &options,
             UpstreamPool::new(
                 options.upstream_idle_timeout,
                 options.upstream_connect_timeout,
@@ -236,6 +244,7 @@ pub async fn start(
         let tls = tls.clone();
         let mut stopped = stopped.clone();
         let request_head_timeout = options.request_head_timeout;
+        let max_connections = options.max_connections;
         let serving = move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -256,7 +265,7 @@ pub async fn start(
                     }
                 };
                 tokio::select! {
-                    () = server::serve(listener, Arc::new(forwarder), tls, heap, request_head_timeout) => {}
+                    () = server::serve(listener, Arc::new(forwarder), tls, heap, request_head_timeout, max_connections) => {}
                     _ = stopped.wait_for(|stop| *stop) => {}
                 }
             });

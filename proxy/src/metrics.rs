@@ -23,6 +23,12 @@ pub struct CodeLabels {
     pub code: u16,
 }
 
+/// Why a VirtualService's rule was refused ([`crate::routes::Refusal::label`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: &'static str,
@@ -45,6 +51,15 @@ pub struct Metrics {
     pub table_updates: Counter,
     /// Times free memory was given back to the operating system ([`crate::heap_release`]).
     pub heap_releases: Counter,
+    /// VirtualService rules refused for reaching beyond their namespace, by reason, counted
+    /// each time such a rule arrives.
+    pub rules_refused: Family<RefusalLabels, Counter>,
+    /// Client connections answered 503 at once: the connection cap was reached.
+    pub connections_refused: Counter,
+    /// Requests whose body came too slowly and was cut off.
+    pub slow_bodies: Counter,
+    /// Websocket tunnels closed because the visitor's session ended.
+    pub tunnels_revoked: Counter,
 }
 
 impl Metrics {
@@ -60,6 +75,10 @@ impl Metrics {
             virtual_services: Gauge::default(),
             table_updates: Counter::default(),
             heap_releases: Counter::default(),
+            rules_refused: Family::default(),
+            connections_refused: Counter::default(),
+            slow_bodies: Counter::default(),
+            tunnels_revoked: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("labforge_proxy");
         registry.register_collector(Box::new(metrics.per_thread.clone()));
@@ -98,6 +117,26 @@ impl Metrics {
             "heap_releases",
             "Times free memory was given back to the operating system after a burst of connections or a new route list",
             metrics.heap_releases.clone(),
+        );
+        registry.register(
+            "rules_refused",
+            "VirtualService rules refused for reaching beyond their namespace, by reason",
+            metrics.rules_refused.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Client connections answered 503 because the connection cap was reached",
+            metrics.connections_refused.clone(),
+        );
+        registry.register(
+            "slow_request_bodies",
+            "Requests whose body arrived slower than the minimum rate and was cut off",
+            metrics.slow_bodies.clone(),
+        );
+        registry.register(
+            "tunnels_revoked",
+            "Websocket tunnels closed because the visitor's session ended",
+            metrics.tunnels_revoked.clone(),
         );
         metrics
     }

@@ -13,10 +13,11 @@ use crate::forward::{Forwarder, Peer};
 use crate::heap_release::HeapRelease;
 use bytes::Bytes;
 use futures::FutureExt as _;
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::convert::Infallible;
@@ -74,6 +75,136 @@ pub fn tls_acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
 /// unless configured.
 pub const DEFAULT_REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Client connections served at once unless configured: each holds two descriptors (client and
+/// upstream) and its buffers, and an unbounded number lets one client exhaust either.
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
+
+/// What a connection over the cap is told before it is closed.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+Content-Type: text/plain; charset=utf-8\r\nContent-Length: 54\r\nConnection: close\r\n\
+Retry-After: 1\r\n\r\n\
+The proxy serves too many connections; try again soon.";
+
+/// How fast a request body must arrive, as Apache's mod_reqtimeout `body=60,MinRate=1024`: it
+/// may take `grace`, and each byte received extends that by `1/min_rate` s. A client trickling a
+/// body cannot hold its connection (and an upstream connection) for longer; an upload at any
+/// usable speed is never cut. Bodies are only paced while the upstream reads them, so an
+/// upstream that is slow to read does not count against its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyPace {
+    pub grace: Duration,
+    /// Bytes per second, at least 1.
+    pub min_rate: u64,
+}
+
+impl Default for BodyPace {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(60),
+            min_rate: 1024,
+        }
+    }
+}
+
+/// A request body held to a [`BodyPace`]: what the upstream gets.
+pub struct PacedBody {
+    body: Incoming,
+    /// `None` for a body that was empty from the start (most requests): no timer.
+    pacing: Option<Box<Pacing>>,
+}
+
+struct Pacing {
+    timer: Pin<Box<tokio::time::Sleep>>,
+    min_rate: u64,
+    too_slow: Counter,
+}
+
+/// Why a request body was not passed on whole.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    #[error("reading the client's request body")]
+    Client(#[source] hyper::Error),
+    #[error("the client's request body came slower than the minimum rate")]
+    TooSlow,
+}
+
+impl PacedBody {
+    pub fn new(body: Incoming, pace: BodyPace, too_slow: &Counter) -> Self {
+        let pacing = (!body.is_end_stream()).then(|| {
+            Box::new(Pacing {
+                timer: Box::pin(tokio::time::sleep(pace.grace)),
+                min_rate: pace.min_rate.max(1),
+                too_slow: too_slow.clone(),
+            })
+        });
+        Self { body, pacing }
+    }
+}
+
+impl Body for PacedBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(pacing), Some(data)) = (&mut this.pacing, frame.data_ref()) {
+                    let nanos = (data.len() as u64).saturating_mul(1_000_000_000) / pacing.min_rate;
+                    let later = pacing.timer.deadline() + Duration::from_nanos(nanos);
+                    pacing.timer.as_mut().reset(later);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                Poll::Ready(Some(Err(RequestBodyError::Client(error))))
+            }
+            Poll::Ready(None) => {
+                this.pacing = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if let Some(pacing) = &mut this.pacing
+                    && pacing.timer.as_mut().poll(cx).is_ready()
+                {
+                    pacing.too_slow.inc();
+                    this.pacing = None;
+                    return Poll::Ready(Some(Err(RequestBodyError::TooSlow)));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Tells a plain-text client over the cap so (a TLS client's connection is just closed: a
+/// handshake is what the cap saves), then closes.
+fn refuse_connection(stream: tokio::net::TcpStream, tls: bool) {
+    if tls {
+        return;
+    }
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stream = stream;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(TOO_MANY_CONNECTIONS).await?;
+            stream.shutdown().await
+        })
+        .await;
+    });
+}
+
 /// Serves `listener` forever, one task per connection (each counted by `heap`), and closes this
 /// thread's expired upstream connections as it goes.
 pub async fn serve(
@@ -82,7 +213,9 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     heap: Arc<HeapRelease>,
     request_head_timeout: Duration,
+    max_connections: usize,
 ) {
+    let max_connections = i64::try_from(max_connections).unwrap_or(i64::MAX);
     tokio::spawn(forwarder.upstreams().clone().close_expired_forever());
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     loop {
@@ -96,9 +229,17 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
+        let metrics = forwarder.metrics();
+        // The open count is shared by every thread, so the cap holds for the whole proxy.
+        if metrics.connections_open.inc() >= max_connections {
+            metrics.connections_open.dec();
+            metrics.connections_refused.inc();
+            tracing::debug!(%peer, "refused: too many connections");
+            refuse_connection(stream, tls.is_some());
+            continue;
+        }
         let forwarder = forwarder.clone();
         let connections = forwarder.metrics().connections_open.clone();
-        connections.inc();
         let open = heap.open_connection();
         let builder = builder.clone();
         let tls = tls.clone();

@@ -12,7 +12,8 @@
 use crate::activity::Activity;
 use crate::heap_release::HeapRelease;
 use crate::metrics::Metrics;
-use crate::routes::{CompiledVirtualService, GatewayFilter, RouteTable, SharedNames};
+use crate::metrics::RefusalLabels;
+use crate::routes::{CompiledVirtualService, Confinement, GatewayFilter, RouteTable, SharedNames};
 use arc_swap::ArcSwap;
 use futures::{FutureExt, StreamExt};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -59,7 +60,11 @@ pub enum SourceError {
 /// A change to the known VirtualServices.
 #[derive(Debug)]
 pub enum Change {
+    /// From a source profile owners write to (the Kubernetes watch, files): confined unless its
+    /// namespace is trusted.
     Upsert(Box<VirtualService>),
+    /// Registered by the embedded runtime itself ([`RouteStore::upsert`]): trusted.
+    Register(Box<VirtualService>),
     Remove {
         namespace: String,
         name: String,
@@ -125,6 +130,8 @@ pub struct RouteStore {
     /// Compiled once when they arrive; the raw objects are not kept.
     records: Mutex<Records>,
     gateway: GatewayFilter,
+    /// What VirtualServices from the watch and files may do ([`Change::Upsert`]).
+    confinement: Confinement,
     activity: Arc<Activity>,
     names: SharedNames,
     metrics: Arc<Metrics>,
@@ -138,6 +145,7 @@ pub struct RouteStore {
 impl RouteStore {
     pub fn new(
         gateway: GatewayFilter,
+        confinement: Confinement,
         activity: Arc<Activity>,
         metrics: Arc<Metrics>,
         heap: Arc<HeapRelease>,
@@ -146,6 +154,7 @@ impl RouteStore {
             table: ArcSwap::from_pointee(RouteTable::default()),
             records: Mutex::default(),
             gateway,
+            confinement,
             activity,
             names: SharedNames::default(),
             metrics,
@@ -163,8 +172,10 @@ impl RouteStore {
         self.ready.load(Ordering::Acquire)
     }
 
+    /// Adds or replaces a VirtualService the caller vouches for (the embedded runtime's own
+    /// routes): not confined to its namespace.
     pub fn upsert(&self, vs: VirtualService) {
-        self.apply([Change::Upsert(Box::new(vs))]);
+        self.apply([Change::Register(Box::new(vs))]);
     }
 
     pub fn remove(&self, namespace: &str, name: &str) {
@@ -174,17 +185,22 @@ impl RouteStore {
         }]);
     }
 
+    /// Replaces everything known with VirtualServices the caller vouches for, as
+    /// [`Self::upsert`] does.
     pub fn replace_all(&self, list: Vec<VirtualService>) {
         let mut listing = Listing::default();
         for vs in list {
-            self.add_to(&mut listing, &vs);
+            if let Some(compiled) = self.compile(&vs, true) {
+                listing.0.push(compiled);
+            }
         }
         self.apply([Change::Replace(listing)]);
     }
 
-    /// Compiles `vs` into a listing that will replace everything known.
+    /// Compiles `vs`, from a source profile owners write to (confined unless its namespace is
+    /// trusted), into a listing that will replace everything known.
     pub fn add_to(&self, listing: &mut Listing, vs: &VirtualService) {
-        if let Some(compiled) = self.compile(vs) {
+        if let Some(compiled) = self.compile(vs, false) {
             listing.0.push(compiled);
         }
     }
@@ -195,13 +211,8 @@ impl RouteStore {
         let mut complete_list = false;
         for change in changes {
             match change {
-                Change::Upsert(vs) => match self.compile(&vs) {
-                    Some(compiled) => records.insert(compiled),
-                    None => records.remove(
-                        vs.metadata.namespace.as_deref().unwrap_or_default(),
-                        vs.metadata.name.as_deref().unwrap_or_default(),
-                    ),
-                },
+                Change::Upsert(vs) => self.update(&mut records, &vs, false),
+                Change::Register(vs) => self.update(&mut records, &vs, true),
                 Change::Remove { namespace, name } => records.remove(&namespace, &name),
                 Change::Replace(listing) => {
                     *records = Records::from_listing(listing);
@@ -228,11 +239,41 @@ impl RouteStore {
         }
     }
 
-    fn compile(&self, vs: &VirtualService) -> Option<CompiledVirtualService> {
-        let (compiled, skipped) =
-            CompiledVirtualService::compile(vs, &self.gateway, &self.activity, &self.names);
+    /// Puts `vs` in `records`, or takes its earlier version out when none of it can be served.
+    fn update(&self, records: &mut Records, vs: &VirtualService, trusted: bool) {
+        match self.compile(vs, trusted) {
+            Some(compiled) => records.insert(compiled),
+            None => records.remove(
+                vs.metadata.namespace.as_deref().unwrap_or_default(),
+                vs.metadata.name.as_deref().unwrap_or_default(),
+            ),
+        }
+    }
+
+    fn compile(&self, vs: &VirtualService, trusted: bool) -> Option<CompiledVirtualService> {
+        let confinement = (!trusted).then_some(&self.confinement);
+        let (compiled, skipped) = CompiledVirtualService::compile(
+            vs,
+            &self.gateway,
+            confinement,
+            &self.activity,
+            &self.names,
+        );
         for s in &skipped {
-            tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped");
+            match s.refused {
+                Some(refusal) => {
+                    tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, refused = refusal.label(), "VirtualService rule refused");
+                    self.metrics
+                        .rules_refused
+                        .get_or_create(&RefusalLabels {
+                            reason: refusal.label(),
+                        })
+                        .inc();
+                }
+                None => {
+                    tracing::warn!(namespace = %s.namespace, name = %s.name, reason = %s.reason, "VirtualService rule skipped")
+                }
+            }
         }
         compiled
     }
@@ -396,10 +437,15 @@ mod tests {
     use crate::routes::RequestView;
     use http::{HeaderMap, Method};
 
+    /// A store that trusts namespace `ns`, where these tests' routes are.
     fn store() -> RouteStore {
         let mut registry = prometheus_client::registry::Registry::default();
         RouteStore::new(
             GatewayFilter(Some("kubeflow/kubeflow-gateway".into())),
+            Confinement {
+                trusted_namespaces: ["ns".to_owned()].into(),
+                ..Confinement::default()
+            },
             Arc::default(),
             Arc::new(Metrics::register(&mut registry)),
             Arc::default(),
@@ -513,5 +559,58 @@ mod tests {
         assert_eq!(routed(&store, "/b/x"), None);
         assert_eq!(routed(&store, "/c/x").as_deref(), Some("c1:80"));
         assert_eq!(store.table().virtual_service_count(), 3);
+    }
+
+    #[test]
+    fn watched_routes_are_confined_and_the_runtimes_own_are_not() {
+        let vs = |namespace: &str, name: &str, host: &str| -> VirtualService {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "networking.istio.io/v1",
+                "kind": "VirtualService",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"],
+                    "http": [{"match": [{"uri": {"prefix": format!("/notebook/{namespace}/{name}/")}}],
+                              "route": [{"destination": {"host": host}}]}]
+                }
+            }))
+            .unwrap()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::register(&mut registry));
+        let store = RouteStore::new(
+            GatewayFilter(Some("kubeflow/kubeflow-gateway".into())),
+            Confinement::default(),
+            Arc::default(),
+            metrics.clone(),
+            Arc::default(),
+        );
+        // From the watch: bob's route to an IP is refused, counted, and the rest still served.
+        let mut listing = Listing::default();
+        store.add_to(&mut listing, &vs("bob", "ip", "10.0.0.7"));
+        store.add_to(&mut listing, &vs("bob", "lab", "lab"));
+        store.apply([Change::Replace(listing)]);
+        assert_eq!(routed(&store, "/notebook/bob/ip/x"), None);
+        // A short name is bob's own Service, not one of the proxy's namespace.
+        assert_eq!(
+            routed(&store, "/notebook/bob/lab/x").as_deref(),
+            Some("lab.bob.svc.cluster.local:80")
+        );
+        store.apply([Change::Upsert(Box::new(vs("bob", "other", "web.kubeflow")))]);
+        assert_eq!(routed(&store, "/notebook/bob/other/x"), None);
+        let refused = |reason| {
+            metrics
+                .rules_refused
+                .get_or_create(&RefusalLabels { reason })
+                .get()
+        };
+        assert_eq!(refused("destination"), 2);
+        // The embedded runtime's own route, to a loopback port, is served as it is.
+        store.upsert(vs("alice", "lab", "127.0.0.1"));
+        assert_eq!(
+            routed(&store, "/notebook/alice/lab/x").as_deref(),
+            Some("127.0.0.1:80")
+        );
+        assert_eq!(refused("destination"), 2);
     }
 }

@@ -30,6 +30,7 @@
 
 use crate::FastMap;
 use crate::heap_release::HeapRelease;
+use crate::server::PacedBody;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
@@ -123,13 +124,13 @@ struct Upstream {
 }
 
 struct Idle {
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<PacedBody>,
     since: Instant,
 }
 
 /// What a request gets from the pool.
 enum Lease {
-    Idle(SendRequest<Incoming>),
+    Idle(SendRequest<PacedBody>),
     /// A connecting slot, taken: open a new connection, and free the slot ([`Connecting`]).
     Connect,
     /// Neither: wait for this (already registered), then ask again.
@@ -261,7 +262,7 @@ impl UpstreamPool {
     pub async fn send(
         self: Arc<Self>,
         address: &str,
-        mut request: Request<Incoming>,
+        mut request: Request<PacedBody>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         // Set when the request first has to wait: from then on it has the connect timeout.
         let mut deadline = None;
@@ -308,7 +309,7 @@ impl UpstreamPool {
     async fn connect_and_send(
         self: Arc<Self>,
         address: Arc<str>,
-        request: Request<Incoming>,
+        request: Request<PacedBody>,
         deadline: Instant,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         let slot = Connecting {
@@ -345,7 +346,7 @@ impl UpstreamPool {
         })
     }
 
-    fn put_back(&self, address: Arc<str>, sender: SendRequest<Incoming>) {
+    fn put_back(&self, address: Arc<str>, sender: SendRequest<PacedBody>) {
         if sender.is_closed() {
             return;
         }
@@ -360,7 +361,7 @@ impl UpstreamPool {
         });
     }
 
-    async fn connect(&self, address: &str) -> Result<SendRequest<Incoming>, UpstreamError> {
+    async fn connect(&self, address: &str) -> Result<SendRequest<PacedBody>, UpstreamError> {
         let connect_error = |source| UpstreamError::Connect {
             address: address.to_owned(),
             source,
@@ -391,7 +392,7 @@ impl UpstreamPool {
     fn wrap(
         self: &Arc<Self>,
         address: &Arc<str>,
-        sender: SendRequest<Incoming>,
+        sender: SendRequest<PacedBody>,
         response: Response<Incoming>,
     ) -> Response<PooledBody> {
         // An upgraded connection belongs to its tunnel, never to the pool.
@@ -450,7 +451,7 @@ fn configure_socket(stream: &tokio::net::TcpStream) {
 /// An upstream response body that returns its connection to the pool once it has ended.
 pub struct PooledBody {
     inner: Incoming,
-    back: Option<(Arc<UpstreamPool>, Arc<str>, SendRequest<Incoming>)>,
+    back: Option<(Arc<UpstreamPool>, Arc<str>, SendRequest<PacedBody>)>,
     /// When the body must have ended (a route's timeout); boxed, since few routes have one.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }

@@ -83,6 +83,12 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
         request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
         fallback: None,
+        confinement: Default::default(),
+        visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
+            .map(String::from)
+            .into(),
+        max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
+        body_pace: Default::default(),
     }
 }
 
@@ -151,6 +157,9 @@ impl Upstream {
                     "x-forwarded-host": header("x-forwarded-host"),
                     "user": header("kubeflow-userid"),
                     "connection": header("connection"),
+                    "cookie": header("cookie"),
+                    "authorization": header("authorization"),
+                    "forwarded": header("forwarded"),
                 }))
             }
         });
@@ -1625,7 +1634,10 @@ async fn forwarding_preserves_host_adds_forwarded_headers_and_serves_http2() {
     assert_eq!(seen["host"], "lab.example.com", "Host preserved");
     assert_eq!(seen["x-forwarded-host"], "lab.example.com");
     assert_eq!(seen["x-forwarded-proto"], "http");
-    assert_eq!(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(
+        seen["x-forwarded-for"], "127.0.0.1",
+        "set by the proxy, not appended to the client's"
+    );
     assert_eq!(seen["path"], "/notebook/alice/lab/api?a=b");
     assert_ne!(
         seen["connection"], "close, x-drop",
@@ -1989,4 +2001,366 @@ async fn pooled_connections_the_upstream_closed_never_fail_a_request() {
         "no request failed"
     );
     server.abort();
+}
+
+/// Issue 32: a notebook's server belongs to its owner; what the proxy forwards reaches them.
+#[tokio::test]
+async fn issue_32_the_visitors_cookies_and_credentials_never_reach_a_notebook() {
+    let up = Upstream::start("alice-lab").await;
+    let proxy = start_proxy(
+        RoutesFrom::Pushed,
+        HashMap::from([
+            (service_authority("alice", "lab"), up.addr.to_string()),
+            (service_authority("alice", "plain"), up.addr.to_string()),
+        ]),
+    )
+    .await;
+    // The route gives its upstream a credential of its own (the embedded mode's per-notebook
+    // secret): it applies after the visitor's are stripped.
+    let mut with_secret = notebook_vs("alice", "lab");
+    with_secret.spec.http[0].headers = Some(
+        serde_json::from_value(
+            json!({ "request": { "set": { "authorization": "Bearer nb-secret" } } }),
+        )
+        .unwrap(),
+    );
+    let plain = notebook_vs("alice", "plain");
+    proxy.routes.replace_all(vec![with_secret, plain]);
+    let headers = [
+        ("kubeflow-userid", ALICE),
+        (
+            "Cookie",
+            "_xsrf=2|xsrf; labforge_session=SECRET-SESSION; _oauth2_proxy=SECRET-OAUTH",
+        ),
+        (
+            "Cookie",
+            "_oauth2_proxy_1=SECRET-SPLIT; authservice_session=SECRET-AUTHSERVICE",
+        ),
+        ("Authorization", "Bearer SECRET-ID-TOKEN"),
+        ("Forwarded", "for=198.51.100.1;host=SECRET-FORWARDED"),
+        ("X-Forwarded-For", "198.51.100.1"),
+        ("X-Forwarded-Proto", "https"),
+        ("X-Forwarded-Host", "evil.example"),
+    ];
+    let (status, body) = raw_get(proxy.addr, "/notebook/alice/lab/api", &headers).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !body.contains("SECRET"),
+        "a visitor's secret reached the notebook: {body}"
+    );
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        seen["cookie"], "_xsrf=2|xsrf",
+        "the notebook's own cookie is kept"
+    );
+    assert_eq!(seen["authorization"], "Bearer nb-secret");
+    assert_eq!(seen["forwarded"], Value::Null);
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(seen["x-forwarded-host"], "lab.example.com");
+    assert_eq!(seen["user"], ALICE);
+
+    // Only the visitor's cookies: no Cookie header at all; and no route edit, no Authorization.
+    let (status, body) = raw_get(
+        proxy.addr,
+        "/notebook/alice/plain/api",
+        &[
+            ("kubeflow-userid", ALICE),
+            ("Cookie", "labforge_session=SECRET"),
+            headers[3],
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(seen["cookie"], Value::Null);
+    assert_eq!(seen["authorization"], Value::Null);
+}
+
+/// bob's VirtualServices, as a profile owner may write them in his namespace, next to alice's
+/// notebook route: all in one routes file, read as the watch reads them (untrusted).
+fn bobs_attacks(alice_port: u16) -> Vec<Value> {
+    let bob = |name: &str, http: Value| {
+        json!({
+            "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": { "name": name, "namespace": "bob", "creationTimestamp": "2020-01-01T00:00:00Z" },
+            "spec": { "hosts": ["*"], "gateways": ["kubeflow/kubeflow-gateway"], "http": [http] }
+        })
+    };
+    let to = |host: &str, port: u16| json!([{ "destination": { "host": host, "port": { "number": port } } }]);
+    let prefix = |p: &str| json!([{ "uri": { "prefix": p } }]);
+    vec![
+        bob(
+            "impersonate",
+            json!({ "match": prefix("/notebook/bob/as-root/"), "route": to("lab", 80),
+                    "headers": { "request": { "set": { "kubeflow-userid": ROOT } } } }),
+        ),
+        bob(
+            "other-namespace",
+            json!({ "match": prefix("/notebook/bob/to-alice/"), "route": to("lab.alice.svc.cluster.local", 80) }),
+        ),
+        bob(
+            "ip",
+            json!({ "match": prefix("/notebook/bob/ip/"), "route": to("127.0.0.1", alice_port) }),
+        ),
+        bob(
+            "squat",
+            json!({ "match": prefix("/notebook/alice/"), "route": to("lab", 80) }),
+        ),
+        bob(
+            "regex",
+            json!({ "match": [{ "uri": { "regex": "/notebook/.*" } }], "route": to("lab", 80) }),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn issue_32_a_profile_owners_virtual_services_cannot_reach_beyond_their_namespace() {
+    let alice_nb = Upstream::start("alice-lab").await;
+    let bob_nb = Upstream::start("bob-lab").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("routes.yaml");
+    let alice_vs = serde_json::to_value(notebook_vs("alice", "lab")).unwrap();
+    let yaml: Vec<String> = std::iter::once(alice_vs)
+        .chain(bobs_attacks(alice_nb.addr.port()))
+        .map(|vs| serde_yaml_ng::to_string(&vs).unwrap())
+        .collect();
+    std::fs::write(&file, yaml.join("---\n")).unwrap();
+    let proxy = start_proxy(
+        RoutesFrom::Files(vec![file]),
+        HashMap::from([
+            (service_authority("alice", "lab"), alice_nb.addr.to_string()),
+            (service_authority("bob", "lab"), bob_nb.addr.to_string()),
+        ]),
+    )
+    .await;
+    let hits = || (alice_nb.hits(), bob_nb.hits());
+
+    // alice's own route keeps working.
+    let (status, body) = raw_get(
+        proxy.addr,
+        "/notebook/alice/lab/x",
+        &[("kubeflow-userid", ALICE)],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (seen["upstream"].as_str(), seen["user"].as_str()),
+        (Some("alice-lab"), Some(ALICE))
+    );
+
+    // bob reaches none of alice's paths: not by squatting her prefix, not by his older regex.
+    for path in [
+        "/notebook/alice/lab/x",
+        "/notebook/alice/lab/api/contents",
+        "/notebook/alice/other/",
+    ] {
+        let before = hits();
+        let (status, body) = raw_get(proxy.addr, path, &[("kubeflow-userid", BOB)]).await;
+        assert!(
+            status == 403 || status == 404,
+            "bob GET {path}: {status} {body}"
+        );
+        assert_eq!(hits(), before, "bob GET {path} reached a notebook");
+    }
+    // The refused rules serve nothing, even to an admin, whom authorization would let through.
+    for path in [
+        "/notebook/bob/as-root/x",
+        "/notebook/bob/to-alice/x",
+        "/notebook/bob/ip/x",
+    ] {
+        let before = hits();
+        let (status, body) = raw_get(proxy.addr, path, &[("kubeflow-userid", ROOT)]).await;
+        let landed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        // bob's regex rule still serves bob's own paths, on bob's own notebook, as the visitor.
+        if status == 200 {
+            assert_eq!(landed["upstream"], "bob-lab", "{path}: {body}");
+            assert_eq!(landed["user"], ROOT, "{path}: {body}");
+            assert_eq!(alice_nb.hits(), before.0, "{path}");
+        } else {
+            assert_eq!(status, 404, "{path}: {body}");
+            assert_eq!(hits(), before, "{path}");
+        }
+    }
+    let refused = |reason: &'static str| {
+        let proxy = &proxy;
+        async move {
+            metric(
+                proxy,
+                &format!("labforge_proxy_rules_refused_total{{reason=\"{reason}\"}}"),
+            )
+            .await
+        }
+    };
+    assert_eq!(refused("identity_header").await, 1.0);
+    assert_eq!(refused("destination").await, 2.0);
+    assert_eq!(refused("path").await, 1.0);
+}
+
+#[tokio::test]
+async fn issue_32_a_trickled_body_is_cut_and_connections_over_the_cap_get_503() {
+    // An upstream that reads the whole body and answers its length.
+    let app = axum::Router::new()
+        .fallback(|body: axum::body::Bytes| async move { body.len().to_string() });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
+        body_pace: labforge_proxy::server::BodyPace {
+            grace: Duration::from_secs(1),
+            min_rate: 1000,
+        },
+        max_connections: 3,
+        ..options
+    })
+    .await;
+    let post = |length: usize| {
+        format!(
+            "POST /notebook/alice/lab/upload HTTP/1.1\r\nHost: lab.example.com\r\n\
+             kubeflow-userid: {ALICE}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    // A body at a usable rate goes through whole.
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(post(200_000).as_bytes()).await.unwrap();
+    stream.write_all(&vec![b'x'; 200_000]).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("200000"),
+        "{answer}"
+    );
+
+    // A body trickled a byte every 200 ms is cut off after its grace, not held forever.
+    let started = Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(post(1_000).as_bytes()).await.unwrap();
+    let trickle = async {
+        for _ in 0..1_000 {
+            if stream.write_all(b"x").await.is_err() {
+                break;
+            }
+            let mut byte = [0u8; 64];
+            match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => break,
+                Err(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), trickle)
+        .await
+        .expect("the trickled body still held its connection after 10 s");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "cut before its grace"
+    );
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_slow_request_bodies_total").await,
+        1.0
+    );
+
+    // Three connections open (silent ones, within their head timeout): the fourth gets 503.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(tokio::net::TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, body) = raw_get(
+        proxy.addr,
+        "/notebook/alice/lab/",
+        &[("kubeflow-userid", ALICE)],
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("too many connections"), "{body}");
+    assert!(metric(&proxy, "labforge_proxy_connections_refused_total").await >= 1.0);
+    // One closed: another is served again.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _) = raw_get(
+            proxy.addr,
+            "/notebook/alice/lab/",
+            &[("kubeflow-userid", ALICE)],
+        )
+        .await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {status} after a connection closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    task.abort();
+}
+
+#[tokio::test]
+async fn issue_32_a_websocket_tunnel_closes_when_its_session_ends() {
+    use labforge_web::users::{LocalAuth, SESSION_COOKIE, Sessions, Users};
+    let echo = EchoServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let auth = Arc::new(LocalAuth {
+        users: Users::open(dir.path()).unwrap(),
+        sessions: Sessions::default(),
+    });
+    auth.users.add("alice", false).unwrap();
+    let proxy = proxy_for_alice_lab(echo.addr, |options| ProxyOptions {
+        identity: auth.clone(),
+        access: auth.clone(),
+        ..options
+    })
+    .await;
+    let open = |token: String| {
+        let url = format!(
+            "ws://{}/notebook/alice/lab/api/kernels/k/channels",
+            proxy.addr
+        );
+        async move {
+            let mut request = url.into_client_request().unwrap();
+            request.headers_mut().insert(
+                "cookie",
+                format!("{SESSION_COOKIE}={token}").parse().unwrap(),
+            );
+            let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+            ws.send(Message::text("ping")).await.unwrap();
+            assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("ping"));
+            ws
+        }
+    };
+    let closes_within = |mut ws: ClientWebSocket, what: &'static str| async move {
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match ws.next().await {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                    Some(Ok(_)) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the tunnel outlived {what}");
+    };
+
+    // Sign-out (the web app's logout ends the session).
+    let token = auth.sessions.start("alice").unwrap();
+    let ws = open(token.clone()).await;
+    auth.sessions.end(&token);
+    closes_within(ws, "sign-out").await;
+
+    // `labforge user reset` from another process, noticed by the session check.
+    let token = auth.sessions.start("alice").unwrap();
+    let ws = open(token).await;
+    Users::open(dir.path())
+        .unwrap()
+        .reset_password("alice")
+        .unwrap();
+    auth.check_sessions();
+    closes_within(ws, "a password reset").await;
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_tunnels_revoked_total").await,
+        2.0
+    );
 }

@@ -312,11 +312,20 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
             request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
             fallback: Some(web_addr.to_string()),
+            // Every route is the runtime's own (`RouteStore::upsert`), trusted.
+            confinement: Default::default(),
+            visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
+                .map(String::from)
+                .into(),
+            max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
+            body_pace: Default::default(),
         },
         RoutesFrom::Pushed,
     )
     .await?;
     proxy.routes.replace_all(Vec::new());
+    // Sessions of users removed or reset by the CLI end, and their tunnels with them.
+    let session_watch = tokio::spawn(auth.clone().watch_sessions());
 
     let saves = Arc::new(SaveJobs::new(
         store.clone(),
@@ -358,6 +367,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     };
     let api = crate::api::router(state.clone()).merge(crate::ui::router(state));
     let mut tasks = vec![
+        session_watch,
         tokio::spawn(async move {
             if let Err(err) = axum::serve(web_listener, api).await {
                 tracing::error!(error = %err, "web app stopped");

@@ -10,11 +10,11 @@
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use base64::Engine as _;
 use http::HeaderMap;
-use labforge_proxy::authz::{Answer, Identity, IdentitySource, NamespaceAccess};
+use labforge_proxy::authz::{Answer, Identity, IdentitySource, NamespaceAccess, Revocation};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 pub const SESSION_COOKIE: &str = "labforge_session";
@@ -248,16 +248,40 @@ impl Users {
 /// Signed-in sessions: token → user name and sign-in time.
 #[derive(Default)]
 pub struct Sessions {
-    map: RwLock<HashMap<String, (String, Instant)>>,
+    map: RwLock<HashMap<String, Session>>,
 }
+
+struct Session {
+    user: String,
+    started: Instant,
+    /// The user's password hash when the session was first checked: `labforge user reset`
+    /// changes it, and that ends the session (recorded then rather than at sign-in, which
+    /// happens in the login handler; a session is checked by its first request or within
+    /// [`SESSION_CHECK_PERIOD`]).
+    hash: OnceLock<String>,
+    /// Dropped with the session: what [`Sessions::ended`] waits for (open websocket tunnels).
+    ended: tokio::sync::watch::Sender<()>,
+}
+
+/// How often [`LocalAuth::watch_sessions`] looks for sessions whose user was removed or reset
+/// by another process (the CLI).
+pub const SESSION_CHECK_PERIOD: Duration = Duration::from_secs(2);
 
 impl Sessions {
     pub fn start(&self, user: &str) -> Result<String, UserError> {
         let token = random_token(32)?;
         if let Ok(mut map) = self.map.write() {
             let now = Instant::now();
-            map.retain(|_, (_, started)| now.duration_since(*started) < SESSION_LIFETIME);
-            map.insert(token.clone(), (user.to_owned(), now));
+            map.retain(|_, session| now.duration_since(session.started) < SESSION_LIFETIME);
+            map.insert(
+                token.clone(),
+                Session {
+                    user: user.to_owned(),
+                    started: now,
+                    hash: OnceLock::new(),
+                    ended: tokio::sync::watch::Sender::new(()),
+                },
+            );
         }
         Ok(token)
     }
@@ -270,14 +294,55 @@ impl Sessions {
 
     pub fn user(&self, token: &str) -> Option<String> {
         let map = self.map.read().ok()?;
-        let (user, started) = map.get(token)?;
-        (started.elapsed() < SESSION_LIFETIME).then(|| user.clone())
+        let session = map.get(token)?;
+        (session.started.elapsed() < SESSION_LIFETIME).then(|| session.user.clone())
     }
 
     /// Ends every session of `user` (removed users).
     pub fn end_user(&self, user: &str) {
         if let Ok(mut map) = self.map.write() {
-            map.retain(|_, (u, _)| u != user);
+            map.retain(|_, session| session.user != user);
+        }
+    }
+
+    /// Resolves once the session of `token` has ended (signed out, its user removed or reset,
+    /// expired), at once if it has already.
+    pub fn ended(&self, token: &str) -> impl Future<Output = ()> + Send + 'static {
+        let watching = self
+            .map
+            .read()
+            .ok()
+            .and_then(|map| map.get(token).map(|session| session.ended.subscribe()));
+        async move {
+            if let Some(mut watching) = watching {
+                // Nothing is ever sent: an error means the session, and its sender, is gone.
+                while watching.changed().await.is_ok() {}
+            }
+        }
+    }
+
+    /// Whether the session of `token` was started with `hash` as its user's password hash; the
+    /// first check records it.
+    fn holds(&self, token: &str, hash: &str) -> bool {
+        let Ok(map) = self.map.read() else {
+            return false;
+        };
+        map.get(token)
+            .is_some_and(|session| session.hash.get_or_init(|| hash.to_owned()) == hash)
+    }
+
+    /// Ends the sessions that expired, whose user is not among `users`, or whose user's
+    /// password changed.
+    fn end_invalid(&self, users: &[User]) {
+        if let Ok(mut map) = self.map.write() {
+            map.retain(|_, session| {
+                let user = users.iter().find(|u| u.name == session.user);
+                session.started.elapsed() < SESSION_LIFETIME
+                    && user.is_some_and(|user| {
+                        session.hash.get_or_init(|| user.password_hash.clone())
+                            == &user.password_hash
+                    })
+            });
         }
     }
 }
@@ -309,13 +374,48 @@ impl LocalAuth {
         if let Err(err) = self.users.refresh() {
             tracing::warn!(error = %err, "re-reading the users file");
         }
-        self.users.get(&name)
+        let user = self.users.get(&name)?;
+        // A reset password ends the sessions signed in with the old one.
+        if !self.sessions.holds(token, &user.password_hash) {
+            self.sessions.end(token);
+            return None;
+        }
+        Some(user)
+    }
+
+    /// Ends the sessions of users removed or reset on disk (by the CLI, another process), and
+    /// expired ones: their tunnels close too.
+    pub fn check_sessions(&self) {
+        if let Err(err) = self.users.refresh() {
+            tracing::warn!(error = %err, "re-reading the users file");
+            return;
+        }
+        self.sessions.end_invalid(&self.users.list());
+    }
+
+    /// [`Self::check_sessions`] every [`SESSION_CHECK_PERIOD`], forever.
+    pub async fn watch_sessions(self: std::sync::Arc<Self>) {
+        let mut every = tokio::time::interval(SESSION_CHECK_PERIOD);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let auth = self.clone();
+            // A stat and, when the file changed, a read: off the async threads.
+            let _ = tokio::task::spawn_blocking(move || auth.check_sessions()).await;
+        }
     }
 }
 
 impl IdentitySource for LocalAuth {
     fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
         self.user_of(headers).map(|u| Identity { user: u.name })
+    }
+
+    /// The end of the request's session: tunnels close on sign-out, and when the user is
+    /// removed or reset.
+    fn revocation(&self, headers: &HeaderMap) -> Option<Revocation> {
+        let token = session_token(headers)?;
+        Some(Box::pin(self.sessions.ended(token)))
     }
 }
 
@@ -393,5 +493,78 @@ mod tests {
         assert_eq!(auth.identify(&headers).unwrap().user, "alice");
         Users::open(dir.path()).unwrap().remove("alice").unwrap();
         assert!(auth.identify(&headers).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_sessions_end_is_signalled_on_sign_out_removal_and_reset() {
+        use futures::FutureExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let auth = LocalAuth {
+            users: Users::open(dir.path()).unwrap(),
+            sessions: Sessions::default(),
+        };
+        auth.users.add("alice", false).unwrap();
+        auth.users.add("bob", false).unwrap();
+        let headers = |token: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                http::header::COOKIE,
+                format!("{SESSION_COOKIE}={token}").parse().unwrap(),
+            );
+            headers
+        };
+        let ended = |token: &str| auth.revocation(&headers(token)).unwrap();
+
+        // Signed out.
+        let token = auth.sessions.start("alice").unwrap();
+        let mut signal = ended(&token);
+        assert!((&mut signal).now_or_never().is_none());
+        auth.sessions.end(&token);
+        assert!(signal.now_or_never().is_some());
+
+        // Every session of a user ended (removed through the web app).
+        let token = auth.sessions.start("bob").unwrap();
+        let signal = ended(&token);
+        auth.sessions.end_user("bob");
+        assert!(signal.now_or_never().is_some());
+
+        // Reset by another process: the next check ends it, and the session is gone.
+        let token = auth.sessions.start("alice").unwrap();
+        assert!(
+            auth.identify(&headers(&token)).is_some(),
+            "records the hash"
+        );
+        let mut signal = ended(&token);
+        auth.check_sessions();
+        assert!((&mut signal).now_or_never().is_none(), "nothing changed");
+        Users::open(dir.path())
+            .unwrap()
+            .reset_password("alice")
+            .unwrap();
+        auth.check_sessions();
+        assert!(signal.now_or_never().is_some());
+        assert!(auth.identify(&headers(&token)).is_none());
+
+        // Reset, noticed by the next request before any check.
+        let token = auth.sessions.start("alice").unwrap();
+        assert!(auth.identify(&headers(&token)).is_some());
+        let signal = ended(&token);
+        Users::open(dir.path())
+            .unwrap()
+            .reset_password("alice")
+            .unwrap();
+        assert!(auth.identify(&headers(&token)).is_none());
+        assert!(signal.now_or_never().is_some());
+
+        // Removed by another process.
+        let token = auth.sessions.start("bob").unwrap();
+        let signal = ended(&token);
+        auth.users.add("carol", false).unwrap();
+        Users::open(dir.path()).unwrap().remove("bob").unwrap();
+        auth.check_sessions();
+        assert!(signal.now_or_never().is_some());
+
+        // An unknown session has ended already.
+        assert!(ended("nonsense").now_or_never().is_some());
     }
 }
