@@ -97,7 +97,11 @@ except Exception as e:
         .send()
         .await
         .unwrap();
-    assert_eq!(direct.status(), 403, "the published port without the secret");
+    assert_eq!(
+        direct.status(),
+        403,
+        "the published port without the secret"
+    );
     let spoofed = anonymous
         .get(format!("http://{port}{prefix}/api/contents"))
         .header("authorization", "token guessed")
@@ -148,7 +152,10 @@ except Exception as e:
     assert_eq!(code, 200);
     assert!(log.to_string().contains(&prefix), "alice's log: {log}");
     assert!(!log.to_string().contains(&format!("/notebook/{mallory}/")));
-    assert!(!log.to_string().contains(&secret), "the secret in the log: {log}");
+    assert!(
+        !log.to_string().contains(&secret),
+        "the secret in the log: {log}"
+    );
     assert!(!up.log().contains(&secret), "the secret in labforge's log");
 
     // Deleting a notebook removes its network too.

@@ -235,7 +235,7 @@ async fn login(
         )
         .await
         .map_err(sign_in_failure)?;
-    let token = auth.sessions.start(&user.name).map_err(|e| {
+    let token = auth.sessions.sign_in(&user).map_err(|e| {
         Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
     })?;
     let secure = if state.secure_cookies { "; Secure" } else { "" };

@@ -254,10 +254,8 @@ pub struct Sessions {
 struct Session {
     user: String,
     started: Instant,
-    /// The user's password hash when the session was first checked: `labforge user reset`
-    /// changes it, and that ends the session (recorded then rather than at sign-in, which
-    /// happens in the login handler; a session is checked by its first request or within
-    /// [`SESSION_CHECK_PERIOD`]).
+    /// The user's password hash at sign-in ([`Sessions::sign_in`]), or when the session was
+    /// first checked: `labforge user reset` changes it, and that ends the session.
     hash: OnceLock<String>,
     /// Dropped with the session: what [`Sessions::ended`] waits for (open websocket tunnels).
     ended: tokio::sync::watch::Sender<()>,
@@ -283,6 +281,14 @@ impl Sessions {
                 },
             );
         }
+        Ok(token)
+    }
+
+    /// Starts a session for `user`, who just signed in with their current password: a reset
+    /// from then on ends it.
+    pub fn sign_in(&self, user: &User) -> Result<String, UserError> {
+        let token = self.start(&user.name)?;
+        self.holds(&token, &user.password_hash);
         Ok(token)
     }
 
@@ -555,6 +561,16 @@ mod tests {
             .unwrap();
         assert!(auth.identify(&headers(&token)).is_none());
         assert!(signal.now_or_never().is_some());
+
+        // Reset right after sign-in, before the session's first request: the hash recorded at
+        // sign-in is the old one.
+        let alice = auth.users.get("alice").unwrap();
+        let token = auth.sessions.sign_in(&alice).unwrap();
+        Users::open(dir.path())
+            .unwrap()
+            .reset_password("alice")
+            .unwrap();
+        assert!(auth.identify(&headers(&token)).is_none());
 
         // Removed by another process.
         let token = auth.sessions.start("bob").unwrap();
