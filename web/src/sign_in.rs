@@ -210,6 +210,8 @@ impl SignIn {
     /// Checks on `threads` threads, `waiting` more queued.
     pub fn new(threads: usize, waiting: usize) -> Result<Self, crate::users::UserError> {
         let decoy = crate::users::hash_password(&random_token(15)?)?;
+        // That hash's 19 MiB block, freed on this thread, is not reused by the checks' threads.
+        labforge_heap::release_free_memory();
         let checks = PasswordChecks::start(threads, waiting).map_err(|source| {
             crate::users::UserError::Io {
                 path: "password-check threads".into(),
