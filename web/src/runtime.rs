@@ -614,6 +614,7 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    #[expect(clippy::too_many_arguments, reason = "each part the embedded mode wires in")]
     pub fn new(
         engine: Engine,
         store: Arc<Store>,
