@@ -129,7 +129,7 @@ pub async fn save(
     options: &SaveOptions,
     progress: impl Fn(SaveProgress) + Send + Sync + Clone + 'static,
 ) -> Result<Saved, SaveError> {
-    let registry = RegistryClient::new(&options.registry);
+    let registry = RegistryClient::new(&options.registry, target)?;
     let cache = CacheState::new(options.cache.as_ref(), progress.clone());
     let parent = match base {
         Some(base) => Some(registry.resolve(base).await?),
