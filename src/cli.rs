@@ -519,6 +519,11 @@ pub struct StorageArgs {
     /// command line, where other users of the machine could read it).
     #[arg(long, env = "LABFORGE_REGISTRY_USER")]
     pub registry_user: Option<String>,
+    /// A token service (`https://auth.example.com`) on another origin than the target registry
+    /// that may receive the registry credentials when the registry names it (Docker Hub needs
+    /// `https://auth.docker.io`); repeatable. Without it such a service is asked anonymously.
+    #[arg(long = "registry-token-realm", value_name = "URL")]
+    pub registry_token_realms: Vec<String>,
     /// Filled from LABFORGE_REGISTRY_PASSWORD by `run`, not by clap.
     #[arg(skip)]
     pub registry_password: Option<Secret<String>>,
@@ -556,6 +561,7 @@ impl StorageArgs {
         Ok(RegistryOptions {
             insecure: self.insecure_registries.clone(),
             credentials,
+            trusted_token_realms: self.registry_token_realms.clone(),
             stall_timeout: Some(Duration::from_secs(self.registry_stall_timeout)),
         })
     }

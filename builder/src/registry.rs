@@ -73,6 +73,8 @@ pub enum RegistryError {
     },
     #[error("image {reference} {problem}")]
     Manifest { reference: String, problem: String },
+    #[error("--registry-token-realm {realm:?} is not a URL with a host (https://auth.example.com)")]
+    TokenRealm { realm: String },
     #[error("opening layer blob {path}")]
     BlobFile {
         path: PathBuf,
@@ -110,8 +112,15 @@ impl RegistryError {
 pub struct RegistryOptions {
     /// Registries (`host[:port]`) spoken to over plain HTTP, like a local test registry.
     pub insecure: Vec<String>,
-    /// Basic-auth credentials; anonymous when absent.
+    /// Basic-auth credentials for the registry a save pushes to, and only for it: a base image
+    /// on another registry is read anonymously (see [`RegistryClient::new`]). Anonymous when
+    /// absent.
     pub credentials: Option<(String, String)>,
+    /// Token services (`scheme://host[:port]`) on another origin than the target registry that
+    /// may receive the credentials when the registry names one as its realm (Docker Hub's
+    /// `https://auth.docker.io`). A realm on the registry's own origin needs no entry; any other
+    /// is asked for a token anonymously.
+    pub trusted_token_realms: Vec<String>,
     /// How long a registry may be silent before the save fails (see [`crate::stall`]);
     /// [`DEFAULT_STALL_TIMEOUT`] when absent.
     pub stall_timeout: Option<Duration>,
@@ -123,6 +132,7 @@ impl std::fmt::Debug for RegistryOptions {
         f.debug_struct("RegistryOptions")
             .field("insecure", &self.insecure)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("trusted_token_realms", &self.trusted_token_realms)
             .field("stall_timeout", &self.stall_timeout)
             .finish_non_exhaustive()
     }
@@ -147,22 +157,58 @@ pub struct PushedImage {
 
 pub struct RegistryClient {
     client: Client,
-    auth: RegistryAuth,
+    /// The credentials and the registry (`host[:port]`, as references resolve it) they are for.
+    credentials: Option<BoundCredentials>,
+    /// Origins of token services outside the target registry trusted with the credentials.
+    trusted_token_realms: Vec<reqwest::Url>,
+    /// What the target registry gets, decided once (see [`RegistryClient::target_auth`]):
+    /// oci-client keeps the first `RegistryAuth` it is given for a registry, so every request
+    /// to one registry must carry the same.
+    target_auth: tokio::sync::OnceCell<RegistryAuth>,
     protocol: ClientProtocol,
     stall_timeout: Duration,
 }
 
+/// Credentials with the one registry they may be sent to.
+struct BoundCredentials {
+    registry: String,
+    user: String,
+    password: String,
+}
+
 impl RegistryClient {
-    pub fn new(options: &RegistryOptions) -> Self {
+    /// A client for a save that pushes to `target`: the credentials, if any, are bound to
+    /// `target`'s registry. Every other registry (a base image's, say, which the notebook's
+    /// owner chose) is spoken to anonymously, and so is a token service that the target
+    /// registry names on another origin unless `options` trusts it.
+    pub fn new(options: &RegistryOptions, target: &str) -> Result<Self, RegistryError> {
+        let target = parse_reference(target)?;
         let protocol = if options.insecure.is_empty() {
             ClientProtocol::Https
         } else {
             ClientProtocol::HttpsExcept(options.insecure.clone())
         };
-        let auth = match &options.credentials {
-            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
+        let credentials = options
+            .credentials
+            .as_ref()
+            .map(|(user, password)| BoundCredentials {
+                registry: target.resolve_registry().to_owned(),
+                user: user.clone(),
+                password: password.clone(),
+            });
+        let trusted_token_realms = options
+            .trusted_token_realms
+            .iter()
+            .map(|realm| {
+                reqwest::Url::parse(realm)
+                    .ok()
+                    .filter(|url| url.has_host())
+                    .map(|url| origin(&url))
+                    .ok_or_else(|| RegistryError::TokenRealm {
+                        realm: realm.clone(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
         let client = Client::new(ClientConfig {
             protocol: protocol.clone(),
             // One streamed PUT per blob: chunked uploads cost a round trip per chunk, which made
@@ -171,11 +217,89 @@ impl RegistryClient {
             connect_timeout: Some(CONNECT_TIMEOUT),
             ..Default::default()
         });
-        Self {
+        Ok(Self {
             client,
-            auth,
+            credentials,
+            trusted_token_realms,
+            target_auth: tokio::sync::OnceCell::new(),
             protocol,
             stall_timeout: options.stall_timeout.unwrap_or(DEFAULT_STALL_TIMEOUT),
+        })
+    }
+
+    /// What `reference`'s registry is given: the credentials only when it is the registry they
+    /// are bound to (and its token realm may have them), anonymous otherwise.
+    async fn auth_for(&self, reference: &Reference) -> Result<RegistryAuth, RegistryError> {
+        match &self.credentials {
+            Some(credentials) if credentials.registry == reference.resolve_registry() => self
+                .target_auth
+                .get_or_try_init(|| self.target_auth(reference, credentials))
+                .await
+                .cloned(),
+            _ => Ok(RegistryAuth::Anonymous),
+        }
+    }
+
+    /// Asks the target registry how it authenticates (`GET /v2/`), as oci-client is about to,
+    /// and gives it the credentials unless it names a token realm on another origin that is not
+    /// trusted: oci-client sends them to whatever realm the registry names. A registry that
+    /// answers differently later gains nothing it could not have had by asking for Basic auth.
+    async fn target_auth(
+        &self,
+        reference: &Reference,
+        credentials: &BoundCredentials,
+    ) -> Result<RegistryAuth, RegistryError> {
+        let registry = reference.resolve_registry();
+        let scheme = scheme_for(&self.protocol, registry);
+        let url = format!("{scheme}://{registry}/v2/");
+        let registry_origin = reqwest::Url::parse(&url).map_err(|_| RegistryError::Manifest {
+            reference: reference.whole(),
+            problem: format!("names a registry that is no URL host: {registry:?}"),
+        })?;
+        // Its own client: oci-client lends none. Redirects are not followed, as oci-client's
+        // challenge is read from the first answer too.
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|err| RegistryError::failed(registry.to_owned(), "signing in", err.into()))?;
+        let answer = self
+            .exchange(
+                reference,
+                "signing in",
+                None,
+                retrying(|| async {
+                    http.get(url.as_str())
+                        .send()
+                        .await
+                        .map_err(OciDistributionError::from)
+                }),
+            )
+            .await?;
+        let realm = answer
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(bearer_realm);
+        let basic = RegistryAuth::Basic(credentials.user.clone(), credentials.password.clone());
+        let Some(realm) = realm else {
+            // Basic auth, or none: oci-client sends it to this registry's own origin only.
+            return Ok(basic);
+        };
+        match realm_trust(
+            &realm,
+            &origin(&registry_origin),
+            &self.trusted_token_realms,
+        ) {
+            RealmTrust::Trusted => Ok(basic),
+            RealmTrust::Foreign => {
+                tracing::warn!(
+                    %realm,
+                    "registry {registry} sends clients to a token service on another origin: \
+                     asking it for a token anonymously; trust it explicitly \
+                     (--registry-token-realm) to send it the credentials"
+                );
+                Ok(RegistryAuth::Anonymous)
+            }
         }
     }
 
@@ -203,9 +327,14 @@ impl RegistryClient {
     /// when the registry will not open one; the layer is then uploaded from disk when complete.
     pub async fn start_upload(&self, target: &str) -> Option<(StreamedUpload, BlobSink)> {
         let reference = parse_reference(target).ok()?;
-        let signed_in = self
-            .client
-            .auth(&reference, &self.auth, RegistryOperation::Push);
+        let auth = match self.auth_for(&reference).await {
+            Ok(auth) => auth,
+            Err(err) => {
+                tracing::debug!("no streamed upload, authentication failed: {err}");
+                return None;
+            }
+        };
+        let signed_in = self.client.auth(&reference, &auth, RegistryOperation::Push);
         let authorization = match self
             .exchange(&reference, "signing in", None, signed_in)
             .await
@@ -215,7 +344,7 @@ impl RegistryClient {
                 value.set_sensitive(true);
                 Some(value)
             }
-            Ok(None) => match &self.auth {
+            Ok(None) => match &auth {
                 RegistryAuth::Basic(user, password) => {
                     let encoded = base64::engine::general_purpose::STANDARD
                         .encode(format!("{user}:{password}"));
@@ -264,13 +393,14 @@ impl RegistryClient {
     /// Reads `image`'s manifest (choosing this machine's platform from an index) and config.
     pub async fn resolve(&self, image: &str) -> Result<ParentImage, RegistryError> {
         let reference = parse_reference(image)?;
+        let auth = self.auth_for(&reference).await?;
         let (bytes, digest) = self
             .exchange(
                 &reference,
                 "reading the base image manifest",
                 None,
                 self.client
-                    .pull_manifest_raw(&reference, &self.auth, ACCEPTED_MANIFESTS),
+                    .pull_manifest_raw(&reference, &auth, ACCEPTED_MANIFESTS),
             )
             .await?;
         let mut manifest: Value =
@@ -304,7 +434,7 @@ impl RegistryClient {
                     "reading the platform manifest",
                     None,
                     self.client
-                        .pull_manifest_raw(&by_digest, &self.auth, ACCEPTED_MANIFESTS),
+                        .pull_manifest_raw(&by_digest, &auth, ACCEPTED_MANIFESTS),
                 )
                 .await?;
             manifest = serde_json::from_slice(&bytes).map_err(|_| RegistryError::Manifest {
@@ -388,14 +518,12 @@ impl RegistryClient {
         annotations: &BTreeMap<String, String>,
     ) -> Result<PushedImage, RegistryError> {
         let reference = parse_reference(target)?;
+        let auth = self.auth_for(&reference).await?;
         self.exchange(
             &reference,
             "signing in",
             None,
-            retrying(|| {
-                self.client
-                    .auth(&reference, &self.auth, RegistryOperation::Push)
-            }),
+            retrying(|| self.client.auth(&reference, &auth, RegistryOperation::Push)),
         )
         .await?;
 
@@ -561,9 +689,10 @@ impl RegistryClient {
         let Ok(reference) = parse_reference(target) else {
             return false;
         };
-        let signed_in = self
-            .client
-            .auth(&reference, &self.auth, RegistryOperation::Push);
+        let Ok(auth) = self.auth_for(&reference).await else {
+            return false;
+        };
+        let signed_in = self.client.auth(&reference, &auth, RegistryOperation::Push);
         self.exchange(&reference, "signing in", None, signed_in)
             .await
             .is_ok()
@@ -666,6 +795,62 @@ fn descriptor_of(value: &Value) -> Option<OciDescriptor> {
     })
 }
 
+/// The realm of the first Bearer challenge in a `WWW-Authenticate` value, read the way
+/// oci-client reads it (same parser, first header, first Bearer challenge), so that the realm
+/// judged here is the one oci-client would send the credentials to.
+fn bearer_realm(value: &HeaderValue) -> Option<String> {
+    let text = value.to_str().ok()?;
+    http_auth::parser::ChallengeParser::new(text)
+        .filter_map(Result::ok)
+        .filter(|challenge| challenge.scheme.eq_ignore_ascii_case("Bearer"))
+        .find_map(|challenge| {
+            // The last `realm` parameter, as oci-client's loop keeps overwriting it.
+            challenge
+                .params
+                .iter()
+                .rev()
+                .find(|(key, _)| key.eq_ignore_ascii_case("realm"))
+                .map(|(_, value)| value.to_unescaped())
+        })
+}
+
+/// Whether a token realm may receive the target registry's credentials.
+#[derive(Debug, PartialEq, Eq)]
+enum RealmTrust {
+    /// On the registry's own origin (scheme, host and port), or explicitly trusted.
+    Trusted,
+    /// Anywhere else, including a realm that is no URL.
+    Foreign,
+}
+
+fn realm_trust(
+    realm: &str,
+    registry_origin: &reqwest::Url,
+    trusted: &[reqwest::Url],
+) -> RealmTrust {
+    let Ok(realm) = reqwest::Url::parse(realm) else {
+        return RealmTrust::Foreign;
+    };
+    let realm = origin(&realm);
+    if realm == *registry_origin || trusted.contains(&realm) {
+        RealmTrust::Trusted
+    } else {
+        RealmTrust::Foreign
+    }
+}
+
+/// `scheme://host:port/` of a URL (the default port left out, as `Url` does).
+fn origin(url: &reqwest::Url) -> reqwest::Url {
+    let mut origin = url.clone();
+    origin.set_path("/");
+    origin.set_query(None);
+    origin.set_fragment(None);
+    // Credentials inside a URL are not part of its origin.
+    let _ = origin.set_username("");
+    let _ = origin.set_password(None);
+    origin
+}
+
 /// The scheme oci-client speaks to `registry` with, so that streamed uploads go the same way.
 fn scheme_for(protocol: &ClientProtocol, registry: &str) -> &'static str {
     match protocol {
@@ -746,6 +931,7 @@ mod tests {
         let options = RegistryOptions {
             insecure: vec![],
             credentials: Some(("alice".into(), "s3cret-pa55".into())),
+            trusted_token_realms: vec![],
             stall_timeout: None,
         };
         let shown = format!("{options:?}");
@@ -753,6 +939,62 @@ mod tests {
             shown.contains("alice") && !shown.contains("s3cret-pa55"),
             "{shown}"
         );
+    }
+
+    fn url(text: &str) -> reqwest::Url {
+        reqwest::Url::parse(text).expect("test URL")
+    }
+
+    #[test]
+    fn realm_is_read_as_oci_client_reads_it() {
+        let header = |text: &'static str| HeaderValue::from_static(text);
+        assert_eq!(
+            bearer_realm(&header(
+                r#"Bearer realm="https://auth.example/token",service="r""#
+            )),
+            Some("https://auth.example/token".into())
+        );
+        // The first Bearer challenge with a realm, after any other scheme.
+        assert_eq!(
+            bearer_realm(&header(
+                r#"Basic realm="x", Bearer service="r", Bearer realm="https://b.example/t""#
+            )),
+            Some("https://b.example/t".into())
+        );
+        assert_eq!(bearer_realm(&header(r#"Basic realm="registry""#)), None);
+    }
+
+    #[test]
+    fn only_the_registrys_own_origin_or_a_trusted_one_is_a_trusted_realm() {
+        let registry = origin(&url("https://registry.example:5000/v2/"));
+        let trusted = [origin(&url("https://auth.example"))];
+        for realm in [
+            "https://registry.example:5000/token",
+            "https://registry.example:5000/auth/token?x=1",
+            "https://auth.example/token",
+            "https://auth.example:443/token",
+        ] {
+            assert_eq!(
+                realm_trust(realm, &registry, &trusted),
+                RealmTrust::Trusted,
+                "{realm}"
+            );
+        }
+        for realm in [
+            // Another port, a downgrade to plain HTTP, another host, a look-alike, no URL.
+            "https://registry.example:5001/token",
+            "http://registry.example:5000/token",
+            "https://registry.example.evil/token",
+            "https://user@evil.example/token",
+            "http://auth.example/token",
+            "/token",
+        ] {
+            assert_eq!(
+                realm_trust(realm, &registry, &trusted),
+                RealmTrust::Foreign,
+                "{realm}"
+            );
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ use crate::upload::BlobSink;
 use futures::TryStreamExt;
 use labforge_snapshot::BaselineIndex;
 use labforge_snapshot::LayerStats;
+use labforge_snapshot::guard::GuardedChangeSet;
 use labforge_snapshot::index::IndexError;
 use labforge_snapshot::protocol::ChangeSetHeader;
 use std::collections::BTreeMap;
@@ -129,7 +130,7 @@ pub async fn save(
     options: &SaveOptions,
     progress: impl Fn(SaveProgress) + Send + Sync + Clone + 'static,
 ) -> Result<Saved, SaveError> {
-    let registry = RegistryClient::new(&options.registry);
+    let registry = RegistryClient::new(&options.registry, target)?;
     let cache = CacheState::new(options.cache.as_ref(), progress.clone());
     let parent = match base {
         Some(base) => Some(registry.resolve(base).await?),
@@ -658,9 +659,12 @@ async fn write_layer(
         let mut stream = LayerStream::new(sink, compression)?;
         // The scan is over, so the baseline is usually ours alone: no copy of the index.
         let mut child = Arc::try_unwrap(baseline).unwrap_or_else(|shared| (*shared).clone());
+        // The stream comes from inside the notebook: checked as it is read, before the tar
+        // reader holds any of it (see `labforge_snapshot::guard`).
+        let mut guarded = GuardedChangeSet::new(&mut running.tar, running.header.content_bytes);
         let read = {
             let mut tee = Tee {
-                reader: &mut running.tar,
+                reader: &mut guarded,
                 writer: &mut stream,
                 since_report: 0,
                 progress: |bytes| progress(SaveProgress::Writing { bytes, total }),
@@ -675,6 +679,13 @@ async fn write_layer(
                         .map_err(|e| SaveError::Source(SourceError::Stream(e)))
                 })
         };
+        let violation = guarded.violation().cloned();
+        drop(guarded);
+        if let Some(violation) = violation {
+            // Whatever the agent says, the stream it sent is the reason.
+            running.abandon();
+            return Err(SaveError::Source(SourceError::ChangeSet(violation)));
+        }
         // A producer's own failure (a file it could not read) explains a cut stream best.
         running.finish()?;
         let stats = read?;

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::Api;
 use kube::api::{AttachParams, AttachedProcess};
+use labforge_snapshot::guard::StreamViolation;
 use labforge_snapshot::protocol::ChangeSetHeader;
 use labforge_snapshot::{
     BaselineIndex, ScanError, ScanOptions, WriteError, scan, write_change_set,
@@ -31,6 +32,10 @@ pub const AGENT_PATH: &str = "/.labforge/agent/labforge-agent";
 /// Read buffer of a change-set stream.
 pub(crate) const STREAM_BUFFER: usize = 256 * 1024;
 
+/// What is kept of the agent's stderr: its last 64 KiB. It is read to its end all the same (a
+/// full pipe would stop the agent), but whatever the container writes there costs no more.
+const STDERR_TAIL: usize = 64 << 10;
+
 /// How long an exec's exit status may take once its stream is closed.
 const EXEC_STATUS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -50,6 +55,9 @@ pub enum SourceError {
     Agent { container: String, message: String },
     #[error("the change-set stream: {0}")]
     Stream(#[source] io::Error),
+    /// The change set broke the rules of the stream (see `labforge_snapshot::guard`).
+    #[error("the change set from the agent was refused: {0}")]
+    ChangeSet(#[source] StreamViolation),
     #[error("exec into pod {pod}: {source}")]
     Exec {
         pod: String,
@@ -235,6 +243,72 @@ fn exec_failure(status: Option<Status>) -> String {
     }
 }
 
+/// The last [`STDERR_TAIL`] bytes of a stream, and how many came before them.
+#[derive(Default)]
+struct Tail {
+    kept: std::collections::VecDeque<u8>,
+    dropped: u64,
+}
+
+impl Tail {
+    fn push(&mut self, bytes: &[u8]) {
+        self.kept.extend(bytes);
+        let excess = self.kept.len().saturating_sub(STDERR_TAIL);
+        self.kept.drain(..excess);
+        self.dropped += excess as u64;
+    }
+
+    fn into_text(self) -> String {
+        let kept: Vec<u8> = self.kept.into();
+        let text = String::from_utf8_lossy(&kept);
+        if self.dropped == 0 {
+            text.into_owned()
+        } else {
+            format!(
+                "[{} earlier bytes of output left out]\n{text}",
+                self.dropped
+            )
+        }
+    }
+}
+
+/// The agent's stderr to its end, keeping its tail.
+fn read_tail(mut pipe: impl Read) -> String {
+    let mut tail = Tail::default();
+    let mut buf = [0u8; 8192];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => tail.push(&buf[..n]),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    tail.into_text()
+}
+
+/// [`read_tail`] for an exec's stream.
+async fn read_tail_async(mut pipe: impl tokio::io::AsyncRead + Unpin) -> String {
+    let mut tail = Tail::default();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.push(&buf[..n]);
+    }
+    tail.into_text()
+}
+
+/// Why the builder gave up on the agent, followed by what the agent said, if anything.
+fn failure_message(why: String, stderr: &str) -> String {
+    if stderr.trim().is_empty() {
+        why
+    } else {
+        format!("{why}; {}", agent_message(stderr, ""))
+    }
+}
+
 fn agent_message(stderr: &str, status: &str) -> String {
     let text = stderr
         .lines()
@@ -374,11 +448,7 @@ fn start_exec(
     let mut stderr_pipe = process.stderr().ok_or_else(|| missing("stderr"))?;
     let status = process.take_status().ok_or_else(|| missing("status"))?;
     // Drained all along: the exec stops relaying every stream when one pipe is full.
-    let stderr = runtime.spawn(async move {
-        let mut text = String::new();
-        let _ = stderr_pipe.read_to_string(&mut text).await;
-        text
-    });
+    let stderr = runtime.spawn(async move { read_tail_async(&mut stderr_pipe).await });
     // Ends the exec and says why, with what the agent wrote to stderr.
     let failed =
         |process: AttachedProcess, stderr: tokio::task::JoinHandle<String>, why: String| {
@@ -391,11 +461,7 @@ fn start_exec(
                 .unwrap_or_default();
             SourceError::Agent {
                 container: name.clone(),
-                message: if said.trim().is_empty() {
-                    why
-                } else {
-                    agent_message(&said, &why)
-                },
+                message: failure_message(why, &said),
             }
         };
     let mut writer = io::BufWriter::with_capacity(
@@ -493,25 +559,14 @@ fn start_agent(
         source,
     })?;
     let mut stderr_pipe = child.stderr.take();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(pipe) = stderr_pipe.as_mut() {
-            let _ = pipe.read_to_string(&mut text);
-        }
-        text
-    });
-    let failed = |mut child: Child, stderr: JoinHandle<String>, fallback: String| {
+    let stderr = std::thread::spawn(move || stderr_pipe.take().map(read_tail).unwrap_or_default());
+    let failed = |mut child: Child, stderr: JoinHandle<String>, why: String| {
         let _ = child.kill();
-        let status = child.wait();
+        let _ = child.wait();
         let message = stderr.join().unwrap_or_default();
         SourceError::Agent {
             container: container.to_owned(),
-            message: match status {
-                Ok(status) if !message.trim().is_empty() => {
-                    agent_message(&message, &status.to_string())
-                }
-                _ => fallback,
-            },
+            message: failure_message(why, &message),
         }
     };
     let stdin_written = child.stdin.take().map(|stdin| {
@@ -536,7 +591,12 @@ fn start_agent(
     let mut reader = BufReader::with_capacity(STREAM_BUFFER, stream);
     let header = match ChangeSetHeader::read_line(&mut reader) {
         Ok(header) => header,
-        Err(err) => return Err(failed(child, stderr, err.to_string())),
+        Err(err) => {
+            // Closed first: whatever still writes to it (the agent, or anything in the
+            // container that opened its descriptor) then ends instead of holding stderr open.
+            drop(reader);
+            return Err(failed(child, stderr, err.to_string()));
+        }
     };
     Ok(RunningChangeSet {
         header,

@@ -8,6 +8,7 @@
 //! container. [`protocol`] is what the agent and the builder say to each other.
 
 pub mod changeset;
+pub mod guard;
 pub mod index;
 pub mod protocol;
 pub mod scan;

@@ -505,3 +505,80 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     }
     assert!(up.stop(), "a clean exit on SIGTERM");
 }
+
+/// Issue 32, item 6: amounts podman would read as "no limit" are refused, and the smallest
+/// accepted ones reach the container as real limits (its HostConfig, as podman reports it).
+#[tokio::test]
+async fn issue_32_limits_podman_would_not_enforce_are_refused_and_the_minimum_is_enforced() {
+    crate::init_crypto();
+    let agent = need(labforge_tests::agent::agent_binary());
+    let alice = format!("alice-limits-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = need(
+        LabforgeUp::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
+            &dir.path().join("data"),
+            &agent,
+        )
+        .await,
+    );
+    need(labforge_tests::push_layout(
+        "jupyterlab",
+        &up.registry,
+        "labforge/jupyterlab:latest",
+    ));
+    let password = need(up.add_user(&alice));
+    let a = Session::sign_in(&up, &alice, &password).await;
+    let notebooks = format!("/api/namespaces/{alice}/notebooks");
+
+    for (body, field) in [
+        (json!({"name": "tiny", "cpu": "0.0004"}), "cpu"),
+        (json!({"name": "tiny", "cpuLimit": "1m"}), "cpuLimit"),
+        (json!({"name": "tiny", "memory": "0.4"}), "memory"),
+        (json!({"name": "tiny", "memoryLimit": "5Mi"}), "memoryLimit"),
+    ] {
+        let (status, answer) = a.post(&notebooks, body.clone()).await;
+        // 422, as every field error of this API (the issue asks for a 4xx).
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert_eq!(answer["field"], field, "{body}: {answer}");
+    }
+    let (_, listed) = a.get(&notebooks).await;
+    assert_eq!(
+        listed["notebooks"].as_array().map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
+
+    // The smallest CPU limit, and memory enough for JupyterLab to start.
+    let (status, answer) = a
+        .post(
+            &notebooks,
+            json!({"name": "small", "cpu": "10m", "memory": "512Mi"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let label = format!("label=dev.labforge.notebook={alice}/small");
+    let host_config = eventually("the notebook's container", Duration::from_secs(120), || {
+        let label = label.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let out = Command::new("podman")
+                .args(["ps", "-a", "--filter", &label, "--format", "{{.ID}}"])
+                .output()
+                .ok()?;
+            let id = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()?
+                .to_owned();
+            let out = Command::new("podman")
+                .args(["inspect", "--format", "{{json .HostConfig}}", &id])
+                .output()
+                .ok()?;
+            serde_json::from_slice::<Value>(&out.stdout).ok()
+        }
+    })
+    .await;
+    assert_eq!(host_config["NanoCpus"], 10_000_000, "{host_config}");
+    assert_eq!(host_config["Memory"], 512 << 20, "{host_config}");
+}

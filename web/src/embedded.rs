@@ -276,6 +276,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         registry: RegistryOptions {
             insecure: insecure.clone(),
             credentials: None,
+            trusted_token_realms: Vec::new(),
             stall_timeout: None,
         },
         cache: Some(

@@ -97,10 +97,27 @@ fn unambiguous_legacy_claim<'n>(
     (!ambiguous && !claim.is_empty()).then(|| claim.to_owned())
 }
 
-/// A quantity as `--cpus` wants it.
-fn cpus(quantity: &str) -> Option<String> {
-    let value = crate::validate::quantity("cpu", quantity).ok()?;
-    Some(format!("{value:.3}"))
+/// A CPU limit as `--cpus` wants it. Raised to [`validate::MIN_CPU`](crate::validate::MIN_CPU)
+/// and never dropped: a notebook stored before validation refused less (or written to the store
+/// directly) must not get `--cpus 0.000`, which podman reads as no limit.
+fn cpus(quantity: &str) -> Result<String, PlanError> {
+    let value = crate::validate::quantity("cpu", quantity)
+        .map_err(|err| PlanError::Unsupported(format!("the CPU limit: {err}")))?;
+    Ok(format!("{:.3}", value.max(crate::validate::MIN_CPU)))
+}
+
+#[cfg(test)]
+mod quantity_tests;
+
+/// A memory limit as `--memory` wants it, in bytes, raised to
+/// [`validate::MIN_MEMORY`](crate::validate::MIN_MEMORY): `--memory 0` is no limit.
+fn memory_bytes(quantity: &str) -> Result<String, PlanError> {
+    let value = crate::validate::quantity("memory", quantity)
+        .map_err(|err| PlanError::Unsupported(format!("the memory limit: {err}")))?;
+    Ok(format!(
+        "{}",
+        value.max(crate::validate::MIN_MEMORY).round() as u64
+    ))
 }
 
 fn bytes(quantity: &str) -> Option<String> {
@@ -207,11 +224,11 @@ pub fn plan(
     if let Some(resources) = &container.resources
         && let Some(limits) = &resources.limits
     {
-        if let Some(cpu) = limits.get("cpu").and_then(|q| cpus(&q.0)) {
-            options.extend(["--cpus".into(), cpu]);
+        if let Some(cpu) = limits.get("cpu") {
+            options.extend(["--cpus".into(), cpus(&cpu.0)?]);
         }
-        if let Some(memory) = limits.get("memory").and_then(|q| bytes(&q.0)) {
-            options.extend(["--memory".into(), memory]);
+        if let Some(memory) = limits.get("memory") {
+            options.extend(["--memory".into(), memory_bytes(&memory.0)?]);
         }
     }
     if let Some(secret) = secret {
@@ -614,7 +631,10 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    #[expect(clippy::too_many_arguments, reason = "each part the embedded mode wires in")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each part the embedded mode wires in"
+    )]
     pub fn new(
         engine: Engine,
         store: Arc<Store>,

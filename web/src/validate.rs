@@ -97,6 +97,29 @@ pub fn quantity(field: &str, value: &str) -> Result<f64, FieldError> {
     }
 }
 
+/// The smallest CPU amount accepted (`10m`). `--cpus` becomes a CFS quota per 100 ms period and
+/// the kernel's smallest quota is 1 ms: podman refuses less, except that `--cpus 0.000` (what a
+/// smaller amount rounds to) means no limit at all.
+pub const MIN_CPU: f64 = 0.01;
+const MIN_CPU_TEXT: &str = "10m";
+/// The smallest memory amount accepted (`6Mi`, Docker's minimum): `--memory 0` (what a fraction
+/// of a byte rounds to) means no limit, and a container does not start in much less.
+pub const MIN_MEMORY: f64 = 6.0 * 1024.0 * 1024.0;
+const MIN_MEMORY_TEXT: &str = "6Mi";
+
+/// Refuses a CPU or memory amount below the smallest one podman enforces as a limit.
+fn at_least(field: &str, text: &str, min: f64, min_text: &str) -> Result<(), FieldError> {
+    if quantity(field, text)? < min {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "{text} is less than the minimum {min_text}, the smallest limit podman enforces"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// An image reference podman and registries accept.
 pub fn image_reference(field: &str, value: &str) -> Result<(), FieldError> {
     if value.is_empty() || value.len() > 512 || value.chars().any(char::is_whitespace) {
@@ -215,6 +238,11 @@ pub fn notebook_from_request(
         &memory,
         &defaults.max_memory,
     )?;
+    // Requests too: a limit left empty takes the request's amount.
+    at_least("cpu", &cpu, MIN_CPU, MIN_CPU_TEXT)?;
+    at_least("cpuLimit", &cpu_limit, MIN_CPU, MIN_CPU_TEXT)?;
+    at_least("memory", &memory, MIN_MEMORY, MIN_MEMORY_TEXT)?;
+    at_least("memoryLimit", &memory_limit, MIN_MEMORY, MIN_MEMORY_TEXT)?;
     if quantity("cpuLimit", &cpu_limit)? < quantity("cpu", &cpu)? {
         return Err(FieldError::new(
             "cpuLimit",
@@ -551,6 +579,46 @@ mod tests {
             mount_path: "relative".into(),
         });
         assert_eq!(field_of(r), "dataVolumes[0].mountPath");
+    }
+
+    /// Issue 32, item 6: amounts podman would read as "no limit" (or refuse) are a 400 naming
+    /// the field; the minimum itself is accepted.
+    #[test]
+    fn issue_32_amounts_below_what_podman_enforces_are_refused() {
+        for (field, value) in [
+            ("cpu", "0.0004"),
+            ("cpu", "9m"),
+            ("cpuLimit", "0.001"),
+            ("memory", "0.4"),
+            ("memory", "5Mi"),
+            ("memoryLimit", "1"),
+            ("memoryLimit", "6291455"),
+        ] {
+            let mut r = request("nb");
+            match field {
+                "cpu" => r.cpu = value.into(),
+                "cpuLimit" => r.cpu_limit = value.into(),
+                "memory" => r.memory = value.into(),
+                _ => r.memory_limit = value.into(),
+            }
+            let err = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap_err();
+            assert_eq!(err.field, field, "{value}: {err}");
+            assert!(err.message.contains("minimum"), "{err}");
+        }
+        let mut r = request("nb");
+        (r.cpu, r.cpu_limit) = ("10m".into(), "0.01".into());
+        (r.memory, r.memory_limit) = ("6Mi".into(), "6291456".into());
+        let notebook = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap();
+        let container = &notebook.spec.template.spec.as_ref().unwrap().containers[0];
+        let limits = container
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap();
+        assert_eq!(limits["cpu"].0, "0.01");
+        assert_eq!(limits["memory"].0, "6291456");
     }
 
     #[test]
