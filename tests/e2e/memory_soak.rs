@@ -105,7 +105,7 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
             session
                 .wait_state(user, "soak", "ready", Duration::from_secs(120))
                 .await;
-            if index % save_every == 0 {
+            if index.is_multiple_of(save_every) {
                 let (code, save) = session
                     .post(&format!("{notebooks}/soak/saves"), json!({}))
                     .await;

@@ -54,6 +54,7 @@ fn planned(cpu: &str, memory: &str) -> Result<ContainerPlan, PlanError> {
         &BuilderConfig::default(),
         None,
         &[],
+        None,
     )
 }
 
