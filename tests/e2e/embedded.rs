@@ -129,6 +129,27 @@ impl Session {
     }
 }
 
+/// `labforge up` (this build) with its data in `data` and `extra` arguments, its registry holding
+/// the JupyterLab image its catalog offers.
+pub async fn up_with_jupyterlab(data: &std::path::Path, extra: &[&str]) -> LabforgeUp {
+    let agent = need(labforge_tests::agent::agent_binary());
+    let up = need(
+        LabforgeUp::start_with(
+            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
+            data,
+            &agent,
+            extra,
+        )
+        .await,
+    );
+    need(labforge_tests::push_layout(
+        "jupyterlab",
+        &up.registry,
+        "labforge/jupyterlab:latest",
+    ));
+    up
+}
+
 fn container_id(name: &str) -> String {
     let out = Command::new("podman")
         .args(["inspect", "--format", "{{.Id}}", name])
@@ -511,23 +532,10 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
 #[tokio::test]
 async fn issue_32_limits_podman_would_not_enforce_are_refused_and_the_minimum_is_enforced() {
     crate::init_crypto();
-    let agent = need(labforge_tests::agent::agent_binary());
     let alice = format!("alice-limits-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
     let dir = tempfile::tempdir().unwrap();
-    let up = need(
-        LabforgeUp::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
-            &dir.path().join("data"),
-            &agent,
-        )
-        .await,
-    );
-    need(labforge_tests::push_layout(
-        "jupyterlab",
-        &up.registry,
-        "labforge/jupyterlab:latest",
-    ));
+    let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
     let password = need(up.add_user(&alice));
     let a = Session::sign_in(&up, &alice, &password).await;
     let notebooks = format!("/api/namespaces/{alice}/notebooks");

@@ -4,9 +4,9 @@
 //! notebook's secret, and neither user can name the other's container, log or workspace; the
 //! owner's kernel still works through the proxy.
 
-use crate::embedded::Session;
+use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
-use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
+use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use labforge_web::runtime::container_name;
 use serde_json::json;
 use std::process::Command;
@@ -25,25 +25,12 @@ fn podman(args: &[&str]) -> String {
 #[tokio::test]
 async fn a_notebook_cannot_reach_another_and_a_port_is_no_way_in() {
     crate::init_crypto();
-    let agent = need(labforge_tests::agent::agent_binary());
     // `alice`'s `x-lab` and `alice-x`'s `lab` once shared one container name.
     let alice = format!("iso{:x}", std::process::id());
     let mallory = format!("{alice}-x");
     let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone(), mallory.clone()]);
     let dir = tempfile::tempdir().unwrap();
-    let up = need(
-        LabforgeUp::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
-            &dir.path().join("data"),
-            &agent,
-        )
-        .await,
-    );
-    need(labforge_tests::push_layout(
-        "jupyterlab",
-        &up.registry,
-        "labforge/jupyterlab:latest",
-    ));
+    let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
     let a = Session::sign_in(&up, &alice, &need(up.add_user(&alice))).await;
     let m = Session::sign_in(&up, &mallory, &need(up.add_user(&mallory))).await;
     for (session, ns, name) in [(&a, &alice, "x-lab"), (&m, &mallory, "lab")] {

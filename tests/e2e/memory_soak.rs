@@ -7,9 +7,9 @@
 //! `make test` runs the short form (50 sign-ins, 10 cycles, 4 saves); `make drills` sets
 //! `LABFORGE_SOAK=full` for 300 sign-ins, 100 cycles and 20 saves.
 
-use crate::embedded::Session;
+use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
-use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
+use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -44,25 +44,15 @@ const KEEP_ALIVE_MS: u64 = 100;
 async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
     crate::init_crypto();
     let size = SoakSize::from_env();
-    let agent = need(labforge_tests::agent::agent_binary());
     let user = format!("soak-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
     let dir = tempfile::tempdir().unwrap();
     let keep_alive = KEEP_ALIVE_MS.to_string();
-    let up = need(
-        LabforgeUp::start_with(
-            std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
-            &dir.path().join("data"),
-            &agent,
-            &["--blocking-thread-keep-alive-ms", &keep_alive],
-        )
-        .await,
-    );
-    need(labforge_tests::push_layout(
-        "jupyterlab",
-        &up.registry,
-        "labforge/jupyterlab:latest",
-    ));
+    let up = up_with_jupyterlab(
+        &dir.path().join("data"),
+        &["--blocking-thread-keep-alive-ms", &keep_alive],
+    )
+    .await;
     let password = need(up.add_user(&user));
     let session = Session::sign_in(&up, &user, &password).await;
     let notebooks = format!("/api/namespaces/{user}/notebooks");
