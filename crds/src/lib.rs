@@ -10,6 +10,7 @@
 //! The CRD YAML under `crds/` is generated from these types ([`crd_yaml`]); a test fails when the
 //! committed files are stale.
 
+pub mod host;
 pub mod imagebuild;
 pub mod istio;
 pub mod notebook;

@@ -56,6 +56,9 @@ pub struct BuilderConfig {
     /// `LABFORGE_AGENT_IMAGE`: when set, an init container copies the save agent from this image
     /// into an emptyDir that the notebook container mounts read-only at [`AGENT_DIR`].
     pub agent_image: Option<String>,
+    /// `LABFORGE_NOTEBOOK_DOMAIN`: when set, each notebook's VirtualService serves its own host,
+    /// `<label>.<domain>` ([`labforge_crds::host`]), instead of `host`.
+    pub notebook_domain: Option<String>,
 }
 
 impl Default for BuilderConfig {
@@ -67,6 +70,7 @@ impl Default for BuilderConfig {
             virtual_service: true,
             add_fs_group: true,
             agent_image: None,
+            notebook_domain: None,
         }
     }
 }
@@ -101,6 +105,7 @@ impl BuilderConfig {
             virtual_service: flag("USE_ISTIO", defaults.virtual_service)?,
             add_fs_group: flag("ADD_FSGROUP", defaults.add_fs_group)?,
             agent_image: get("LABFORGE_AGENT_IMAGE"),
+            notebook_domain: get("LABFORGE_NOTEBOOK_DOMAIN"),
         })
     }
 }
@@ -378,7 +383,10 @@ pub fn virtual_service(
     let mut vs = VirtualService::new(
         &virtual_service_name(id.namespace, id.name),
         VirtualServiceSpec {
-            hosts: vec![config.host.clone()],
+            hosts: vec![match &config.notebook_domain {
+                Some(domain) => labforge_crds::host::notebook_host(id.namespace, id.name, domain),
+                None => config.host.clone(),
+            }],
             gateways: vec![config.gateway.clone()],
             http: vec![route],
         },
@@ -576,6 +584,21 @@ mod tests {
                     }]
                 }
             })
+        );
+    }
+
+    #[test]
+    fn with_a_notebook_domain_each_virtual_service_serves_its_notebooks_host() {
+        let config = BuilderConfig::from_env(|k| {
+            (k == "LABFORGE_NOTEBOOK_DOMAIN").then(|| "nb.example.com".into())
+        })
+        .unwrap();
+        let vs = virtual_service(&Notebook::test("alice", "lab"), &config).unwrap();
+        assert_eq!(vs.spec.hosts, ["lab--alice.nb.example.com"]);
+        assert_eq!(
+            vs.spec.http[0].matches[0].uri,
+            Some(StringMatch::Prefix("/notebook/alice/lab/".into())),
+            "the path stays, so NB_PREFIX and Kubeflow's images work unchanged"
         );
     }
 
