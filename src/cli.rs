@@ -420,6 +420,9 @@ pub struct RenderArgs {
     /// Image of the save agent, copied into each notebook pod by an init container.
     #[arg(long, env = "LABFORGE_AGENT_IMAGE")]
     pub agent_image: Option<String>,
+    /// Serve each notebook on its own host, `<name>--<namespace>.<domain>`.
+    #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
+    pub notebook_domain: Option<String>,
 }
 
 impl From<&RenderArgs> for BuilderConfig {
@@ -430,6 +433,7 @@ impl From<&RenderArgs> for BuilderConfig {
             cluster_domain: args.cluster_domain.clone(),
             virtual_service: !args.no_virtual_service,
             agent_image: args.agent_image.clone(),
+            notebook_domain: args.notebook_domain.clone().filter(|d| !d.is_empty()),
             ..BuilderConfig::default()
         }
     }
