@@ -128,6 +128,15 @@ pub struct UpArgs {
     /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
     #[arg(long)]
     pub spawner_config: Option<std::path::PathBuf>,
+    /// The web app's host; each notebook gets its own below it, `<name>--<namespace>.<domain>`,
+    /// so a page a notebook serves cannot act as its visitor. Browsers resolve `*.localhost` to
+    /// this machine by themselves.
+    #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN", default_value = "localhost")]
+    pub notebook_domain: String,
+    /// Serve notebooks on the web app's host under `/notebook/<ns>/<name>/`, as Kubeflow does:
+    /// a notebook's pages can then act as whoever opens them (see SECURITY.md).
+    #[arg(long, conflicts_with = "notebook_domain")]
+    pub notebook_paths: bool,
 }
 
 #[derive(Debug, Args)]
@@ -258,6 +267,11 @@ pub struct ProxyArgs {
     /// labforge_session, _oauth2_proxy and authservice_session; repeatable.
     #[arg(long = "strip-cookie")]
     pub strip_cookies: Vec<String>,
+    /// Serve each notebook only on its own host, `<name>--<namespace>.<domain>`, and send
+    /// `/notebook/…` on other hosts there; the controller's `LABFORGE_NOTEBOOK_DOMAIN`. The auth
+    /// proxy in front must cover `*.<domain>` (SECURITY.md).
+    #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
+    pub notebook_domain: Option<String>,
     /// Client connections served at once (all threads); more are answered 503 and closed.
     #[arg(long, default_value_t = labforge_proxy::server::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
@@ -364,6 +378,16 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                 grace: Duration::from_secs(args.request_body_timeout),
                 min_rate: args.request_body_min_rate,
             },
+            notebook_hosts: args
+                .notebook_domain
+                .as_deref()
+                .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
+                .filter(|domain| !domain.is_empty())
+                .map(|domain| labforge_proxy::notebook_host::NotebookHosts {
+                    main_host: domain.clone(),
+                    domain,
+                    sign_in: None,
+                }),
         })
     }
 }
@@ -1097,6 +1121,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         spawner,
         cache: None,
         culling,
+        notebook_domain: (!args.notebook_paths).then(|| args.notebook_domain.clone()),
         cdi_dirs: labforge_web::gpus::CDI_DIRS
             .iter()
             .map(Into::into)

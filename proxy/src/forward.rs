@@ -16,6 +16,7 @@ use crate::authz::{
 };
 use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
 use crate::normalize::normalize_path;
+use crate::notebook_host::{self, NotebookHosts};
 use crate::respond::{ProxyError, error_response, wants_json};
 use crate::routes::{FixedAnswer, RequestView, Rule};
 use crate::server::{BodyPace, PacedBody};
@@ -75,6 +76,8 @@ pub struct Forwarder {
     visitor_cookies: Box<[Box<[u8]>]>,
     /// How fast request bodies must come.
     body_pace: BodyPace,
+    /// Notebooks on hosts of their own, when they are.
+    notebook_hosts: Option<NotebookHosts>,
 }
 
 /// Cookies that identify the visitor, never forwarded to a route unless configured otherwise:
@@ -107,12 +110,16 @@ impl Forwarder {
                 .map(|(destination, address)| (destination.clone(), address.as_str().into()))
                 .collect(),
             fallback: options.fallback.as_deref().map(Arc::from),
+            // A notebook host's own cookies are the visitor's too.
             visitor_cookies: options
                 .visitor_cookies
                 .iter()
+                .map(String::as_str)
+                .chain([notebook_host::GRANT_COOKIE, notebook_host::STATE_COOKIE])
                 .map(|name| name.as_bytes().into())
                 .collect(),
             body_pace: options.body_pace,
+            notebook_hosts: options.notebook_hosts.clone(),
         }
     }
 
@@ -138,7 +145,12 @@ impl Forwarder {
     ) -> impl Future<Output = Response<ProxyBody>> + Send + use<> {
         let json = wants_json(request.headers(), request.uri().path());
         match self.route(request, tls) {
-            Ok(routed) => future::Either::Left(self.clone().answer(routed, peer, tls, json)),
+            Ok(Step::Forward(routed)) => {
+                future::Either::Left(self.clone().answer(routed, peer, tls, json))
+            }
+            Ok(Step::Answer(response)) => future::Either::Right(future::ready(
+                self.respond(Ok(response.map(Either::Right)), json),
+            )),
             Err(error) => future::Either::Right(future::ready(self.respond(Err(error), json))),
         }
     }
@@ -203,28 +215,93 @@ impl Forwarder {
 
     /// Where the request goes and, when every access answer is at hand, whether it may: nothing
     /// here waits (an answer that must be waited for is left to [`Self::admit`]).
-    fn route(&self, request: Request<Incoming>, tls: bool) -> Result<Routed, ProxyError> {
+    fn route(&self, request: Request<Incoming>, tls: bool) -> Result<Step, ProxyError> {
         let sent_to = SentTo::of(&request).ok_or(ProxyError::NoHost)?;
         let authority = &sent_to.authority;
         let path = normalize_path(request.uri().path())?;
+        let host = lowercase(authority_host(authority));
+        // On a notebook's own host: that notebook, signed in to it there.
+        let mut on_notebook_host = None;
+        if let Some(hosts) = &self.notebook_hosts {
+            match hosts.label_of(&host) {
+                Some(label) => {
+                    if let Some(sign_in) = &hosts.sign_in
+                        && path == notebook_host::SIGN_IN_PATH
+                    {
+                        let query = request.uri().query();
+                        return hosts
+                            .redeem(sign_in.as_ref(), label, query, request.headers(), tls)
+                            .map(Step::Answer)
+                            .map_err(|refused| {
+                                tracing::info!(reason = %refused, "notebook sign-in code refused");
+                                ProxyError::CodeRefused
+                            });
+                    }
+                    let notebook = notebook_host::notebook_of_path(&path)
+                        .filter(|(ns, name)| {
+                            labforge_crds::host::notebook_host_label(ns, name) == label
+                        })
+                        .ok_or(ProxyError::NoRoute)?;
+                    if !notebook_host::same_origin(request.headers(), authority.as_str()) {
+                        return Err(ProxyError::CrossOrigin);
+                    }
+                    on_notebook_host = Some((hosts, notebook));
+                }
+                // Old path URLs on the main host: the notebook lives on its own host now.
+                None if path.starts_with(NOTEBOOK_PATHS) => {
+                    let (ns, name) =
+                        notebook_host::notebook_of_path(&path).ok_or(ProxyError::NoRoute)?;
+                    let mut location = hosts.notebook_origin(ns, name, authority.as_str());
+                    location.push_str(&path);
+                    if let Some(query) = request.uri().query() {
+                        location.push('?');
+                        location.push_str(query);
+                    }
+                    return Ok(Step::Answer(notebook_host::redirect(&location, [])));
+                }
+                None => {}
+            }
+        }
         // The web app (embedded mode) authenticates its own requests; notebook paths never go there.
         if let Some(fallback) = &self.fallback
             && !path.starts_with(NOTEBOOK_PATHS)
         {
             let target = upstream_target(request.uri(), &path);
-            return Ok(Routed {
+            return Ok(Step::Forward(Routed {
                 request,
                 sent_to,
                 target,
                 via: Via::Fallback(fallback.clone()),
-            });
+            }));
         }
         // Authentication first: an anonymous client learns nothing about which routes exist.
-        let user = self
-            .identity
-            .user(request.headers())
-            .ok_or(ProxyError::Unauthenticated)?;
-        let host = lowercase(authority_host(authority));
+        let user = match on_notebook_host {
+            Some((hosts, (ns, name))) if let Some(sign_in) = &hosts.sign_in => {
+                let granted = notebook_host::cookie(request.headers(), notebook_host::GRANT_COOKIE)
+                    .and_then(|grant| sign_in.user(grant, ns, name));
+                match granted {
+                    Some(user) => std::borrow::Cow::Owned(user),
+                    None if is_navigation(&request) => {
+                        let mut return_to = path.clone().into_owned();
+                        if let Some(query) = request.uri().query() {
+                            return_to.push('?');
+                            return_to.push_str(query);
+                        }
+                        return Ok(Step::Answer(hosts.sign_in_redirect(
+                            ns,
+                            name,
+                            &return_to,
+                            authority.as_str(),
+                        )));
+                    }
+                    None => return Err(ProxyError::Unauthenticated),
+                }
+            }
+            _ => self
+                .identity
+                .user(request.headers())
+                .ok_or(ProxyError::Unauthenticated)?,
+        };
         let table = self.routes.table();
         let view = RequestView {
             host: &host,
@@ -236,6 +313,13 @@ impl Forwarder {
             headers: request.headers(),
         };
         let found = table.lookup(&view).ok_or(ProxyError::NoRoute)?;
+        // A notebook's host serves routes of its namespace only: a VirtualService elsewhere
+        // naming that host must not put its own server on the notebook's origin.
+        if let Some((_, (ns, _))) = on_notebook_host
+            && found.rule.namespaces().any(|guard| guard != ns)
+        {
+            return Err(ProxyError::NoRoute);
+        }
         let target = match found.rule.answer.as_deref() {
             Some(FixedAnswer::Redirect(redirect)) => {
                 Some(redirect.location(&view, found.prefix_len))
@@ -251,12 +335,12 @@ impl Forwarder {
             }),
         };
         let rule = found.rule.clone();
-        Ok(Routed {
+        Ok(Step::Forward(Routed {
             request,
             sent_to,
             target,
             via: Via::Rule(admission, rule),
-        })
+        }))
     }
 
     /// Whether the user may go where the request was routed (waiting for the access answer if
@@ -318,8 +402,16 @@ impl Forwarder {
                 let protocol = headers.get(header::UPGRADE).cloned();
                 let key = headers.get(header::SEC_WEBSOCKET_KEY).cloned();
                 // Asked before the visitor's cookies are stripped: the session is in them. The
-                // web app's own tunnels (fallback) end with its session too.
-                let revoked = self.identity.revocation(headers);
+                // web app's own tunnels (fallback) end with its session too; a notebook host's
+                // with the grant it was opened with.
+                let sign_in = self.notebook_hosts.as_ref().and_then(|h| h.sign_in.as_ref());
+                let revoked = match (&rule, sign_in) {
+                    (Some(_), Some(sign_in)) => {
+                        notebook_host::cookie(headers, notebook_host::GRANT_COOKIE)
+                            .and_then(|grant| sign_in.revocation(grant))
+                    }
+                    _ => self.identity.revocation(headers),
+                };
                 (
                     protocol,
                     Some(hyper::upgrade::on(&mut request)),
@@ -549,6 +641,25 @@ impl Forwarder {
             }))
         }
     }
+}
+
+/// What routing decided: forward the request, or answer it here (redirects of notebook hosts).
+// The large variant is nearly every request's: boxing it would cost each an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Forward(Routed),
+    Answer(Response<Full<Bytes>>),
+}
+
+/// Whether a browser would show the answer to `request` as a page: only such a visit is sent
+/// to sign in, not a script's request (which could not follow it across origins anyway).
+fn is_navigation(request: &Request<Incoming>) -> bool {
+    let headers = request.headers();
+    (request.method() == http::Method::GET || request.method() == http::Method::HEAD)
+        && !is_upgrade(headers)
+        && headers
+            .get("sec-fetch-mode")
+            .is_none_or(|mode| mode.as_bytes() == b"navigate")
 }
 
 /// A request the table routed, with its admission decided or still to be asked.

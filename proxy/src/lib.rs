@@ -19,6 +19,7 @@ pub mod forward;
 pub mod heap_release;
 pub mod metrics;
 pub mod normalize;
+pub mod notebook_host;
 pub mod respond;
 pub mod review;
 pub mod routes;
@@ -95,6 +96,9 @@ pub struct ProxyOptions {
     pub max_connections: usize,
     /// How fast a request body must arrive ([`server::BodyPace::default`] unless configured).
     pub body_pace: server::BodyPace,
+    /// Each notebook on a host of its own ([`notebook_host`]); `None`: on the paths of every
+    /// host, as Kubeflow.
+    pub notebook_hosts: Option<notebook_host::NotebookHosts>,
 }
 
 #[derive(Debug, thiserror::Error)]

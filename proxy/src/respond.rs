@@ -22,6 +22,13 @@ pub enum ProxyError {
     AccessUnknown,
     #[error("no route for this address")]
     NoRoute,
+    /// A request to a notebook's host from a page of another origin (another notebook's).
+    #[error("a page of another origin may not use this notebook")]
+    CrossOrigin,
+    /// A notebook sign-in code that was used already, expired, is for another notebook, or
+    /// came from another browser than the one sent to sign in.
+    #[error("this sign-in link is used, expired or not yours; open the notebook again")]
+    CodeRefused,
     #[error("the notebook server is not reachable (it may be stopped or starting)")]
     UpstreamUnavailable(#[source] crate::upstream::UpstreamError),
     #[error("the notebook server failed to answer")]
@@ -36,7 +43,9 @@ impl ProxyError {
         match self {
             ProxyError::BadPath(_) | ProxyError::NoHost => StatusCode::BAD_REQUEST,
             ProxyError::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::Forbidden | ProxyError::CrossOrigin | ProxyError::CodeRefused => {
+                StatusCode::FORBIDDEN
+            }
             ProxyError::AccessUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

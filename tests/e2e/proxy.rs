@@ -89,6 +89,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
             .into(),
         max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
         body_pace: Default::default(),
+        notebook_hosts: None,
     }
 }
 

@@ -60,6 +60,8 @@ pub struct ApiState {
     pub activity: Arc<Activity>,
     /// Mark cookies `Secure` (served over TLS).
     pub secure_cookies: bool,
+    /// Each notebook on its own host; `None`: on the web app's host, under its path.
+    pub notebook_links: Option<crate::notebook_sign_in::NotebookLinks>,
 }
 
 /// An error answer.

@@ -40,6 +40,7 @@ pub async fn router(
         // The proxy's activity reaches the culler, which writes it into the Notebook.
         activity: Arc::default(),
         secure_cookies: false,
+        notebook_links: None,
     };
     crate::api::router(state.clone()).merge(crate::ui::router(state))
 }

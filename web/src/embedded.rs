@@ -30,6 +30,7 @@ use labforge_notebook_controller::culler::{
     ActivitySource, CullDecision, CullingConfig, JupyterActivity, decide,
 };
 use labforge_proxy::routes::{GatewayFilter, activity_key};
+use labforge_proxy::notebook_host::NotebookHosts;
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -84,6 +85,9 @@ pub struct UpOptions {
     pub cache: Option<BlobCache>,
     pub culling: CullingConfig,
     pub cdi_dirs: Vec<PathBuf>,
+    /// The web app's host, each notebook on its own below it ([`NotebookHosts`]); `None`:
+    /// notebooks on the web app's host, under their paths.
+    pub notebook_domain: Option<String>,
 }
 
 /// A running embedded mode; everything stops when it is dropped.
@@ -265,7 +269,11 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         .gpu_vendors
         .retain(|v| available.contains(&v.limits_key));
 
-    let builder_config = BuilderConfig::default();
+    let builder_config = BuilderConfig {
+        notebook_domain: options.notebook_domain.clone(),
+        ..BuilderConfig::default()
+    };
+    let notebook_sign_in = Arc::new(crate::notebook_sign_in::NotebookSignIn::new(auth.clone()));
     let engine = Engine {
         program: options.engine.clone(),
         insecure_registries: insecure.clone(),
@@ -320,6 +328,12 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
                 .into(),
             max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
             body_pace: Default::default(),
+            // The web app on the domain itself, each notebook on a host below it.
+            notebook_hosts: options.notebook_domain.as_ref().map(|domain| NotebookHosts {
+                domain: domain.clone(),
+                main_host: domain.clone(),
+                sign_in: Some(notebook_sign_in.clone()),
+            }),
         },
         RoutesFrom::Pushed,
     )
@@ -365,6 +379,12 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         logs: crate::api::LogSource::Engine(engine),
         activity: proxy.activity.clone(),
         secure_cookies: false,
+        notebook_links: options.notebook_domain.as_ref().map(|domain| {
+            crate::notebook_sign_in::NotebookLinks {
+                domain: domain.clone(),
+                sign_in: Some(notebook_sign_in.clone()),
+            }
+        }),
     };
     let api = crate::api::router(state.clone()).merge(crate::ui::router(state));
     let mut tasks = vec![
@@ -384,7 +404,10 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             options.culling.clone(),
         )));
     }
-    let url = format!("http://{}/", proxy.addr);
+    let url = match &options.notebook_domain {
+        Some(domain) => format!("http://{domain}:{}/", proxy.addr.port()),
+        None => format!("http://{}/", proxy.addr),
+    };
     Ok(Running {
         url,
         registry,

@@ -16,6 +16,7 @@ pub mod gpus;
 pub mod image_builds;
 pub mod model;
 pub mod notebook_secret;
+pub mod notebook_sign_in;
 pub mod runtime;
 pub mod saves;
 pub mod sign_in;

@@ -127,6 +127,144 @@ fn to_login() -> Response {
     Redirect::to("/login").into_response()
 }
 
+/// Where a notebook is opened: its own host when notebooks have one, else its path here.
+pub fn notebook_url(state: &ApiState, headers: &HeaderMap, ns: &str, name: &str) -> String {
+    let path = format!(
+        "{}/",
+        labforge_notebook_controller::builders::route_prefix(ns, name)
+    );
+    match &state.notebook_links {
+        Some(links) => {
+            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+            format!("{}{path}", links.origin(ns, name, host))
+        }
+        None => path,
+    }
+}
+
+/// The sign-in page, coming back to `next` (a path of the web app) afterwards.
+fn to_login_then(next: &str) -> Response {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("next", next)
+        .finish();
+    Redirect::to(&format!("/login?{query}")).into_response()
+}
+
+#[derive(Deserialize)]
+struct NotebookSignInQuery {
+    namespace: String,
+    name: String,
+    state: String,
+    #[serde(rename = "return")]
+    return_to: String,
+}
+
+/// Signs a visitor in to a notebook's own host (the proxy sent them here): access checked, a
+/// one-time code for that notebook and browser, and back to the notebook's host with it.
+async fn notebook_sign_in(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    query: Result<Query<NotebookSignInQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let user = state.access.identify(&headers).await;
+    let Some((links, sign_in)) = state
+        .notebook_links
+        .as_ref()
+        .and_then(|links| Some((links, links.sign_in.as_ref()?)))
+    else {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            "Notebooks are not served on hosts of their own here.",
+            user.as_ref(),
+        );
+    };
+    let Ok(Query(query)) = query else {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "Bad sign-in link",
+            "The link needs namespace, name, state and return.",
+            user.as_ref(),
+        );
+    };
+    let (Some(user), Some(session)) = (user, crate::users::session_token(&headers)) else {
+        let next = uri.path_and_query().map_or("/", |p| p.as_str());
+        return to_login_then(next);
+    };
+    let prefix = labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
+    let below_prefix = query
+        .return_to
+        .strip_prefix(&prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']));
+    if !below_prefix {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "Bad sign-in link",
+            &format!("return must be a path below {prefix}/."),
+            Some(&user),
+        );
+    }
+    if query.state.is_empty()
+        || query.state.len() > 64
+        || !query.state.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "Bad sign-in link",
+            "state must be the hex the proxy chose.",
+            Some(&user),
+        );
+    }
+    if !state
+        .access
+        .may(&user, crate::backend::Verb::Get, Some(&query.namespace))
+        .await
+    {
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "Not yours",
+            &format!(
+                "{} may not open notebooks in namespace {}.",
+                user.name, query.namespace
+            ),
+            Some(&user),
+        );
+    }
+    let code = match sign_in.issue(
+        session,
+        &user.name,
+        &query.namespace,
+        &query.name,
+        &query.state,
+        &query.return_to,
+    ) {
+        Ok(code) => code,
+        Err(err) => {
+            return error_page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Busy",
+                &err.to_string(),
+                Some(&user),
+            );
+        }
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin = links.origin(&query.namespace, &query.name, host);
+    let location = format!(
+        "{origin}{}?code={code}",
+        labforge_proxy::notebook_host::SIGN_IN_PATH
+    );
+    (
+        StatusCode::FOUND,
+        [
+            (header::LOCATION, location),
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+        ],
+    )
+        .into_response()
+}
+
 async fn login_page() -> Html<String> {
     page(
         "Sign in",
@@ -357,12 +495,13 @@ async fn notebook_page(
             Some(&user),
         );
     }
+    let connect = escape(&notebook_url(&state, &headers, &ns, &name));
     page(
         &name,
         Some(&user),
         &format!(
             r#"<div class="title-row" data-ns="{ns}" data-name="{name}" id="notebook"><h1>{name} <span class="state" id="state">…</span></h1>
-<div class="actions"><a class="button" id="connect" href="/notebook/{ns}/{name}/" target="_blank" rel="noopener">Connect</a>
+<div class="actions"><a class="button" id="connect" href="{connect}" target="_blank" rel="noopener">Connect</a>
 <button type="button" class="secondary" id="toggle">…</button></div></div>
 <p id="reason" class="hint"></p>
 <section class="card"><h2>Save environment as image</h2>
@@ -449,6 +588,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/new", get(new_page))
         .route("/notebooks/{ns}/{name}", get(notebook_page))
         .route("/admin", get(admin_page))
+        .route(
+            labforge_proxy::notebook_host::WEB_SIGN_IN_PATH,
+            get(notebook_sign_in),
+        )
         .route("/static/{file}", get(static_file))
         .fallback(not_found)
         .with_state(state)

@@ -375,7 +375,11 @@ impl LocalAuth {
     /// The signed-in user a request carries, if the user still exists: a user removed with
     /// `labforge user remove` loses their sessions at once (one `stat` of the file per request).
     pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
-        let token = session_token(headers)?;
+        self.user_of_session(session_token(headers)?)
+    }
+
+    /// The user of session `token`, if it lasts and its user still exists unchanged.
+    pub fn user_of_session(&self, token: &str) -> Option<User> {
         let name = self.sessions.user(token)?;
         if let Err(err) = self.users.refresh() {
             tracing::warn!(error = %err, "re-reading the users file");

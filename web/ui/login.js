@@ -8,7 +8,9 @@ form.addEventListener('submit', async (event) => {
     password: form.password.value,
   });
   if (status === 200) {
-    location.href = '/';
+    // Back to where sign-in was asked for (a notebook's sign-in), never to another site.
+    const next = new URLSearchParams(location.search).get('next') || '/';
+    location.href = next.startsWith('/') && !next.startsWith('//') && !next.startsWith('/\\') ? next : '/';
   } else {
     document.getElementById('login-error').textContent = body?.error || `sign-in failed (HTTP ${status})`;
   }

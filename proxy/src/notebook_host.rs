@@ -1,0 +1,320 @@
+//! Each notebook on its own host, as JupyterHub's subdomains: a page a notebook serves runs on an
+//! origin of its own, where neither the web app's session nor another notebook's cookie is sent,
+//! so it cannot act as its visitor on them.
+//!
+//! `<label>.<domain>` ([`labforge_crds::host`]) serves only `/notebook/<ns>/<name>/…` of the one
+//! notebook whose label it is, and only by routes of that notebook's namespace; the path stays,
+//! so NB_PREFIX, Kubeflow's images and VirtualServices are unchanged. Other hosts send old
+//! `/notebook/…` URLs to the notebook's host. A request to a notebook's host from a page of
+//! another origin (its `Origin` header names one) is refused whatever cookie it carries: reads,
+//! writes and websockets alike.
+//!
+//! Who is visiting: in a cluster, the auth proxy in front (which must cover `*.<domain>`) says,
+//! as on every host. In embedded mode, whose session cookie is host-only, the notebook's host
+//! signs its visitor in itself ([`HostSignIn`]): a visit without its cookie is sent to the web
+//! app with a random state, also set as a cookie on the notebook's host; the web app checks
+//! access and sends the browser back to [`SIGN_IN_PATH`] with a one-time code bound to the
+//! notebook, that state and the visitor's session; the proxy trades it for the notebook's own
+//! cookie ([`GRANT_COOKIE`]), which lasts as long as that session, and sends the browser on.
+
+use crate::authz::Revocation;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::Full;
+use std::sync::Arc;
+
+/// Where a notebook's host takes sign-in codes.
+pub const SIGN_IN_PATH: &str = "/_labforge/sign-in";
+/// Where the web app signs a visitor in to a notebook's host.
+pub const WEB_SIGN_IN_PATH: &str = "/notebook-sign-in";
+/// The cookie a notebook's host knows its visitor by; never forwarded to the notebook.
+pub const GRANT_COOKIE: &str = "labforge_notebook";
+/// The cookie binding a sign-in code to the browser that was sent for it.
+pub const STATE_COOKIE: &str = "labforge_notebook_state";
+/// How long a browser has to come back from the web app with a code.
+const STATE_LIFETIME_SECONDS: u32 = 600;
+
+/// Serving notebooks on hosts of their own.
+#[derive(Clone)]
+pub struct NotebookHosts {
+    /// Notebooks are served at `<label>.<domain>` (`localhost` in embedded mode).
+    pub domain: String,
+    /// The web app's host, without port (the request's port is kept).
+    pub main_host: String,
+    /// Embedded mode's own sign-in to notebook hosts; `None` when the identity source knows the
+    /// visitor on every host (an auth proxy in front).
+    pub sign_in: Option<Arc<dyn HostSignIn>>,
+}
+
+impl std::fmt::Debug for NotebookHosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotebookHosts")
+            .field("domain", &self.domain)
+            .field("main_host", &self.main_host)
+            .field("sign_in", &self.sign_in.is_some())
+            .finish()
+    }
+}
+
+/// The web app's half of signing in to a notebook's host: it issues the codes and knows the
+/// sessions they came from.
+pub trait HostSignIn: Send + Sync {
+    /// Trades `code`, presented on the host labelled `label` by a browser whose state cookie is
+    /// `state`, for a grant. A code is used up by its first presentation, accepted or not.
+    fn redeem(&self, code: &str, label: &str, state: &str) -> Result<Redeemed, CodeRefused>;
+    /// The user `grant` lets into notebook `namespace/name`, while the session it came from
+    /// lasts.
+    fn user(&self, grant: &str, namespace: &str, name: &str) -> Option<String>;
+    /// Resolves when `grant` ends (its session was signed out, its user removed or reset).
+    fn revocation(&self, grant: &str) -> Option<Revocation>;
+}
+
+/// An accepted code: the grant cookie's value and where the browser was going.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redeemed {
+    pub grant: String,
+    /// A path and query on the notebook's host, under its prefix.
+    pub return_to: String,
+}
+
+/// Why a code was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CodeRefused {
+    #[error("the code was used already or never issued")]
+    Unknown,
+    #[error("the code expired")]
+    Expired,
+    #[error("the code is for another notebook")]
+    OtherNotebook,
+    #[error("the code was issued to another browser")]
+    OtherBrowser,
+}
+
+impl NotebookHosts {
+    /// The notebook label of `host` (lowercase, without port) when it is a notebook's host.
+    pub fn label_of<'h>(&self, host: &'h str) -> Option<&'h str> {
+        let label = host
+            .strip_suffix(self.domain.as_str())?
+            .strip_suffix('.')?;
+        (!label.is_empty() && !label.contains('.')).then_some(label)
+    }
+
+    /// `//<notebook's host>[:port]` for a request that came to `authority`.
+    pub fn notebook_origin(&self, namespace: &str, name: &str, authority: &str) -> String {
+        let host = labforge_crds::host::notebook_host(namespace, name, &self.domain);
+        format!("//{host}{}", port_of(authority))
+    }
+
+    /// Where a visitor without a grant goes to sign in, and the state cookie to set.
+    pub fn sign_in_redirect(
+        &self,
+        namespace: &str,
+        name: &str,
+        return_to: &str,
+        authority: &str,
+    ) -> Response<Full<Bytes>> {
+        let state = random_hex(16);
+        let query = form_urlencoded::Serializer::new(String::new())
+            .append_pair("namespace", namespace)
+            .append_pair("name", name)
+            .append_pair("state", &state)
+            .append_pair("return", return_to)
+            .finish();
+        let location = format!(
+            "//{}{}{WEB_SIGN_IN_PATH}?{query}",
+            self.main_host,
+            port_of(authority)
+        );
+        let cookie = format!(
+            "{STATE_COOKIE}={state}; Path={SIGN_IN_PATH}; HttpOnly; SameSite=Lax; Max-Age={STATE_LIFETIME_SECONDS}"
+        );
+        redirect(&location, [cookie])
+    }
+
+    /// Answers [`SIGN_IN_PATH`] on the host labelled `label`: the code traded for a grant
+    /// cookie and a redirect to where the visitor was going.
+    pub fn redeem(
+        &self,
+        sign_in: &dyn HostSignIn,
+        label: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        tls: bool,
+    ) -> Result<Response<Full<Bytes>>, CodeRefused> {
+        let code = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+            .find(|(key, _)| key == "code")
+            .map(|(_, value)| value.into_owned())
+            .ok_or(CodeRefused::Unknown)?;
+        let state = cookie(headers, STATE_COOKIE).unwrap_or("");
+        let redeemed = sign_in.redeem(&code, label, state)?;
+        // Only a path of this host: the code's issuer promised one, and an open redirect here
+        // would send a signed-in visitor anywhere.
+        if !redeemed.return_to.starts_with('/') || redeemed.return_to.starts_with("//") {
+            return Err(CodeRefused::OtherNotebook);
+        }
+        let secure = if tls { "; Secure" } else { "" };
+        Ok(redirect(
+            &redeemed.return_to,
+            [
+                format!(
+                    "{GRANT_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax{secure}",
+                    redeemed.grant
+                ),
+                format!("{STATE_COOKIE}=; Path={SIGN_IN_PATH}; Max-Age=0"),
+            ],
+        ))
+    }
+}
+
+/// `/notebook/<ns>/<name>` and what follows it, when `path` is below a notebook's prefix.
+pub fn notebook_of_path(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix(crate::forward::NOTEBOOK_PATHS)?;
+    let (namespace, rest) = rest.split_once('/')?;
+    let name = rest.split('/').next()?;
+    (!namespace.is_empty() && !name.is_empty()).then_some((namespace, name))
+}
+
+/// Whether the request came from no page (a navigation, a script outside a browser) or from a
+/// page of the host it was sent to. Schemes are not compared: TLS may end before the proxy.
+pub fn same_origin(headers: &HeaderMap, authority: &str) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let Some((_, origin_authority)) = origin.split_once("://") else {
+        // `null` (a sandboxed frame, a redirect across origins) or worse.
+        return false;
+    };
+    without_default_port(origin_authority).eq_ignore_ascii_case(without_default_port(authority))
+}
+
+fn without_default_port(authority: &str) -> &str {
+    authority
+        .strip_suffix(":80")
+        .or_else(|| authority.strip_suffix(":443"))
+        .unwrap_or(authority)
+}
+
+/// `:port` of `authority`, or nothing when it has none.
+fn port_of(authority: &str) -> &str {
+    match authority.rfind(':') {
+        Some(at) if !authority[at..].contains(']') => &authority[at..],
+        _ => "",
+    }
+}
+
+/// The value of cookie `name` among the request's cookies.
+pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// A 302 to `location` setting `cookies`.
+pub(crate) fn redirect(
+    location: &str,
+    cookies: impl IntoIterator<Item = String>,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::default());
+    *response.status_mut() = StatusCode::FOUND;
+    let headers = response.headers_mut();
+    if let Ok(location) = HeaderValue::from_str(location) {
+        headers.insert(header::LOCATION, location);
+    }
+    for cookie in cookies {
+        if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+            headers.append(header::SET_COOKIE, cookie);
+        }
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `bytes` random bytes as hex.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buffer = vec![0u8; bytes];
+    // The OS's generator does not fail on Linux once booted; zeros would only make a state
+    // guessable, which the code's own randomness and single use still guard.
+    if getrandom::fill(&mut buffer).is_err() {
+        tracing::error!("no randomness for a notebook sign-in state");
+    }
+    buffer.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts() -> NotebookHosts {
+        NotebookHosts {
+            domain: "localhost".into(),
+            main_host: "localhost".into(),
+            sign_in: None,
+        }
+    }
+
+    #[test]
+    fn a_notebook_host_is_one_label_under_the_domain() {
+        let hosts = hosts();
+        assert_eq!(hosts.label_of("lab--alice.localhost"), Some("lab--alice"));
+        assert_eq!(hosts.label_of("localhost"), None, "the main host");
+        assert_eq!(hosts.label_of("a.b.localhost"), None);
+        assert_eq!(hosts.label_of(".localhost"), None);
+        assert_eq!(hosts.label_of("evillocalhost"), None);
+    }
+
+    #[test]
+    fn paths_name_their_notebook() {
+        assert_eq!(
+            notebook_of_path("/notebook/alice/lab/api/x"),
+            Some(("alice", "lab"))
+        );
+        assert_eq!(notebook_of_path("/notebook/alice/lab"), Some(("alice", "lab")));
+        assert_eq!(notebook_of_path("/notebook/alice/"), None);
+        assert_eq!(notebook_of_path("/notebook/alice"), None);
+        assert_eq!(notebook_of_path("/api/x"), None);
+    }
+
+    #[test]
+    fn only_the_hosts_own_pages_and_navigations_pass_the_origin_check() {
+        let with = |origin: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ORIGIN, HeaderValue::from_str(origin).unwrap());
+            headers
+        };
+        let me = "lab--alice.localhost:8080";
+        assert!(same_origin(&HeaderMap::new(), me));
+        assert!(same_origin(&with("http://lab--alice.localhost:8080"), me));
+        assert!(same_origin(&with("https://lab--alice.example.com"), "lab--alice.example.com:443"));
+        assert!(!same_origin(&with("http://lab--bob.localhost:8080"), me));
+        assert!(!same_origin(&with("http://localhost:8080"), me));
+        assert!(!same_origin(&with("null"), me));
+        assert!(!same_origin(&with("http://lab--alice.localhost:9090"), me));
+    }
+
+    #[test]
+    fn a_visitor_without_a_grant_is_sent_to_the_web_app_with_a_state_cookie() {
+        let response = hosts().sign_in_redirect(
+            "alice",
+            "lab",
+            "/notebook/alice/lab/lab?reset&x=1",
+            "lab--alice.localhost:8080",
+        );
+        assert_eq!(response.status(), StatusCode::FOUND);
+        let location = response.headers()[header::LOCATION].to_str().unwrap();
+        let (base, query) = location.split_once('?').unwrap();
+        assert_eq!(base, "//localhost:8080/notebook-sign-in");
+        let pairs: std::collections::HashMap<_, _> =
+            form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        assert_eq!(pairs["return"], "/notebook/alice/lab/lab?reset&x=1");
+        let cookie = response.headers()[header::SET_COOKIE].to_str().unwrap();
+        assert!(cookie.starts_with(&format!("{STATE_COOKIE}={}; ", pairs["state"])));
+        assert!(cookie.contains("HttpOnly"));
+        assert_eq!(pairs["state"].len(), 32);
+    }
+}

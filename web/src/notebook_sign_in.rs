@@ -1,0 +1,312 @@
+//! Signing in to a notebook's own host (embedded mode): the web app's half of
+//! [`labforge_proxy::notebook_host`].
+//!
+//! The web app's session cookie never leaves its host. A visitor the web app lets into a
+//! notebook gets a one-time code bound to that notebook, to the browser that was sent for it
+//! (the proxy's state cookie) and to the visitor's session; the proxy trades it once for a grant,
+//! the notebook host's own cookie. A grant lasts as long as its session: sign-out, removing or
+//! resetting the user ends it, and the proxy closes the websockets opened with it. Access is
+//! checked again on every request by the proxy, so taking a namespace away ends it too.
+
+use crate::users::LocalAuth;
+use labforge_crds::host::notebook_host_label;
+use labforge_proxy::authz::Revocation;
+use labforge_proxy::notebook_host::{CodeRefused, HostSignIn, Redeemed, random_hex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// How long a code may take from the web app to the notebook's host: one redirect.
+pub const CODE_LIFETIME: Duration = Duration::from_secs(60);
+/// Codes outstanding at once; more are refused until some are used or expire.
+const MAX_CODES: usize = 10_000;
+
+/// Where the web app sends people to a notebook: its own host under `domain`.
+#[derive(Clone)]
+pub struct NotebookLinks {
+    pub domain: String,
+    /// Embedded mode's codes; `None` where an auth proxy in front signs visitors in on every
+    /// host.
+    pub sign_in: Option<Arc<NotebookSignIn>>,
+}
+
+impl NotebookLinks {
+    /// `//<notebook's host>[:port]`, the port being the one the web app was reached on
+    /// (`host_header`): embedded mode serves every host on one port.
+    pub fn origin(&self, namespace: &str, name: &str, host_header: Option<&str>) -> String {
+        let host = labforge_crds::host::notebook_host(namespace, name, &self.domain);
+        let port = host_header
+            .and_then(|h| h.rsplit_once(':'))
+            .filter(|(_, port)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(String::new(), |(_, port)| format!(":{port}"));
+        format!("//{host}{port}")
+    }
+}
+
+/// Codes issued and grants given, in memory: a restart signs visitors in again.
+pub struct NotebookSignIn {
+    auth: Arc<LocalAuth>,
+    code_lifetime: Duration,
+    codes: Mutex<HashMap<String, Code>>,
+    grants: RwLock<HashMap<String, Grant>>,
+}
+
+struct Code {
+    grant: Grant,
+    state: String,
+    return_to: String,
+    issued: Instant,
+}
+
+#[derive(Clone)]
+struct Grant {
+    user: String,
+    namespace: String,
+    name: String,
+    /// The web app session it came from; never leaves this process.
+    session: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IssueError {
+    #[error("too many notebook sign-ins at once; try again in a minute")]
+    Busy,
+}
+
+impl NotebookSignIn {
+    pub fn new(auth: Arc<LocalAuth>) -> Self {
+        Self::with_code_lifetime(auth, CODE_LIFETIME)
+    }
+
+    pub fn with_code_lifetime(auth: Arc<LocalAuth>, code_lifetime: Duration) -> Self {
+        Self {
+            auth,
+            code_lifetime,
+            codes: Mutex::default(),
+            grants: RwLock::default(),
+        }
+    }
+
+    /// A code for `user`, signed in with `session`, to notebook `namespace/name`, for the
+    /// browser holding `state`; it brings them back to `return_to`. The caller has checked the
+    /// user's access and that `return_to` is below the notebook's prefix.
+    pub fn issue(
+        &self,
+        session: &str,
+        user: &str,
+        namespace: &str,
+        name: &str,
+        state: &str,
+        return_to: &str,
+    ) -> Result<String, IssueError> {
+        let code = random_hex(32);
+        let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
+        codes.retain(|_, code| code.issued.elapsed() < self.code_lifetime);
+        if codes.len() >= MAX_CODES {
+            return Err(IssueError::Busy);
+        }
+        codes.insert(
+            code.clone(),
+            Code {
+                grant: Grant {
+                    user: user.to_owned(),
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    session: session.to_owned(),
+                },
+                state: state.to_owned(),
+                return_to: return_to.to_owned(),
+                issued: Instant::now(),
+            },
+        );
+        Ok(code)
+    }
+
+    /// Grants held now (for tests and metrics).
+    pub fn grants(&self) -> usize {
+        self.grants.read().map_or(0, |grants| grants.len())
+    }
+}
+
+impl HostSignIn for NotebookSignIn {
+    fn redeem(&self, code: &str, label: &str, state: &str) -> Result<Redeemed, CodeRefused> {
+        let issued = self
+            .codes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(code)
+            .ok_or(CodeRefused::Unknown)?;
+        if issued.issued.elapsed() >= self.code_lifetime {
+            return Err(CodeRefused::Expired);
+        }
+        if notebook_host_label(&issued.grant.namespace, &issued.grant.name) != label {
+            return Err(CodeRefused::OtherNotebook);
+        }
+        if state.is_empty() || issued.state != state {
+            return Err(CodeRefused::OtherBrowser);
+        }
+        let token = random_hex(32);
+        let mut grants = self.grants.write().unwrap_or_else(|e| e.into_inner());
+        // One grant per session and notebook; those of ended sessions go.
+        let sessions = &self.auth.sessions;
+        grants.retain(|_, grant| {
+            sessions.user(&grant.session).is_some()
+                && !(grant.session == issued.grant.session
+                    && grant.namespace == issued.grant.namespace
+                    && grant.name == issued.grant.name)
+        });
+        grants.insert(token.clone(), issued.grant);
+        Ok(Redeemed {
+            grant: token,
+            return_to: issued.return_to,
+        })
+    }
+
+    fn user(&self, grant: &str, namespace: &str, name: &str) -> Option<String> {
+        let grant = {
+            let grants = self.grants.read().ok()?;
+            let grant = grants.get(grant)?;
+            if grant.namespace != namespace || grant.name != name {
+                return None;
+            }
+            grant.clone()
+        };
+        let user = self.auth.user_of_session(&grant.session)?;
+        (user.name == grant.user).then_some(user.name)
+    }
+
+    fn revocation(&self, grant: &str) -> Option<Revocation> {
+        let grants = self.grants.read().ok()?;
+        let session = &grants.get(grant)?.session;
+        Some(Box::pin(self.auth.sessions.ended(session)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::users::{Sessions, Users};
+
+    fn sign_in(lifetime: Duration) -> (NotebookSignIn, Arc<LocalAuth>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let users = Users::open(dir.path()).unwrap();
+        users.add("alice", false).unwrap();
+        users.add("bob", false).unwrap();
+        let auth = Arc::new(LocalAuth {
+            users,
+            sessions: Sessions::default(),
+        });
+        (
+            NotebookSignIn::with_code_lifetime(auth.clone(), lifetime),
+            auth,
+            dir,
+        )
+    }
+
+    const RETURN: &str = "/notebook/alice/lab/lab?x=1";
+
+    #[test]
+    fn a_code_is_traded_once_for_a_grant_to_its_notebook() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let session = auth.sessions.start("alice").unwrap();
+        let code = sign_in
+            .issue(&session, "alice", "alice", "lab", "s1", RETURN)
+            .unwrap();
+        let redeemed = sign_in.redeem(&code, "lab--alice", "s1").unwrap();
+        assert_eq!(redeemed.return_to, RETURN);
+        assert_eq!(
+            sign_in.user(&redeemed.grant, "alice", "lab").as_deref(),
+            Some("alice")
+        );
+        assert_eq!(sign_in.user(&redeemed.grant, "alice", "other"), None);
+        assert_eq!(
+            sign_in.redeem(&code, "lab--alice", "s1"),
+            Err(CodeRefused::Unknown),
+            "reused"
+        );
+    }
+
+    #[test]
+    fn codes_for_another_notebook_or_browser_or_expired_are_refused_and_used_up() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let session = auth.sessions.start("alice").unwrap();
+        let issue = || {
+            sign_in
+                .issue(&session, "alice", "alice", "lab", "s1", RETURN)
+                .unwrap()
+        };
+        let code = issue();
+        assert_eq!(
+            sign_in.redeem(&code, "lab--bob", "s1"),
+            Err(CodeRefused::OtherNotebook)
+        );
+        assert_eq!(
+            sign_in.redeem(&code, "lab--alice", "s1"),
+            Err(CodeRefused::Unknown)
+        );
+        let code = issue();
+        assert_eq!(
+            sign_in.redeem(&code, "lab--alice", "bobs-state"),
+            Err(CodeRefused::OtherBrowser),
+            "presented by another browser than the one sent for it"
+        );
+        let code = issue();
+        assert_eq!(
+            sign_in.redeem(&code, "lab--alice", ""),
+            Err(CodeRefused::OtherBrowser)
+        );
+        assert_eq!(sign_in.grants(), 0);
+
+        let (short, auth, _dir) = sign_in_with_expiry();
+        let session = auth.sessions.start("alice").unwrap();
+        let code = short
+            .issue(&session, "alice", "alice", "lab", "s1", RETURN)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            short.redeem(&code, "lab--alice", "s1"),
+            Err(CodeRefused::Expired)
+        );
+    }
+
+    fn sign_in_with_expiry() -> (NotebookSignIn, Arc<LocalAuth>, tempfile::TempDir) {
+        sign_in(Duration::from_millis(10))
+    }
+
+    #[tokio::test]
+    async fn a_grant_ends_with_its_session() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let session = auth.sessions.start("alice").unwrap();
+        let grant_of = |session: &str| {
+            let code = sign_in
+                .issue(session, "alice", "alice", "lab", "s", RETURN)
+                .unwrap();
+            sign_in.redeem(&code, "lab--alice", "s").unwrap().grant
+        };
+        let grant = grant_of(&session);
+        let ended = sign_in.revocation(&grant).unwrap();
+        auth.sessions.end(&session);
+        tokio::time::timeout(Duration::from_secs(1), ended)
+            .await
+            .expect("the tunnel's revocation fires at sign-out");
+        assert_eq!(sign_in.user(&grant, "alice", "lab"), None, "signed out");
+
+        let session = auth.sessions.start("alice").unwrap();
+        let grant = grant_of(&session);
+        auth.users.remove("alice").unwrap();
+        assert_eq!(sign_in.user(&grant, "alice", "lab"), None, "user removed");
+    }
+
+    #[test]
+    fn a_new_sign_in_replaces_the_sessions_grant_for_that_notebook() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let session = auth.sessions.start("alice").unwrap();
+        for _ in 0..3 {
+            let code = sign_in
+                .issue(&session, "alice", "alice", "lab", "s", RETURN)
+                .unwrap();
+            sign_in.redeem(&code, "lab--alice", "s").unwrap();
+        }
+        assert_eq!(sign_in.grants(), 1);
+    }
+}
