@@ -317,6 +317,11 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
         )
         .context("--member")?;
         access.shared = args.shared_namespaces.iter().cloned().collect();
+        let notebook_domain = args
+            .notebook_domain
+            .as_deref()
+            .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
+            .filter(|domain| !domain.is_empty());
         let upstream_addresses = args
             .upstreams
             .iter()
@@ -367,6 +372,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                     http::HeaderName::from_static(labforge_proxy::routes::KUBEFLOW_GROUPS_HEADER),
                 ],
                 cluster_domain: args.cluster_domain.trim_matches('.').to_ascii_lowercase(),
+                notebook_domain: notebook_domain.clone(),
             },
             visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
                 .iter()
@@ -378,16 +384,13 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                 grace: Duration::from_secs(args.request_body_timeout),
                 min_rate: args.request_body_min_rate,
             },
-            notebook_hosts: args
-                .notebook_domain
-                .as_deref()
-                .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
-                .filter(|domain| !domain.is_empty())
-                .map(|domain| labforge_proxy::notebook_host::NotebookHosts {
+            notebook_hosts: notebook_domain.map(|domain| {
+                labforge_proxy::notebook_host::NotebookHosts {
                     main_host: domain.clone(),
                     domain,
                     sign_in: None,
-                }),
+                }
+            }),
         })
     }
 }

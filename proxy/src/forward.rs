@@ -404,7 +404,10 @@ impl Forwarder {
                 // Asked before the visitor's cookies are stripped: the session is in them. The
                 // web app's own tunnels (fallback) end with its session too; a notebook host's
                 // with the grant it was opened with.
-                let sign_in = self.notebook_hosts.as_ref().and_then(|h| h.sign_in.as_ref());
+                let sign_in = self
+                    .notebook_hosts
+                    .as_ref()
+                    .and_then(|h| h.sign_in.as_ref());
                 let revoked = match (&rule, sign_in) {
                     (Some(_), Some(sign_in)) => {
                         notebook_host::cookie(headers, notebook_host::GRANT_COOKIE)

@@ -93,9 +93,7 @@ pub enum CodeRefused {
 impl NotebookHosts {
     /// The notebook label of `host` (lowercase, without port) when it is a notebook's host.
     pub fn label_of<'h>(&self, host: &'h str) -> Option<&'h str> {
-        let label = host
-            .strip_suffix(self.domain.as_str())?
-            .strip_suffix('.')?;
+        let label = host.strip_suffix(self.domain.as_str())?.strip_suffix('.')?;
         (!label.is_empty() && !label.contains('.')).then_some(label)
     }
 
@@ -274,7 +272,10 @@ mod tests {
             notebook_of_path("/notebook/alice/lab/api/x"),
             Some(("alice", "lab"))
         );
-        assert_eq!(notebook_of_path("/notebook/alice/lab"), Some(("alice", "lab")));
+        assert_eq!(
+            notebook_of_path("/notebook/alice/lab"),
+            Some(("alice", "lab"))
+        );
         assert_eq!(notebook_of_path("/notebook/alice/"), None);
         assert_eq!(notebook_of_path("/notebook/alice"), None);
         assert_eq!(notebook_of_path("/api/x"), None);
@@ -290,7 +291,10 @@ mod tests {
         let me = "lab--alice.localhost:8080";
         assert!(same_origin(&HeaderMap::new(), me));
         assert!(same_origin(&with("http://lab--alice.localhost:8080"), me));
-        assert!(same_origin(&with("https://lab--alice.example.com"), "lab--alice.example.com:443"));
+        assert!(same_origin(
+            &with("https://lab--alice.example.com"),
+            "lab--alice.example.com:443"
+        ));
         assert!(!same_origin(&with("http://lab--bob.localhost:8080"), me));
         assert!(!same_origin(&with("http://localhost:8080"), me));
         assert!(!same_origin(&with("null"), me));
@@ -309,8 +313,9 @@ mod tests {
         let location = response.headers()[header::LOCATION].to_str().unwrap();
         let (base, query) = location.split_once('?').unwrap();
         assert_eq!(base, "//localhost:8080/notebook-sign-in");
-        let pairs: std::collections::HashMap<_, _> =
-            form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        let pairs: std::collections::HashMap<_, _> = form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
         assert_eq!(pairs["return"], "/notebook/alice/lab/lab?reset&x=1");
         let cookie = response.headers()[header::SET_COOKIE].to_str().unwrap();
         assert!(cookie.starts_with(&format!("{STATE_COOKIE}={}; ", pairs["state"])));

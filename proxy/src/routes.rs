@@ -912,6 +912,8 @@ pub enum Refusal {
     Destination,
     /// Matched paths that only another namespace's routes may serve.
     Path,
+    /// Named another namespace's notebook host (`<label>.<notebook domain>`).
+    Host,
 }
 
 impl Refusal {
@@ -921,6 +923,7 @@ impl Refusal {
             Refusal::IdentityHeader => "identity_header",
             Refusal::Destination => "destination",
             Refusal::Path => "path",
+            Refusal::Host => "host",
         }
     }
 }
@@ -943,6 +946,9 @@ pub struct Confinement {
     pub identity_headers: Vec<HeaderName>,
     /// The cluster's DNS domain: `<svc>.<ns>.svc.<domain>` names a Service.
     pub cluster_domain: String,
+    /// Notebooks' own hosts are `<label>.<domain>` ([`crate::notebook_host`]): a host there may
+    /// be named only by a VirtualService of the namespace whose notebook it is.
+    pub notebook_domain: Option<String>,
 }
 
 /// Namespaces trusted unless configured: Kubeflow's own, where the dashboard, the auth proxy's
@@ -963,6 +969,7 @@ impl Default for Confinement {
                 HeaderName::from_static(KUBEFLOW_GROUPS_HEADER),
             ],
             cluster_domain: "cluster.local".into(),
+            notebook_domain: None,
         }
     }
 }
@@ -970,6 +977,33 @@ impl Default for Confinement {
 impl Confinement {
     pub fn is_trusted(&self, namespace: &str) -> bool {
         self.trusted_namespaces.contains(namespace)
+    }
+
+    /// Whether a VirtualService of `namespace` with routes `http` may name `host`: any host
+    /// outside the notebook domain; there, only the host of a notebook of `namespace` whose
+    /// prefix its routes match (a wildcard over the domain is nobody's).
+    fn may_name_host(&self, namespace: &str, host: &str, http: &[HttpRoute]) -> bool {
+        let Some(label) = self
+            .notebook_domain
+            .as_deref()
+            .and_then(|domain| host.strip_suffix(domain)?.strip_suffix('.'))
+        else {
+            return true;
+        };
+        if label.contains('.') {
+            return true;
+        }
+        let own_prefix = format!("/notebook/{namespace}/");
+        http.iter()
+            .flat_map(|route| &route.matches)
+            .filter_map(|m| match &m.uri {
+                Some(StringMatch::Prefix(path) | StringMatch::Exact(path)) => {
+                    path.strip_prefix(&own_prefix)
+                }
+                _ => None,
+            })
+            .filter_map(|rest| rest.split('/').next())
+            .any(|name| labforge_crds::host::notebook_host_label(namespace, name) == label)
     }
 
     fn allowed_paths(&self, namespace: &str, names: &SharedNames) -> Box<[Arc<str>]> {
@@ -1171,12 +1205,29 @@ impl CompiledVirtualService {
             return (None, skipped);
         }
         rules.shrink_to_fit();
-        let hosts = vs
+        let hosts: Few<Arc<str>> = vs
             .spec
             .hosts
             .iter()
-            .map(|h| names.intern(&h.to_ascii_lowercase()))
+            .map(|h| h.to_ascii_lowercase())
+            .filter(|host| {
+                let allowed = confinement
+                    .is_none_or(|c| c.may_name_host(&namespace, host, &vs.spec.http));
+                if !allowed {
+                    skipped.push(Skipped {
+                        refused: Some(Refusal::Host),
+                        ..skip(format!(
+                            "host {host:?} is not one of this namespace's notebooks; not served there"
+                        ))
+                    });
+                }
+                allowed
+            })
+            .map(|host| names.intern(&host))
             .collect();
+        if hosts.is_empty() {
+            return (None, skipped);
+        }
         (Some(Self { hosts, rules }), skipped)
     }
 

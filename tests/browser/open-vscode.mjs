@@ -3,13 +3,15 @@
 // workspace file with Quick Open and checks its text in the editor, runs a command in the
 // integrated terminal (its pty is served over the workbench's websocket) and, when told which
 // file the command creates, waits for the explorer to list it and checks its text too. Saves a
-// screenshot (also on failure). Exit code 0 only when all of that worked.
-//   node open-vscode.mjs --cookie NAME=VALUE --open FILE --expect TEXT --run COMMAND
+// screenshot (also on failure). Exit code 0 only when all of that worked. The session cookie is
+// the web app's (`--web`, its origin; the URL's own by default): a notebook on its own host sends
+// the browser there to sign in and back.
+//   node open-vscode.mjs --cookie NAME=VALUE [--web ORIGIN] --open FILE --expect TEXT --run COMMAND
 //        [--terminal-creates FILE [--terminal-expect TEXT]] --screenshot PNG URL
 import { chromium } from 'playwright-core';
 import { parseArgs } from 'node:util';
 
-const usage = 'usage: node open-vscode.mjs --cookie NAME=VALUE --open FILE --expect TEXT '
+const usage = 'usage: node open-vscode.mjs --cookie NAME=VALUE [--web ORIGIN] --open FILE --expect TEXT '
   + '--run COMMAND [--terminal-creates FILE [--terminal-expect TEXT]] --screenshot PNG URL';
 let options;
 try {
@@ -17,6 +19,7 @@ try {
     allowPositionals: true,
     options: {
       cookie: { type: 'string' },
+      web: { type: 'string' },
       open: { type: 'string' },
       expect: { type: 'string' },
       run: { type: 'string' },
@@ -53,7 +56,7 @@ let page;
 try {
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   const [name, ...rest] = args.cookie.split('=');
-  await context.addCookies([{ name, value: rest.join('='), url: new URL(url).origin }]);
+  await context.addCookies([{ name, value: rest.join('='), url: args.web || new URL(url).origin }]);
   page = await context.newPage();
 
   // The workbench talks to its server over websockets under the notebook's URL; record them and

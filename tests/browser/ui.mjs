@@ -140,6 +140,14 @@ try {
   seen.labUrl = lab.url();
   seen.jupyterTitle = await lab.title();
   await shot(lab, 'jupyterlab');
+  // A cell runs in a kernel whose websocket goes through the notebook's host.
+  await lab.locator('.jp-LauncherCard[data-category="Notebook"]').first().click();
+  await lab.locator('.jp-Notebook .jp-Cell .cm-content').first().click();
+  await lab.keyboard.type('print(6 * 7)');
+  await lab.keyboard.press('Shift+Enter');
+  seen.cellOutput = await lab.locator('.jp-OutputArea-output', { hasText: '42' }).first()
+    .textContent({ timeout: 90_000 });
+  await shot(lab, 'jupyterlab-cell');
   await lab.close();
 
   // The notebook page: save the environment and watch the progress reach the digest.
@@ -203,12 +211,59 @@ try {
   await page.getByLabel('CPU limit').fill('0.5');
   await page.getByRole('button', { name: 'Create notebook' }).click();
   await page.waitForURL(`${url}/`);
+  await row(page, 'bobs').locator('.state.ready').waitFor({ timeout: READY });
   await bob.close();
 
   // --- admin: everyone's notebooks, a filter, bulk stop ---
   const admin = await browser.newContext({ viewport: { width: 1400, height: 860 } });
   watchNetwork(admin);
   page = await signIn(admin, config.admin);
+
+  // The admin opens alice's notebook, then bob's. A script on bob's page (page.evaluate stands for
+  // one bob's server put there) tries to act as the admin on the web app and on alice's notebook.
+  const aliceLab = await admin.newPage();
+  const aliceLoaded = await aliceLab.goto(`${url}/notebook/${aliceNs}/lab/lab`);
+  seen.adminOnAlice = { status: aliceLoaded.status(), url: aliceLab.url() };
+  await aliceLab.close();
+  const bobNs = config.bob[0];
+  const bobsPage = await admin.newPage();
+  const bobLoaded = await bobsPage.goto(`${url}/notebook/${bobNs}/bobs/lab`);
+  seen.adminOnBob = { status: bobLoaded.status(), url: bobsPage.url() };
+  const aliceOrigin = new URL(seen.adminOnAlice.url).origin;
+  seen.attack = await bobsPage.evaluate(async ({ web, alice, aliceNs, bobNs }) => {
+    const attempt = async (what) => {
+      try {
+        const response = await what();
+        return response.type === 'opaque' ? 'opaque' : `HTTP ${response.status}`;
+      } catch (error) {
+        return `refused: ${error.message}`;
+      }
+    };
+    const json = { 'content-type': 'application/json' };
+    return {
+      apiRead: await attempt(() => fetch(`${web}/api/admin/notebooks`, { credentials: 'include' })),
+      apiWrite: await attempt(() => fetch(`${web}/api/namespaces/${bobNs}/notebooks`, {
+        method: 'POST', credentials: 'include', headers: json, body: '{"name":"pwned"}',
+      })),
+      apiBlindWrite: await attempt(() => fetch(`${web}/api/namespaces/${bobNs}/notebooks`, {
+        method: 'POST', mode: 'no-cors', credentials: 'include', body: '{"name":"pwned-blind"}',
+      })),
+      aliceRead: await attempt(() => fetch(`${alice}/notebook/${aliceNs}/lab/api/contents`, {
+        credentials: 'include',
+      })),
+      aliceSocket: await new Promise((resolve) => {
+        const socket = new WebSocket(
+          `${alice.replace('http', 'ws')}/notebook/${aliceNs}/lab/api/events/subscribe`);
+        socket.onopen = () => { socket.close(); resolve('opened'); };
+        socket.onerror = () => resolve('refused');
+      }),
+    };
+  }, { web: url, alice: aliceOrigin, aliceNs, bobNs });
+  await bobsPage.close();
+  const stillSignedIn = await page.goto(`${url}/admin`);
+  seen.adminAfterAttack = stillSignedIn.status();
+
+  await page.goto(`${url}/`);
   await page.getByRole('link', { name: 'Admin' }).click();
   await page.waitForURL(`${url}/admin`);
   await page.locator('#all tbody tr').nth(2).waitFor();

@@ -160,20 +160,17 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
     assert_eq!(user.patch(&lab, json!({"stopped": false})).await.0, 200);
     user.wait_state(ns, "lab", "ready", Duration::from_secs(120))
         .await;
-    let client = labforge_tests::jupyter::JupyterClient::connect_with_headers(
-        &format!("{}/notebook/{ns}/lab", user.base),
-        [(reqwest::header::COOKIE, user.cookie.parse().unwrap())]
-            .into_iter()
-            .collect(),
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\ncontainers: {}\nlabforge log: {}",
-            podman_ps(),
-            up.log()
-        )
-    });
+    let visit = user.open_notebook(ns, "lab").await.unwrap();
+    let client =
+        labforge_tests::jupyter::JupyterClient::connect_with_headers(&visit.base, visit.headers())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}\ncontainers: {}\nlabforge log: {}",
+                    podman_ps(),
+                    up.log()
+                )
+            });
     let checked = client.run_code(CHECK).await;
     let checked = checked.unwrap_or_else(|e| {
         panic!(

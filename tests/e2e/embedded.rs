@@ -116,16 +116,156 @@ impl Session {
         }
     }
 
-    pub async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert("cookie", self.cookie.parse().unwrap());
-        need(
-            JupyterClient::connect_with_headers(
-                &format!("{}/notebook/{ns}/{name}", self.base),
-                headers,
-            )
-            .await,
+    /// The port `labforge up` serves every host on.
+    fn port(&self) -> u16 {
+        self.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// Notebook `ns/name`'s own host, as `labforge up` serves it.
+    pub fn notebook_host(&self, ns: &str, name: &str) -> String {
+        format!(
+            "{}.localhost:{}",
+            labforge_crds::host::notebook_host_label(ns, name),
+            self.port()
         )
+    }
+
+    /// Opens notebook `ns/name` as a browser does, step by step: the old path URL sends it to
+    /// the notebook's host, which sends it to the web app with a state cookie, which sends it
+    /// back with a one-time code, which the host trades for its own cookie.
+    pub async fn open_notebook(&self, ns: &str, name: &str) -> Result<NotebookVisit, String> {
+        let host = self.notebook_host(ns, name);
+        let at_host = format!("http://127.0.0.1:{}", self.port());
+        let location = |response: &reqwest::Response| {
+            response.headers()["location"].to_str().unwrap().to_owned()
+        };
+        let set_cookie = |response: &reqwest::Response, name: &str| {
+            response
+                .headers()
+                .get_all("set-cookie")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find(|c| c.starts_with(&format!("{name}=")))
+                .map(|c| c.split(';').next().unwrap().to_owned())
+        };
+        let expect_redirect = |step: &str, response: &reqwest::Response| {
+            if response.status() == 302 {
+                Ok(())
+            } else {
+                Err(format!("{step}: HTTP {}", response.status()))
+            }
+        };
+        let path = format!("/notebook/{ns}/{name}/lab?reset");
+        let old = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        expect_redirect("the old path URL", &old)?;
+        assert_eq!(location(&old), format!("//{host}{path}"));
+        let (state, code_path) = self.code_for(ns, name, &path).await?;
+        let redeemed = self
+            .http
+            .get(format!("{at_host}{code_path}"))
+            .header("host", &host)
+            .header("cookie", &state)
+            .send()
+            .await
+            .unwrap();
+        expect_redirect("the code", &redeemed)?;
+        assert_eq!(location(&redeemed), path, "back where the visit was going");
+        Ok(NotebookVisit {
+            host,
+            base: format!("{at_host}/notebook/{ns}/{name}"),
+            cookie: set_cookie(&redeemed, "labforge_notebook").expect("the notebook's cookie"),
+            state,
+            code_path,
+        })
+    }
+
+    /// The state cookie and one-time code path a browser gets for notebook `ns/name`, going
+    /// to `path`: its host's redirect, then the web app's.
+    pub async fn code_for(
+        &self,
+        ns: &str,
+        name: &str,
+        path: &str,
+    ) -> Result<(String, String), String> {
+        let host = self.notebook_host(ns, name);
+        let visit = self
+            .http
+            .get(format!("http://127.0.0.1:{}{path}", self.port()))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        if visit.status() != 302 {
+            return Err(format!(
+                "the notebook's host without a cookie: HTTP {}",
+                visit.status()
+            ));
+        }
+        let state = visit
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|c| c.starts_with("labforge_notebook_state="))
+            .map(|c| c.split(';').next().unwrap().to_owned())
+            .expect("a state cookie");
+        let sign_in = visit.headers()["location"].to_str().unwrap().to_owned();
+        let sign_in_path = sign_in
+            .strip_prefix(&format!("//localhost:{}", self.port()))
+            .unwrap_or_else(|| panic!("sent to the web app: {sign_in}"));
+        let web = self
+            .http
+            .get(format!("{}{sign_in_path}", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .await
+            .unwrap();
+        if web.status() != 302 {
+            return Err(format!(
+                "the web app's notebook sign-in: HTTP {}",
+                web.status()
+            ));
+        }
+        let back = web.headers()["location"].to_str().unwrap().to_owned();
+        let code_path = back
+            .strip_prefix(&format!("//{host}"))
+            .unwrap_or_else(|| panic!("sent back to the notebook's host: {back}"))
+            .to_owned();
+        Ok((state, code_path))
+    }
+
+    /// A Jupyter client on notebook `ns/name`'s own host, signed in to it.
+    pub async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
+        let visit = self.open_notebook(ns, name).await.unwrap();
+        need(JupyterClient::connect_with_headers(&visit.base, visit.headers()).await)
+    }
+}
+
+/// A browser signed in to a notebook's host.
+pub struct NotebookVisit {
+    /// `Host` of the notebook's own host, port included.
+    pub host: String,
+    /// `http://127.0.0.1:PORT/notebook/<ns>/<name>`: sent with [`Self::host`] as Host (the
+    /// resolver here does not know `*.localhost`, browsers do).
+    pub base: String,
+    /// `labforge_notebook=…`
+    pub cookie: String,
+    /// The state cookie that came with the code, and the code's path (used up).
+    pub state: String,
+    pub code_path: String,
+}
+
+impl NotebookVisit {
+    pub fn headers(&self) -> reqwest::header::HeaderMap {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("host", self.host.parse().unwrap());
+        headers.insert("cookie", self.cookie.parse().unwrap());
+        headers
     }
 }
 
@@ -239,10 +379,42 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         status(format!("{}/api/namespaces/{alice}/notebooks", up.url)).await,
         401
     );
+    // A notebook path on the main host: sent to the notebook's own host, where nobody anonymous
+    // gets in (a browser's visit is sent to sign in, a script's request is refused).
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let old_url = no_redirects
+        .get(format!("{}/notebook/{alice}/lab/lab?x=1", up.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(old_url.status(), 302);
+    let port = up.url.rsplit(':').next().unwrap();
+    let alice_host = format!("lab--{alice}.localhost:{port}");
     assert_eq!(
-        status(format!("{}/notebook/{alice}/lab/lab", up.url)).await,
-        401
+        old_url.headers()["location"],
+        format!("//{alice_host}/notebook/{alice}/lab/lab?x=1").as_str()
     );
+    let on_host = |mode: &'static str| {
+        no_redirects
+            .get(format!("http://127.0.0.1:{port}/notebook/{alice}/lab/lab"))
+            .header("host", &alice_host)
+            .header("sec-fetch-mode", mode)
+            .send()
+    };
+    let navigation = on_host("navigate").await.unwrap();
+    assert_eq!(navigation.status(), 302);
+    assert!(
+        navigation.headers()["location"]
+            .to_str()
+            .unwrap()
+            .starts_with(&format!("//localhost:{port}/notebook-sign-in?")),
+        "{:?}",
+        navigation.headers()
+    );
+    assert_eq!(on_host("cors").await.unwrap().status(), 401);
     let openapi: Value = anonymous
         .get(format!("{}/api/openapi.json", up.url))
         .send()
@@ -334,15 +506,17 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     assert_eq!(a.post(&notebooks, json!({"name": "lab"})).await.0, 409);
     a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
         .await;
+    let visit = a.open_notebook(&alice, "lab").await.unwrap();
     let lab = a
         .http
-        .get(format!("{}/notebook/{alice}/lab/lab", up.url))
-        .header("cookie", &a.cookie)
+        .get(format!("{}/lab", visit.base))
+        .headers(visit.headers())
         .send()
         .await
         .unwrap();
     assert_eq!(lab.status(), 200);
     assert!(lab.text().await.unwrap().contains("JupyterLab"));
+    notebook_sign_in_holds(&up, &a, &alice, &alice_password, &visit).await;
     eprintln!(
         "create -> JupyterLab answering through the proxy: {:?}",
         created_at.elapsed()
@@ -355,14 +529,24 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     assert!(need(jupyter.run_code(CHECK).await).contains("answer 42"));
 
     // bob: no access to alice's notebook or namespace; the admin sees both users' notebooks.
-    let bob_lab = b
+    let refused = b.open_notebook(&alice, "lab").await.err();
+    assert_eq!(
+        refused.as_deref(),
+        Some("the web app's notebook sign-in: HTTP 403"),
+        "bob is not let into alice's notebook"
+    );
+    // Nor with alice's cookie replayed by bob's browser on another notebook's host.
+    let elsewhere = b
         .http
-        .get(format!("{}/notebook/{alice}/lab/lab", up.url))
-        .header("cookie", &b.cookie)
+        .get(format!(
+            "http://127.0.0.1:{port}/notebook/{bob}/scratch/lab"
+        ))
+        .header("host", b.notebook_host(&bob, "scratch"))
+        .header("cookie", &visit.cookie)
         .send()
         .await
         .unwrap();
-    assert_eq!(bob_lab.status(), 403);
+    assert_eq!(elsewhere.status(), 302, "sent to sign in, not let in");
     assert_eq!(b.get(&notebooks).await.0, 403);
     assert_eq!(
         b.post(&format!("{notebooks}/lab/saves"), json!({})).await.0,
@@ -589,4 +773,109 @@ async fn issue_32_limits_podman_would_not_enforce_are_refused_and_the_minimum_is
     .await;
     assert_eq!(host_config["NanoCpus"], 10_000_000, "{host_config}");
     assert_eq!(host_config["Memory"], 512 << 20, "{host_config}");
+}
+
+/// The notebook host's sign-in refuses what it must: a used code, a code on another notebook's
+/// host or from another browser, a page of another origin, and a grant whose session ended.
+async fn notebook_sign_in_holds(
+    up: &LabforgeUp,
+    a: &Session,
+    ns: &str,
+    password: &str,
+    visit: &NotebookVisit,
+) {
+    let port = a.port();
+    let present = |host: String, code_path: String, state: String| {
+        let http = a.http.clone();
+        async move {
+            http.get(format!("http://127.0.0.1:{port}{code_path}"))
+                .header("host", host)
+                .header("cookie", state)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let lab_host = a.notebook_host(ns, "lab");
+    assert_eq!(
+        present(
+            lab_host.clone(),
+            visit.code_path.clone(),
+            visit.state.clone()
+        )
+        .await,
+        403,
+        "a used code"
+    );
+    let path = format!("/notebook/{ns}/lab/");
+    let (state, code) = a.code_for(ns, "lab", &path).await.unwrap();
+    assert_eq!(
+        present(a.notebook_host(ns, "other"), code.clone(), state.clone()).await,
+        403,
+        "a code on another notebook's host"
+    );
+    assert_eq!(
+        present(lab_host.clone(), code, state).await,
+        403,
+        "used up by the refused try"
+    );
+    let (_, code) = a.code_for(ns, "lab", &path).await.unwrap();
+    let (other_browser, _) = a.code_for(ns, "lab", &path).await.unwrap();
+    assert_eq!(
+        present(lab_host.clone(), code, other_browser).await,
+        403,
+        "a code presented by a browser it was not issued to"
+    );
+
+    // A page of another origin (another notebook's) gets nothing, cookie or not.
+    let from = |origin: Option<String>| {
+        let mut request = a
+            .http
+            .get(format!("{}/api/contents", visit.base))
+            .headers(visit.headers());
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    assert_eq!(from(None).await.unwrap().status(), 200);
+    assert_eq!(
+        from(Some(format!("http://{lab_host}")))
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "its own pages"
+    );
+    for origin in [
+        format!("http://other--{ns}.localhost:{port}"),
+        format!("http://localhost:{port}"),
+        "null".to_owned(),
+    ] {
+        assert_eq!(
+            from(Some(origin.clone())).await.unwrap().status(),
+            403,
+            "{origin}"
+        );
+    }
+
+    // A second session's grant ends when that session signs out; the first's lives on.
+    let second = Session::sign_in(up, ns, password).await;
+    let second_visit = second.open_notebook(ns, "lab").await.unwrap();
+    let status_with = |visit: &NotebookVisit| {
+        a.http
+            .get(format!("{}/api/contents", visit.base))
+            .headers(visit.headers())
+            .send()
+    };
+    assert_eq!(status_with(&second_visit).await.unwrap().status(), 200);
+    assert_eq!(second.post("/api/logout", json!({})).await.0, 204);
+    assert_eq!(
+        status_with(&second_visit).await.unwrap().status(),
+        302,
+        "sent to sign in again"
+    );
+    assert_eq!(status_with(visit).await.unwrap().status(), 200);
 }

@@ -119,14 +119,11 @@ except Exception as e:
     // Through the proxy, alice's own kernel works, and mallory is refused.
     let jupyter = a.jupyter(&alice, "x-lab").await;
     assert!(need(jupyter.run_code("print(6 * 7)").await).contains("42"));
-    let refused = m
-        .http
-        .get(format!("{}{prefix}/api/contents", up.url))
-        .header("cookie", &m.cookie)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 403);
+    let refused = m.open_notebook(&alice, "x-lab").await.err();
+    assert_eq!(
+        refused.as_deref(),
+        Some("the web app's notebook sign-in: HTTP 403")
+    );
 
     // Each one's log is their own container's.
     let (code, _) = m

@@ -2365,3 +2365,153 @@ async fn issue_32_a_websocket_tunnel_closes_when_its_session_ends() {
         2.0
     );
 }
+
+/// A cluster's proxy with `--notebook-domain`: each notebook only on its own host, old path URLs
+/// sent there, other origins and other namespaces' routes refused there.
+#[tokio::test]
+async fn issue_33_with_a_notebook_domain_each_notebook_is_served_on_its_own_host_only() {
+    init_crypto();
+    let alice_nb = Upstream::start("alice-lab").await;
+    let bob_nb = Upstream::start("bob-lab").await;
+    let domain = "nb.example.com";
+    let config = BuilderConfig {
+        notebook_domain: Some(domain.into()),
+        ..BuilderConfig::default()
+    };
+    let alice_vs = virtual_service(&notebook("alice", "lab"), &config).unwrap();
+    assert_eq!(alice_vs.spec.hosts, ["lab--alice.nb.example.com"]);
+    // bob's VirtualService names alice's host and her prefix, and is older than hers, so it would
+    // come first there: it must not put bob's server on alice's origin, nor take her host.
+    let mut squat = serde_json::to_value(notebook_vs("bob", "lab")).unwrap();
+    squat["metadata"]["name"] = json!("squat");
+    squat["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+    squat["spec"]["hosts"] = json!(["lab--alice.nb.example.com", "*.nb.example.com"]);
+    let bob_vs =
+        serde_json::to_value(virtual_service(&notebook("bob", "lab"), &config).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("routes.yaml");
+    let yaml: Vec<String> = [serde_json::to_value(&alice_vs).unwrap(), squat, bob_vs]
+        .iter()
+        .map(|vs| serde_yaml_ng::to_string(vs).unwrap())
+        .collect();
+    std::fs::write(&file, yaml.join("---\n")).unwrap();
+    let mut options = options(HashMap::from([
+        (service_authority("alice", "lab"), alice_nb.addr.to_string()),
+        (service_authority("bob", "lab"), bob_nb.addr.to_string()),
+    ]));
+    options.confinement.notebook_domain = Some(domain.into());
+    options.notebook_hosts = Some(labforge_proxy::notebook_host::NotebookHosts {
+        domain: domain.into(),
+        main_host: domain.into(),
+        sign_in: None,
+    });
+    let proxy = labforge_proxy::start(options, RoutesFrom::Files(vec![file]))
+        .await
+        .unwrap();
+
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let port = proxy.addr.port();
+    let alice_host = format!("lab--alice.{domain}:{port}");
+    let get = |host: &str, path: &str, user: &str, extra: &[(&str, &str)]| {
+        let mut request = http
+            .get(format!("http://127.0.0.1:{port}{path}"))
+            .header("host", host)
+            .header("kubeflow-userid", user);
+        for (name, value) in extra {
+            request = request.header(*name, *value);
+        }
+        request.send()
+    };
+    let hits = || (alice_nb.hits(), bob_nb.hits());
+
+    // alice on her notebook's host: her server, which sees that host.
+    let response = get(&alice_host, "/notebook/alice/lab/x", ALICE, &[])
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen: Value = response.json().await.unwrap();
+    assert_eq!(seen["upstream"], "alice-lab", "{seen}");
+    assert_eq!(seen["host"], alice_host.as_str());
+    assert_eq!(
+        get(
+            &alice_host,
+            "/notebook/alice/lab/x",
+            ALICE,
+            &[("origin", &format!("https://{alice_host}"))]
+        )
+        .await
+        .unwrap()
+        .status(),
+        200,
+        "its own pages"
+    );
+
+    // The old path URL on the dashboard's host: sent to the notebook's, query kept.
+    let response = get(
+        &format!("{domain}:{port}"),
+        "/notebook/alice/lab/lab?a=1",
+        ALICE,
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 302);
+    assert_eq!(
+        response.headers()["location"],
+        format!("//{alice_host}/notebook/alice/lab/lab?a=1").as_str()
+    );
+
+    let before = hits();
+    // Pages of other origins, websockets included; another notebook's path on this host; bob.
+    for (path, user, extra) in [
+        (
+            "/notebook/alice/lab/x",
+            ALICE,
+            vec![("origin", format!("http://lab--bob.{domain}:{port}"))],
+        ),
+        (
+            "/notebook/alice/lab/api/kernels/k/channels",
+            ALICE,
+            vec![
+                ("origin", format!("http://{domain}:{port}")),
+                ("connection", "upgrade".into()),
+                ("upgrade", "websocket".into()),
+                ("sec-websocket-version", "13".into()),
+                ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==".into()),
+            ],
+        ),
+        (
+            "/notebook/alice/lab/x",
+            ALICE,
+            vec![("origin", "null".into())],
+        ),
+        ("/notebook/bob/lab/x", BOB, vec![]),
+        ("/notebook/alice/lab/x", BOB, vec![]),
+        ("/elsewhere", ALICE, vec![]),
+    ] {
+        let extra: Vec<(&str, &str)> = extra.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let status = get(&alice_host, path, user, &extra).await.unwrap().status();
+        assert!(
+            status == 403 || status == 404,
+            "{user} {path} {extra:?}: {status}"
+        );
+    }
+    assert_eq!(hits(), before, "nothing refused reached a notebook");
+    // bob's own notebook, on its own host, is bob's.
+    let response = get(
+        &format!("lab--bob.{domain}:{port}"),
+        "/notebook/bob/lab/x",
+        BOB,
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["upstream"],
+        "bob-lab"
+    );
+}

@@ -139,6 +139,57 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     assert_eq!(seen["bobNotebookPage"], 403);
     assert_eq!(seen["bobProxy"], 403);
     assert_eq!(seen["adminOwners"], json!([alice, bob]));
+
+    // Each notebook on its own host: JupyterLab ran a cell there.
+    let port = up.url.rsplit(':').next().unwrap();
+    assert!(
+        seen["labUrl"].as_str().unwrap().starts_with(&format!(
+            "http://lab--{alice}.localhost:{port}/notebook/{alice}/lab/"
+        )),
+        "{seen}"
+    );
+    assert!(
+        seen["cellOutput"].as_str().unwrap().contains("42"),
+        "{seen}"
+    );
+    // A page of bob's notebook, opened by the admin, could not act as the admin: not on the web
+    // app (no session cookie goes there from another site, CORS hides the answer) and not on
+    // alice's notebook (its host refuses other origins), and the admin is still signed in.
+    assert_eq!(seen["adminOnAlice"]["status"], 200, "{seen}");
+    assert_eq!(seen["adminOnBob"]["status"], 200, "{seen}");
+    assert!(
+        seen["adminOnBob"]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("http://bobs--{bob}.localhost:{port}/")),
+        "{seen}"
+    );
+    let attack = &seen["attack"];
+    for what in ["apiRead", "apiWrite", "aliceRead"] {
+        assert!(
+            attack[what].as_str().unwrap().starts_with("refused"),
+            "{what}: {attack}"
+        );
+    }
+    assert_eq!(attack["aliceSocket"], "refused", "{attack}");
+    assert_eq!(seen["adminAfterAttack"], 200, "{seen}");
+    let bob_cookie = need(up.sign_in(&bob, &bob_password).await);
+    let bobs: Value = reqwest::Client::new()
+        .get(format!("{}/api/namespaces/{bob}/notebooks", up.url))
+        .header("cookie", bob_cookie)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = bobs["notebooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names, ["bobs"], "nothing created by the attack: {attack}");
     assert_eq!(seen["bulkStopped"], true);
     for page in [
         "login",
@@ -146,6 +197,7 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "new-notebook-error",
         "notebooks",
         "jupyterlab",
+        "jupyterlab-cell",
         "notebook-saved",
         "notebook-save-failed",
         "notebooks-narrow",

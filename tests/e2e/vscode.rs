@@ -127,10 +127,22 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
     };
     eprintln!("create -> code-server ready: {:?}", started.elapsed());
     assert_eq!(view["notebook"]["serverType"], "vscode", "{view}");
-    let url = format!("{}/notebook/{user}/code/", up.url);
+    // On its own host, which Chromium resolves to this machine by itself.
+    let port = up.url.rsplit(':').next().unwrap();
+    let host = format!(
+        "{}.localhost:{port}",
+        labforge_crds::host::notebook_host_label(&user, "code")
+    );
+    let url = format!("http://{host}/notebook/{user}/code/");
 
     // code-server runs with `--auth none`: the proxy is what keeps others out.
-    let anonymous = reqwest::Client::new().get(&url).send().await.unwrap();
+    let anonymous = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/notebook/{user}/code/"))
+        .header("host", &host)
+        .header("sec-fetch-mode", "cors")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(anonymous.status(), 401);
 
     let container = labforge_web::runtime::container_name(&user, "code");
@@ -148,6 +160,8 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         &[
             "--cookie",
             &cookie,
+            "--web",
+            &up.url,
             "--open",
             "hello.txt",
             "--expect",

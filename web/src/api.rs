@@ -319,7 +319,8 @@ async fn config(
 }
 
 /// The notebook as users see it.
-pub fn view(notebook: &Notebook, activity: &Activity) -> NotebookView {
+pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
+    let activity = &api.activity;
     let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
     let name = notebook.metadata.name.clone().unwrap_or_default();
     let container = notebook.container();
@@ -398,6 +399,10 @@ pub fn view(notebook: &Notebook, activity: &Activity) -> NotebookView {
             .as_ref()
             .map(|t| t.0.to_string()),
         url: format!("{}/", route_prefix(&namespace, &name)),
+        host: api
+            .notebook_links
+            .as_ref()
+            .map(|links| labforge_crds::host::notebook_host(&namespace, &name, &links.domain)),
         auto_save: notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true"),
         resource_version: notebook
             .metadata
@@ -420,7 +425,7 @@ async fn list_notebooks(
         .list(Some(&ns))
         .await?
         .iter()
-        .map(|nb| view(nb, &state.activity))
+        .map(|nb| view(nb, &state))
         .collect();
     Ok(Json(serde_json::json!({ "notebooks": notebooks })))
 }
@@ -453,7 +458,7 @@ async fn create_notebook(
             &format!("created by {}", user.0.name),
         )
         .await;
-    Ok((StatusCode::CREATED, Json(view(&created, &state.activity))))
+    Ok((StatusCode::CREATED, Json(view(&created, &state))))
 }
 
 async fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<Notebook> {
@@ -473,7 +478,7 @@ async fn get_notebook(
     user.may(&state, Verb::Get, &ns).await?;
     let notebook = find(&state, &ns, &name).await?;
     Ok(Json(serde_json::json!({
-        "notebook": view(&notebook, &state.activity),
+        "notebook": view(&notebook, &state),
         "status": notebook.status,
     })))
 }
@@ -552,7 +557,7 @@ async fn patch_notebook(
             )
             .await;
     }
-    Ok(Json(view(&updated, &state.activity)))
+    Ok(Json(view(&updated, &state)))
 }
 
 async fn delete_notebook(
@@ -772,8 +777,7 @@ async fn watch_namespace(
 async fn notebooks_event(state: &ApiState, ns: &str) -> Event {
     match state.backend.list(Some(ns)).await {
         Ok(list) => {
-            let notebooks: Vec<NotebookView> =
-                list.iter().map(|nb| view(nb, &state.activity)).collect();
+            let notebooks: Vec<NotebookView> = list.iter().map(|nb| view(nb, state)).collect();
             Event::default()
                 .event("notebooks")
                 .json_data(serde_json::json!({ "notebooks": notebooks }))
@@ -809,7 +813,7 @@ async fn admin_notebooks(
         .list(query.namespace.as_deref())
         .await?
         .iter()
-        .map(|nb| view(nb, &state.activity))
+        .map(|nb| view(nb, &state))
         .filter(|v| query.user.as_ref().is_none_or(|u| &v.owner == u))
         .filter(|v| query.state.is_none_or(|s| v.state == s))
         .collect();

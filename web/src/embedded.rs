@@ -29,8 +29,8 @@ use labforge_notebook_controller::builders::BuilderConfig;
 use labforge_notebook_controller::culler::{
     ActivitySource, CullDecision, CullingConfig, JupyterActivity, decide,
 };
-use labforge_proxy::routes::{GatewayFilter, activity_key};
 use labforge_proxy::notebook_host::NotebookHosts;
+use labforge_proxy::routes::{GatewayFilter, activity_key};
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -329,11 +329,14 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
             body_pace: Default::default(),
             // The web app on the domain itself, each notebook on a host below it.
-            notebook_hosts: options.notebook_domain.as_ref().map(|domain| NotebookHosts {
-                domain: domain.clone(),
-                main_host: domain.clone(),
-                sign_in: Some(notebook_sign_in.clone()),
-            }),
+            notebook_hosts: options
+                .notebook_domain
+                .as_ref()
+                .map(|domain| NotebookHosts {
+                    domain: domain.clone(),
+                    main_host: domain.clone(),
+                    sign_in: Some(notebook_sign_in.clone()),
+                }),
         },
         RoutesFrom::Pushed,
     )

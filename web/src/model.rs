@@ -131,6 +131,10 @@ pub struct NotebookView {
     pub created: Option<String>,
     /// The path to open it at, through the proxy.
     pub url: String,
+    /// Its own host (without port: the web app's), when notebooks have one; the path is
+    /// opened there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub resource_version: String,
     /// Saved before every stop.
     pub auto_save: bool,

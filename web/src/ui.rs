@@ -192,7 +192,8 @@ async fn notebook_sign_in(
         let next = uri.path_and_query().map_or("/", |p| p.as_str());
         return to_login_then(next);
     };
-    let prefix = labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
+    let prefix =
+        labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
     let below_prefix = query
         .return_to
         .strip_prefix(&prefix)

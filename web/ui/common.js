@@ -78,3 +78,9 @@ document.getElementById('logout')?.addEventListener('click', async () => {
   await api('POST', '/api/logout');
   location.href = '/login';
 });
+
+/** Where a notebook opens: its own host when it has one (same scheme and port as this page). */
+export function notebookUrl(nb) {
+  if (!nb.host) return nb.url;
+  return `${location.protocol}//${nb.host}${location.port ? `:${location.port}` : ''}${nb.url}`;
+}

@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateBadge, ago, gpuText } from './common.js';
+import { api, el, stateBadge, ago, gpuText, notebookUrl } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -28,7 +28,7 @@ function render(notebooks) {
       el('td', {}, gpuText(nb.gpus)),
       el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)),
       el('td', {},
-        nb.state === 'ready' ? el('a', { class: 'button', href: nb.url, target: '_blank', rel: 'noopener' }, 'Connect') : null,
+        nb.state === 'ready' ? el('a', { class: 'button', href: notebookUrl(nb), target: '_blank', rel: 'noopener' }, 'Connect') : null,
         running
           ? el('button', { type: 'button', class: 'secondary', onclick: () => act(nb, 'stop') }, 'Stop')
           : el('button', { type: 'button', class: 'secondary', onclick: () => act(nb, 'start') }, 'Start'),
