@@ -157,6 +157,10 @@ pub struct WebArgs {
     /// web app offers no saving.
     #[arg(long, env = "LABFORGE_SAVE_REGISTRY")]
     pub save_registry: Option<String>,
+    /// Notebooks are served on their own hosts below this domain (the proxy's and the
+    /// controller's `LABFORGE_NOTEBOOK_DOMAIN`): the UI links there.
+    #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
+    pub notebook_domain: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -1056,6 +1060,10 @@ async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
         },
         spawner,
         args.save_registry.clone(),
+        args.notebook_domain
+            .as_deref()
+            .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
+            .filter(|domain| !domain.is_empty()),
     )
     .await;
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -214,9 +214,14 @@ async fn in_a_cluster_only_vendors_some_node_has_are_offered() {
         {"limitsKey": "amd.com/gpu", "name": "AMD"}
     ]))
     .unwrap();
-    let app =
-        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner, None)
-            .await;
+    let app = labforge_web::cluster::router(
+        server.client(),
+        TrustedHeader::default(),
+        spawner,
+        None,
+        None,
+    )
+    .await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

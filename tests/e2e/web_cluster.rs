@@ -62,9 +62,14 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         user == ROOT || (user == ALICE && namespace == Some("alice"))
     });
     let spawner = labforge_web::embedded::default_spawner("registry.example.com");
-    let app =
-        labforge_web::cluster::router(server.client(), TrustedHeader::default(), spawner, None)
-            .await;
+    let app = labforge_web::cluster::router(
+        server.client(),
+        TrustedHeader::default(),
+        spawner,
+        None,
+        Some("nb.example.com".into()),
+    )
+    .await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -111,6 +116,14 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         )
         .await;
     assert_eq!(status, 201, "{created}");
+    assert_eq!(
+        (&created["host"], &created["url"]),
+        (
+            &json!("lab--alice.nb.example.com"),
+            &json!("/notebook/alice/lab/")
+        ),
+        "opened on its own host, at its path"
+    );
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
     let notebooks: Api<Notebook> = Api::namespaced(server.client(), "alice");
     let stored = notebooks.get("lab").await.unwrap();
@@ -253,6 +266,7 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
         TrustedHeader::default(),
         spawner,
         Some("registry.example.com/saved/".into()),
+        None,
     )
     .await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -11,12 +11,14 @@ use std::sync::Arc;
 
 /// The app's routes for a cluster reached through `client`. GPU vendors are offered only when some
 /// node has them in its capacity (read once, at start). Saves are ImageBuilds pushing under
-/// `save_registry` (`host[/path]`); without it, saving is not offered.
+/// `save_registry` (`host[/path]`); without it, saving is not offered. With `notebook_domain`,
+/// notebooks are opened on their own hosts below it, as the proxy and controller serve them.
 pub async fn router(
     client: kube::Client,
     header: TrustedHeader,
     mut spawner: SpawnerConfig,
     save_registry: Option<String>,
+    notebook_domain: Option<String>,
 ) -> axum::Router {
     if !spawner.gpu_vendors.is_empty() {
         let found = vendors_on_nodes(&client).await;
@@ -40,7 +42,11 @@ pub async fn router(
         // The proxy's activity reaches the culler, which writes it into the Notebook.
         activity: Arc::default(),
         secure_cookies: false,
-        notebook_links: None,
+        // The auth proxy in front signs visitors in on every notebook host.
+        notebook_links: notebook_domain.map(|domain| crate::notebook_sign_in::NotebookLinks {
+            domain,
+            sign_in: None,
+        }),
     };
     crate::api::router(state.clone()).merge(crate::ui::router(state))
 }
