@@ -13,7 +13,7 @@ pub struct LabforgeUp {
     binary: PathBuf,
     args: Vec<String>,
     pub data_dir: PathBuf,
-    /// `http://127.0.0.1:PORT` (no trailing slash).
+    /// The URL it printed, `http://localhost:PORT` (no trailing slash).
     pub url: String,
     pub registry: String,
     /// The first admin's password, when this start created it.
