@@ -133,9 +133,10 @@ pub struct UpArgs {
     /// this machine by themselves.
     #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN", default_value = "localhost")]
     pub notebook_domain: String,
-    /// Serve notebooks on the web app's host under `/notebook/<ns>/<name>/`, as Kubeflow does:
-    /// a notebook's pages can then act as whoever opens them (see SECURITY.md).
-    #[arg(long, conflicts_with = "notebook_domain")]
+    /// Serve notebooks on the web app's host under `/notebook/<ns>/<name>/`, as Kubeflow does,
+    /// instead of on hosts of their own: a notebook's pages can then act as whoever opens them
+    /// (see SECURITY.md).
+    #[arg(long)]
     pub notebook_paths: bool,
 }
 
@@ -1112,6 +1113,36 @@ fn default_agent() -> Option<std::path::PathBuf> {
     candidate.is_file().then_some(candidate)
 }
 
+/// The domain `labforge up` serves the web app on and notebooks below, or `None` for paths.
+fn notebook_domain(args: &UpArgs) -> anyhow::Result<Option<String>> {
+    if args.notebook_paths {
+        return Ok(None);
+    }
+    let domain = args.notebook_domain.trim_matches('.').to_ascii_lowercase();
+    let is_host_name = !domain.is_empty()
+        && domain.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        });
+    if !is_host_name {
+        anyhow::bail!(
+            "--notebook-domain {:?} is not a host name (e.g. localhost, lab.example.com)",
+            args.notebook_domain
+        );
+    }
+    if domain == "localhost" && !args.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %args.listen,
+            "notebooks are served on *.localhost, which only a browser on this machine reaches: \
+             pass --notebook-domain with a wildcard DNS name for other machines"
+        );
+    }
+    Ok(Some(domain))
+}
+
 async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let culling = labforge_notebook_controller::culler::CullingConfig::from_env(env_var)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -1132,7 +1163,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         spawner,
         cache: None,
         culling,
-        notebook_domain: (!args.notebook_paths).then(|| args.notebook_domain.clone()),
+        notebook_domain: notebook_domain(args)?,
         cdi_dirs: labforge_web::gpus::CDI_DIRS
             .iter()
             .map(Into::into)

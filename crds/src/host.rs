@@ -27,7 +27,12 @@ pub fn notebook_host_label(namespace: &str, name: &str) -> String {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     };
-    if plain(name) && plain(namespace) && name.len() + 2 + namespace.len() <= MAX_LABEL {
+    // `xn--` starts a punycode label, which browsers would decode.
+    if plain(name)
+        && plain(namespace)
+        && name.len() + 2 + namespace.len() <= MAX_LABEL
+        && name != "xn"
+    {
         return format!("{name}--{namespace}");
     }
     let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
@@ -40,7 +45,11 @@ pub fn notebook_host_label(namespace: &str, name: &str) -> String {
         .take(room)
         .collect();
     let prefix = prefix.trim_matches('-');
-    let prefix = if prefix.is_empty() { "nb" } else { prefix };
+    let prefix = if prefix.is_empty() || prefix.starts_with("xn-") || prefix == "xn" {
+        "nb"
+    } else {
+        prefix
+    };
     format!("{prefix}---{}", &hash[..HASH_DIGITS])
 }
 
@@ -80,12 +89,18 @@ mod tests {
             ("a--b", "c"),
             ("alice", "Lab.v2"),
             ("alice", "---"),
+            ("alice", "xn"),
+            ("alice", "xn--abc"),
         ];
         let mut seen = std::collections::BTreeSet::new();
         for (ns, name) in awkward {
             let label = notebook_host_label(ns, name);
             assert!(is_dns_label(&label), "{label:?} for {ns}/{name}");
             assert!(label.contains("---"), "{label:?} is hashed");
+            assert!(
+                !label.starts_with("xn--"),
+                "{label:?} would read as punycode"
+            );
             assert_eq!(label, notebook_host_label(ns, name), "stable");
             assert!(seen.insert(label), "distinct");
         }

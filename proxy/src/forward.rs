@@ -226,11 +226,20 @@ impl Forwarder {
             match hosts.label_of(&host) {
                 Some(label) => {
                     if let Some(sign_in) = &hosts.sign_in
-                        && path == notebook_host::SIGN_IN_PATH
+                        && let Some(state) = path
+                            .strip_prefix(notebook_host::SIGN_IN_PATH)
+                            .and_then(|rest| rest.strip_prefix('/'))
                     {
                         let query = request.uri().query();
                         return hosts
-                            .redeem(sign_in.as_ref(), label, query, request.headers(), tls)
+                            .redeem(
+                                sign_in.as_ref(),
+                                label,
+                                state,
+                                query,
+                                request.headers(),
+                                tls,
+                            )
                             .map(Step::Answer)
                             .map_err(|refused| {
                                 tracing::info!(reason = %refused, "notebook sign-in code refused");
@@ -242,7 +251,7 @@ impl Forwarder {
                             labforge_crds::host::notebook_host_label(ns, name) == label
                         })
                         .ok_or(ProxyError::NoRoute)?;
-                    if !notebook_host::same_origin(request.headers(), authority.as_str()) {
+                    if !notebook_host::from_own_pages(request.headers(), authority.as_str()) {
                         return Err(ProxyError::CrossOrigin);
                     }
                     on_notebook_host = Some((hosts, notebook));
@@ -277,8 +286,9 @@ impl Forwarder {
         // Authentication first: an anonymous client learns nothing about which routes exist.
         let user = match on_notebook_host {
             Some((hosts, (ns, name))) if let Some(sign_in) = &hosts.sign_in => {
-                let granted = notebook_host::cookie(request.headers(), notebook_host::GRANT_COOKIE)
-                    .and_then(|grant| sign_in.user(grant, ns, name));
+                let granted =
+                    notebook_host::cookies(request.headers(), notebook_host::GRANT_COOKIE)
+                        .find_map(|grant| sign_in.user(grant, ns, name));
                 match granted {
                     Some(user) => std::borrow::Cow::Owned(user),
                     None if is_navigation(&request) => {
@@ -410,8 +420,8 @@ impl Forwarder {
                     .and_then(|h| h.sign_in.as_ref());
                 let revoked = match (&rule, sign_in) {
                     (Some(_), Some(sign_in)) => {
-                        notebook_host::cookie(headers, notebook_host::GRANT_COOKIE)
-                            .and_then(|grant| sign_in.revocation(grant))
+                        notebook_host::cookies(headers, notebook_host::GRANT_COOKIE)
+                            .find_map(|grant| sign_in.revocation(grant))
                     }
                     _ => self.identity.revocation(headers),
                 };
@@ -635,6 +645,9 @@ impl Forwarder {
                 activity.touch();
             }
             strip_hop_by_hop(response.headers_mut());
+            if rule.is_some() {
+                strip_visitor_set_cookies(response.headers_mut(), &forwarder.visitor_cookies);
+            }
             if let Some(edits) = rule.as_ref().and_then(|rule| rule.header_edits.as_ref()) {
                 edits.response.apply(response.headers_mut());
             }
@@ -961,6 +974,34 @@ pub fn strip_visitor(headers: &mut HeaderMap, visitor_cookies: &[Box<[u8]>]) {
     }
 }
 
+/// Removes from a route's response the `Set-Cookie`s of the visitor's cookies: a notebook's
+/// server must not set, replace or (for a parent domain) plant the platform's, a notebook
+/// host's or the auth proxy's cookies.
+pub fn strip_visitor_set_cookies(headers: &mut HeaderMap, visitor_cookies: &[Box<[u8]>]) {
+    let name_of = |value: &HeaderValue| -> Vec<u8> {
+        let bytes = value.as_bytes();
+        let end = bytes
+            .iter()
+            .position(|&b| b == b'=' || b == b';')
+            .unwrap_or(bytes.len());
+        bytes[..end].trim_ascii().to_vec()
+    };
+    let visitor = |value: &HeaderValue| is_visitor_cookie(&name_of(value), visitor_cookies);
+    if !headers.get_all(header::SET_COOKIE).iter().any(visitor) {
+        return;
+    }
+    let kept: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter(|value| !visitor(value))
+        .cloned()
+        .collect();
+    headers.remove(header::SET_COOKIE);
+    for value in kept {
+        headers.append(header::SET_COOKIE, value);
+    }
+}
+
 /// Whether cookie `name` is one of `names`, or a split part of one (`_oauth2_proxy_1`).
 fn is_visitor_cookie(name: &[u8], names: &[Box<[u8]>]) -> bool {
     names.iter().any(|visitor| {
@@ -1207,6 +1248,37 @@ mod tests {
             .iter()
             .map(|v| v.to_str().unwrap())
             .collect()
+    }
+
+    #[test]
+    fn a_notebook_cannot_set_the_visitors_cookies() {
+        let names: Vec<Box<[u8]>> = DEFAULT_VISITOR_COOKIES
+            .iter()
+            .chain(&[crate::notebook_host::GRANT_COOKIE])
+            .map(|name| name.as_bytes().into())
+            .collect();
+        let mut headers = HeaderMap::new();
+        for cookie in [
+            "_xsrf=2|abc; Path=/notebook/alice/lab",
+            "labforge_session=planted; Domain=example.com; Path=/",
+            "labforge_notebook=planted",
+            "_oauth2_proxy_1 = part; Domain=.example.com",
+            "theme=dark",
+        ] {
+            headers.append(header::SET_COOKIE, HeaderValue::from_static(cookie));
+        }
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html"));
+        strip_visitor_set_cookies(&mut headers, &names);
+        let kept: Vec<&str> = headers
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(
+            kept,
+            ["_xsrf=2|abc; Path=/notebook/alice/lab", "theme=dark"]
+        );
+        assert_eq!(headers[header::CONTENT_TYPE], "text/html");
     }
 
     #[test]

@@ -23,7 +23,8 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 use std::sync::Arc;
 
-/// Where a notebook's host takes sign-in codes.
+/// Where a notebook's host takes sign-in codes: `<SIGN_IN_PATH>/<state>?code=…`. The state cookie
+/// is scoped to that path, so that sign-ins in several tabs at once each keep their own.
 pub const SIGN_IN_PATH: &str = "/_labforge/sign-in";
 /// Where the web app signs a visitor in to a notebook's host.
 pub const WEB_SIGN_IN_PATH: &str = "/notebook-sign-in";
@@ -124,17 +125,19 @@ impl NotebookHosts {
             port_of(authority)
         );
         let cookie = format!(
-            "{STATE_COOKIE}={state}; Path={SIGN_IN_PATH}; HttpOnly; SameSite=Lax; Max-Age={STATE_LIFETIME_SECONDS}"
+            "{STATE_COOKIE}={state}; Path={SIGN_IN_PATH}/{state}; HttpOnly; SameSite=Lax; Max-Age={STATE_LIFETIME_SECONDS}"
         );
         redirect(&location, [cookie])
     }
 
-    /// Answers [`SIGN_IN_PATH`] on the host labelled `label`: the code traded for a grant
-    /// cookie and a redirect to where the visitor was going.
+    /// Answers `<SIGN_IN_PATH>/<state>` (`state` here) on the host labelled `label`: the code
+    /// traded for a grant cookie and a redirect to where the visitor was going, when this
+    /// browser holds that state's cookie.
     pub fn redeem(
         &self,
         sign_in: &dyn HostSignIn,
         label: &str,
+        state: &str,
         query: Option<&str>,
         headers: &HeaderMap,
         tls: bool,
@@ -143,7 +146,9 @@ impl NotebookHosts {
             .find(|(key, _)| key == "code")
             .map(|(_, value)| value.into_owned())
             .ok_or(CodeRefused::Unknown)?;
-        let state = cookie(headers, STATE_COOKIE).unwrap_or("");
+        if state.is_empty() || !cookies(headers, STATE_COOKIE).any(|held| held == state) {
+            return Err(CodeRefused::OtherBrowser);
+        }
         let redeemed = sign_in.redeem(&code, label, state)?;
         // Only a path of this host: the code's issuer promised one, and an open redirect here
         // would send a signed-in visitor anywhere.
@@ -158,7 +163,7 @@ impl NotebookHosts {
                     "{GRANT_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax{secure}",
                     redeemed.grant
                 ),
-                format!("{STATE_COOKIE}=; Path={SIGN_IN_PATH}; Max-Age=0"),
+                format!("{STATE_COOKIE}=; Path={SIGN_IN_PATH}/{state}; Max-Age=0"),
             ],
         ))
     }
@@ -172,9 +177,27 @@ pub fn notebook_of_path(path: &str) -> Option<(&str, &str)> {
     (!namespace.is_empty() && !name.is_empty()).then_some((namespace, name))
 }
 
-/// Whether the request came from no page (a navigation, a script outside a browser) or from a
-/// page of the host it was sent to. Schemes are not compared: TLS may end before the proxy.
-pub fn same_origin(headers: &HeaderMap, authority: &str) -> bool {
+/// Whether a request to a notebook's host may be served: one from a page of that host, from no
+/// page (a script outside a browser), or a top-level navigation (a link, the sign-in's
+/// redirects), which leaves the answer to the new page. Anything else a page of another origin
+/// sends (a fetch, a form, an image, a frame, a websocket) is refused, whatever cookie it
+/// carries: on one domain, notebook hosts are one site, and `SameSite` does not keep them apart.
+pub fn from_own_pages(headers: &HeaderMap, authority: &str) -> bool {
+    same_origin(headers, authority) && {
+        let fetch = |name: &str| headers.get(name).map(HeaderValue::as_bytes);
+        match fetch("sec-fetch-site") {
+            None | Some(b"same-origin" | b"none") => true,
+            Some(_) => {
+                fetch("sec-fetch-mode") == Some(b"navigate")
+                    && fetch("sec-fetch-dest") == Some(b"document")
+            }
+        }
+    }
+}
+
+/// Whether the request came from no page or from a page of the host it was sent to (its
+/// `Origin`). Schemes are not compared: TLS may end before the proxy.
+fn same_origin(headers: &HeaderMap, authority: &str) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return true;
     };
@@ -201,15 +224,16 @@ fn port_of(authority: &str) -> &str {
     }
 }
 
-/// The value of cookie `name` among the request's cookies.
-pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+/// The values of cookie `name` among the request's cookies: a browser sends one per path and
+/// domain it was set for, and a page may have planted its own beside the proxy's.
+pub fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(key, _)| *key == name)
+        .filter(move |(key, _)| *key == name)
         .map(|(_, value)| value)
 }
 
@@ -289,16 +313,41 @@ mod tests {
             headers
         };
         let me = "lab--alice.localhost:8080";
-        assert!(same_origin(&HeaderMap::new(), me));
-        assert!(same_origin(&with("http://lab--alice.localhost:8080"), me));
+        assert!(from_own_pages(&HeaderMap::new(), me));
+        assert!(from_own_pages(
+            &with("http://lab--alice.localhost:8080"),
+            me
+        ));
         assert!(same_origin(
             &with("https://lab--alice.example.com"),
             "lab--alice.example.com:443"
         ));
-        assert!(!same_origin(&with("http://lab--bob.localhost:8080"), me));
-        assert!(!same_origin(&with("http://localhost:8080"), me));
-        assert!(!same_origin(&with("null"), me));
-        assert!(!same_origin(&with("http://lab--alice.localhost:9090"), me));
+        assert!(!from_own_pages(&with("http://lab--bob.localhost:8080"), me));
+        assert!(!from_own_pages(&with("http://localhost:8080"), me));
+        assert!(!from_own_pages(&with("null"), me));
+        assert!(!from_own_pages(
+            &with("http://lab--alice.localhost:9090"),
+            me
+        ));
+
+        // Without Origin: a navigation to a document may come from anywhere, nothing else may.
+        let fetch = |site: &str, mode: &str, dest: &str| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in [
+                ("sec-fetch-site", site),
+                ("sec-fetch-mode", mode),
+                ("sec-fetch-dest", dest),
+            ] {
+                headers.insert(name, HeaderValue::from_str(value).unwrap());
+            }
+            from_own_pages(&headers, me)
+        };
+        assert!(fetch("same-origin", "no-cors", "image"));
+        assert!(fetch("none", "navigate", "document"));
+        assert!(fetch("cross-site", "navigate", "document"));
+        assert!(!fetch("same-site", "no-cors", "image"));
+        assert!(!fetch("same-site", "navigate", "iframe"));
+        assert!(!fetch("cross-site", "no-cors", "script"));
     }
 
     #[test]
@@ -321,5 +370,6 @@ mod tests {
         assert!(cookie.starts_with(&format!("{STATE_COOKIE}={}; ", pairs["state"])));
         assert!(cookie.contains("HttpOnly"));
         assert_eq!(pairs["state"].len(), 32);
+        assert!(cookie.contains(&format!("Path={SIGN_IN_PATH}/{}", pairs["state"])));
     }
 }

@@ -251,6 +251,9 @@ try {
       aliceRead: await attempt(() => fetch(`${alice}/notebook/${aliceNs}/lab/api/contents`, {
         credentials: 'include',
       })),
+      aliceBlindWrite: await attempt(() => fetch(`${alice}/notebook/${aliceNs}/lab/api/contents`, {
+        method: 'POST', mode: 'no-cors', credentials: 'include', body: '{"type":"file","ext":".txt"}',
+      })),
       aliceSocket: await new Promise((resolve) => {
         const socket = new WebSocket(
           `${alice.replace('http', 'ws')}/notebook/${aliceNs}/lab/api/events/subscribe`);

@@ -152,7 +152,7 @@ impl Session {
             if response.status() == 302 {
                 Ok(())
             } else {
-                Err(format!("{step}: HTTP {}", response.status()))
+                Err(format!("{step}: HTTP {}", response.status().as_u16()))
             }
         };
         let path = format!("/notebook/{ns}/{name}/lab?reset");
@@ -203,7 +203,7 @@ impl Session {
         if visit.status() != 302 {
             return Err(format!(
                 "the notebook's host without a cookie: HTTP {}",
-                visit.status()
+                visit.status().as_u16()
             ));
         }
         let state = visit
@@ -228,7 +228,7 @@ impl Session {
         if web.status() != 302 {
             return Err(format!(
                 "the web app's notebook sign-in: HTTP {}",
-                web.status()
+                web.status().as_u16()
             ));
         }
         let back = web.headers()["location"].to_str().unwrap().to_owned();

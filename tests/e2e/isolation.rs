@@ -79,6 +79,18 @@ except Exception as e:
     // From this machine, on alice's published port: no secret, no files.
     let port = podman(&["port", &alice_container, "8888/tcp"]);
     let anonymous = reqwest::Client::new();
+    // Not where `localhost` and `*.localhost` point: a page navigating there would hand the
+    // notebook's server the cookies the browser holds for labforge's hosts.
+    let published: std::net::SocketAddr = port.trim().parse().unwrap();
+    assert!(
+        published.ip().is_loopback() && published.ip().to_string() != "127.0.0.1",
+        "published on {published}"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", published.port())).is_err(),
+        "alice's server answers on localhost:{}",
+        published.port()
+    );
     let direct = anonymous
         .get(format!("http://{port}{prefix}/api/contents"))
         .send()

@@ -2380,8 +2380,8 @@ async fn issue_33_with_a_notebook_domain_each_notebook_is_served_on_its_own_host
     };
     let alice_vs = virtual_service(&notebook("alice", "lab"), &config).unwrap();
     assert_eq!(alice_vs.spec.hosts, ["lab--alice.nb.example.com"]);
-    // bob's VirtualService names alice's host and her prefix, and is older than hers, so it would
-    // come first there: it must not put bob's server on alice's origin, nor take her host.
+    // bob's VirtualService (older than hers) names alice's host and a wildcard over the notebook
+    // domain: refused for those hosts, it puts nothing of bob's on alice's origin.
     let mut squat = serde_json::to_value(notebook_vs("bob", "lab")).unwrap();
     squat["metadata"]["name"] = json!("squat");
     squat["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
@@ -2408,6 +2408,15 @@ async fn issue_33_with_a_notebook_domain_each_notebook_is_served_on_its_own_host
     let proxy = labforge_proxy::start(options, RoutesFrom::Files(vec![file]))
         .await
         .unwrap();
+    assert_eq!(
+        metric(
+            &proxy,
+            "labforge_proxy_rules_refused_total{reason=\"host\"}"
+        )
+        .await,
+        2.0,
+        "bob's names for alice's host and the whole domain"
+    );
 
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -2465,40 +2474,78 @@ async fn issue_33_with_a_notebook_domain_each_notebook_is_served_on_its_own_host
     );
 
     let before = hits();
-    // Pages of other origins, websockets included; another notebook's path on this host; bob.
-    for (path, user, extra) in [
+    // Pages of other origins (websockets, frames and images included) are refused as such;
+    // another notebook's path and the rest are not found on this host; bob is forbidden.
+    let bob_page = format!("http://lab--bob.{domain}:{port}");
+    let main_page = format!("http://{domain}:{port}");
+    for (path, user, extra, want) in [
         (
             "/notebook/alice/lab/x",
             ALICE,
-            vec![("origin", format!("http://lab--bob.{domain}:{port}"))],
+            vec![("origin", bob_page.as_str())],
+            403,
         ),
         (
             "/notebook/alice/lab/api/kernels/k/channels",
             ALICE,
             vec![
-                ("origin", format!("http://{domain}:{port}")),
-                ("connection", "upgrade".into()),
-                ("upgrade", "websocket".into()),
-                ("sec-websocket-version", "13".into()),
-                ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==".into()),
+                ("origin", main_page.as_str()),
+                ("connection", "upgrade"),
+                ("upgrade", "websocket"),
+                ("sec-websocket-version", "13"),
+                ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
             ],
+            403,
         ),
         (
             "/notebook/alice/lab/x",
             ALICE,
-            vec![("origin", "null".into())],
+            vec![("origin", "null")],
+            403,
         ),
-        ("/notebook/bob/lab/x", BOB, vec![]),
-        ("/notebook/alice/lab/x", BOB, vec![]),
-        ("/elsewhere", ALICE, vec![]),
+        (
+            "/notebook/alice/lab/x",
+            ALICE,
+            vec![
+                ("sec-fetch-site", "same-site"),
+                ("sec-fetch-mode", "navigate"),
+                ("sec-fetch-dest", "iframe"),
+            ],
+            403,
+        ),
+        (
+            "/notebook/alice/lab/x",
+            ALICE,
+            vec![
+                ("sec-fetch-site", "same-site"),
+                ("sec-fetch-mode", "no-cors"),
+                ("sec-fetch-dest", "image"),
+            ],
+            403,
+        ),
+        ("/notebook/bob/lab/x", BOB, vec![], 404),
+        ("/notebook/alice/lab/x", BOB, vec![], 403),
+        ("/elsewhere", ALICE, vec![], 404),
     ] {
-        let extra: Vec<(&str, &str)> = extra.iter().map(|(n, v)| (*n, v.as_str())).collect();
         let status = get(&alice_host, path, user, &extra).await.unwrap().status();
-        assert!(
-            status == 403 || status == 404,
-            "{user} {path} {extra:?}: {status}"
-        );
+        assert_eq!(status, want, "{user} {path} {extra:?}");
     }
+    // A link from another notebook's page opens alice's notebook as a page of its own.
+    let navigation = get(
+        &alice_host,
+        "/notebook/alice/lab/x",
+        ALICE,
+        &[
+            ("sec-fetch-site", "same-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(navigation.status(), 200);
+    assert_eq!(hits(), (before.0 + 1, before.1), "only the navigation");
+    let before = hits();
     assert_eq!(hits(), before, "nothing refused reached a notebook");
     // bob's own notebook, on its own host, is bob's.
     let response = get(

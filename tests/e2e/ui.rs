@@ -172,6 +172,25 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         );
     }
     assert_eq!(attack["aliceSocket"], "refused", "{attack}");
+    // The blind writes went out (their answers hidden) and did nothing.
+    assert_eq!(attack["apiBlindWrite"], "opaque", "{attack}");
+    assert_eq!(attack["aliceBlindWrite"], "opaque", "{attack}");
+    let alice_session = Session::sign_in(&up, &alice, &alice_password).await;
+    let visit = alice_session.open_notebook(&alice, "lab").await.unwrap();
+    let files: Value = alice_session
+        .http
+        .get(format!("{}/api/contents", visit.base))
+        .headers(visit.headers())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        !files.to_string().contains("untitled"),
+        "a file made by bob's page: {files}"
+    );
     assert_eq!(seen["adminAfterAttack"], 200, "{seen}");
     let bob_cookie = need(up.sign_in(&bob, &bob_password).await);
     let bobs: Value = reqwest::Client::new()

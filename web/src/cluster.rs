@@ -48,7 +48,9 @@ pub async fn router(
             sign_in: None,
         }),
     };
-    crate::api::router(state.clone()).merge(crate::ui::router(state))
+    crate::api::router(state.clone())
+        .merge(crate::ui::router(state))
+        .layer(axum::middleware::map_response(crate::ui::deny_framing))
 }
 
 /// Extended resources with a nonzero capacity on some node.

@@ -389,7 +389,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             }
         }),
     };
-    let api = crate::api::router(state.clone()).merge(crate::ui::router(state));
+    let api = crate::api::router(state.clone())
+        .merge(crate::ui::router(state))
+        .layer(axum::middleware::map_response(crate::ui::deny_framing));
     let mut tasks = vec![
         session_watch,
         tokio::spawn(async move {
@@ -435,7 +437,8 @@ async fn cull(
     let secrets = runtime.secrets.clone();
     let jupyter = JupyterActivity::new(move |ns, name| {
         format!(
-            "http://127.0.0.1:{}{}",
+            "http://{}:{}{}",
+            crate::runtime::PUBLISH_ADDRESS,
             ports.port_of(ns, name).unwrap_or(0),
             labforge_notebook_controller::builders::route_prefix(ns, name)
         )

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 pub const CODE_LIFETIME: Duration = Duration::from_secs(60);
 /// Codes outstanding at once; more are refused until some are used or expire.
 const MAX_CODES: usize = 10_000;
+/// Codes one session may have outstanding: a page that asks for more is refused, not the
+/// other users.
+const MAX_CODES_PER_SESSION: usize = 16;
 
 /// Where the web app sends people to a notebook: its own host under `domain`.
 #[derive(Clone)]
@@ -71,6 +74,8 @@ struct Grant {
 pub enum IssueError {
     #[error("too many notebook sign-ins at once; try again in a minute")]
     Busy,
+    #[error("too many notebook sign-ins from this session at once; try again in a minute")]
+    SessionBusy,
 }
 
 impl NotebookSignIn {
@@ -102,6 +107,14 @@ impl NotebookSignIn {
         let code = random_hex(32);
         let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
         codes.retain(|_, code| code.issued.elapsed() < self.code_lifetime);
+        if codes
+            .values()
+            .filter(|c| c.grant.session == session)
+            .count()
+            >= MAX_CODES_PER_SESSION
+        {
+            return Err(IssueError::SessionBusy);
+        }
         if codes.len() >= MAX_CODES {
             return Err(IssueError::Busy);
         }
@@ -295,6 +308,19 @@ mod tests {
         let grant = grant_of(&session);
         auth.users.remove("alice").unwrap();
         assert_eq!(sign_in.user(&grant, "alice", "lab"), None, "user removed");
+    }
+
+    #[test]
+    fn one_session_cannot_take_every_code() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let greedy = auth.sessions.start("bob").unwrap();
+        let issue = |session: &str| sign_in.issue(session, "bob", "bob", "lab", "s", RETURN);
+        for _ in 0..MAX_CODES_PER_SESSION {
+            issue(&greedy).unwrap();
+        }
+        assert_eq!(issue(&greedy), Err(IssueError::SessionBusy));
+        let other = auth.sessions.start("alice").unwrap();
+        assert!(issue(&other).is_ok(), "another session still signs in");
     }
 
     #[test]

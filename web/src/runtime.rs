@@ -305,7 +305,7 @@ pub fn route(
         == Some(crate::model::ServerType::Vscode.annotation());
     for rule in &mut vs.spec.http {
         for destination in &mut rule.route {
-            destination.destination.host = "127.0.0.1".into();
+            destination.destination.host = PUBLISH_ADDRESS.into();
             if let Some(port) = destination.destination.port.as_mut() {
                 port.number = u32::from(host_port);
             }
@@ -509,7 +509,7 @@ impl Engine {
             "--label".into(),
             format!("{PORT_LABEL}={host_port}"),
             "--publish".into(),
-            format!("127.0.0.1:{host_port}:{}", plan.container_port),
+            format!("{PUBLISH_ADDRESS}:{host_port}:{}", plan.container_port),
             plan.image.clone(),
         ]);
         args.extend(plan.command.iter().cloned());
@@ -944,7 +944,7 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
-        let url = format!("http://127.0.0.1:{port}{}", probe_path(notebook));
+        let url = format!("http://{PUBLISH_ADDRESS}:{port}{}", probe_path(notebook));
         let ready = self
             .http
             .get(&url)
@@ -1052,8 +1052,14 @@ impl Runtime {
     }
 }
 
+/// Where notebook servers' ports are published: a loopback address of their own. Not
+/// 127.0.0.1, which `localhost` and `*.localhost` (the web app's and the notebooks' hosts)
+/// resolve to: cookies are not kept apart by port, so a notebook's server on `localhost:<port>`
+/// would get every cookie the browser holds for `localhost` once a page navigated there.
+pub const PUBLISH_ADDRESS: &str = "127.0.0.2";
+
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+    Ok(std::net::TcpListener::bind((PUBLISH_ADDRESS, 0))?
         .local_addr()?
         .port())
 }
@@ -1237,6 +1243,6 @@ mod tests {
             vs.spec.http.iter().all(|r| r.headers.is_none()),
             "no secret, no headers"
         );
-        assert_eq!(vs.spec.http[0].route[0].destination.host, "127.0.0.1");
+        assert_eq!(vs.spec.http[0].route[0].destination.host, PUBLISH_ADDRESS);
     }
 }

@@ -127,6 +127,22 @@ fn to_login() -> Response {
     Redirect::to("/login").into_response()
 }
 
+/// No page of the web app may be framed by another origin: a notebook's page could lay it under
+/// its own and have its visitor click there.
+pub async fn deny_framing(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_FRAME_OPTIONS,
+        axum::http::HeaderValue::from_static("DENY"),
+    );
+    headers
+        .entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(axum::http::HeaderValue::from_static(
+            "frame-ancestors 'none'",
+        ));
+    response
+}
+
 /// Where a notebook is opened: its own host when notebooks have one, else its path here.
 pub fn notebook_url(state: &ApiState, headers: &HeaderMap, ns: &str, name: &str) -> String {
     let path = format!(
@@ -149,6 +165,9 @@ fn to_login_then(next: &str) -> Response {
         .finish();
     Redirect::to(&format!("/login?{query}")).into_response()
 }
+
+/// The longest path a notebook sign-in brings its visitor back to.
+const MAX_RETURN: usize = 4096;
 
 #[derive(Deserialize)]
 struct NotebookSignInQuery {
@@ -198,11 +217,19 @@ async fn notebook_sign_in(
         .return_to
         .strip_prefix(&prefix)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']));
-    if !below_prefix {
+    if !below_prefix
+        || query.return_to.len() > MAX_RETURN
+        || query
+            .return_to
+            .bytes()
+            .any(|b| b.is_ascii_control() || b == b' ')
+    {
         return error_page(
             StatusCode::BAD_REQUEST,
             "Bad sign-in link",
-            &format!("return must be a path below {prefix}/."),
+            &format!(
+                "return must be a path below {prefix}/ of at most {MAX_RETURN} bytes, without spaces or control characters."
+            ),
             Some(&user),
         );
     }
@@ -232,6 +259,21 @@ async fn notebook_sign_in(
             Some(&user),
         );
     }
+    // Codes only for notebooks that exist: each grant is one per session and notebook.
+    if !matches!(
+        state.backend.get(&query.namespace, &query.name).await,
+        Ok(Some(_))
+    ) {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            "No such notebook",
+            &format!(
+                "There is no notebook {} in namespace {}.",
+                query.name, query.namespace
+            ),
+            Some(&user),
+        );
+    }
     let code = match sign_in.issue(
         session,
         &user.name,
@@ -253,8 +295,9 @@ async fn notebook_sign_in(
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let origin = links.origin(&query.namespace, &query.name, host);
     let location = format!(
-        "{origin}{}?code={code}",
-        labforge_proxy::notebook_host::SIGN_IN_PATH
+        "{origin}{}/{}?code={code}",
+        labforge_proxy::notebook_host::SIGN_IN_PATH,
+        query.state
     );
     (
         StatusCode::FOUND,

@@ -1,5 +1,17 @@
 import { api } from './common.js';
 
+/** Where sign-in was asked for (a notebook's sign-in): a page of this origin, else home. */
+function nextPage() {
+  const next = new URLSearchParams(location.search).get('next');
+  if (!next) return '/';
+  try {
+    const target = new URL(next, location.origin);
+    return target.origin === location.origin ? target.pathname + target.search : '/';
+  } catch {
+    return '/';
+  }
+}
+
 const form = document.getElementById('login');
 form.addEventListener('submit', async (event) => {
   event.preventDefault();
@@ -8,9 +20,7 @@ form.addEventListener('submit', async (event) => {
     password: form.password.value,
   });
   if (status === 200) {
-    // Back to where sign-in was asked for (a notebook's sign-in), never to another site.
-    const next = new URLSearchParams(location.search).get('next') || '/';
-    location.href = next.startsWith('/') && !next.startsWith('//') && !next.startsWith('/\\') ? next : '/';
+    location.href = nextPage();
   } else {
     document.getElementById('login-error').textContent = body?.error || `sign-in failed (HTTP ${status})`;
   }
