@@ -142,6 +142,9 @@ try {
   await shot(lab, 'jupyterlab');
   // A cell runs in a kernel whose websocket goes through the notebook's host.
   await lab.locator('.jp-LauncherCard[data-category="Notebook"]').first().click();
+  // Run only once the kernel's websocket is up: a cell run before is not sent.
+  await lab.locator('#jp-main-statusbar', { hasText: /\| Idle/ })
+    .waitFor({ timeout: 90_000 });
   await lab.locator('.jp-Notebook .jp-Cell .cm-content').first().click();
   await lab.keyboard.type('print(6 * 7)');
   await lab.keyboard.press('Shift+Enter');
