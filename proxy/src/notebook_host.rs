@@ -19,6 +19,7 @@
 
 use crate::authz::Revocation;
 use bytes::Bytes;
+use cookie::{Cookie, SameSite};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 use std::sync::Arc;
@@ -33,7 +34,7 @@ pub const GRANT_COOKIE: &str = "labforge_notebook";
 /// The cookie binding a sign-in code to the browser that was sent for it.
 pub const STATE_COOKIE: &str = "labforge_notebook_state";
 /// How long a browser has to come back from the web app with a code.
-const STATE_LIFETIME_SECONDS: u32 = 600;
+const STATE_LIFETIME_SECONDS: i64 = 600;
 
 /// Serving notebooks on hosts of their own.
 #[derive(Clone)]
@@ -124,10 +125,12 @@ impl NotebookHosts {
             self.main_host,
             port_of(authority)
         );
-        let cookie = format!(
-            "{STATE_COOKIE}={state}; Path={SIGN_IN_PATH}/{state}; HttpOnly; SameSite=Lax; Max-Age={STATE_LIFETIME_SECONDS}"
-        );
-        redirect(&location, [cookie])
+        let cookie = Cookie::build((STATE_COOKIE, state.clone()))
+            .path(format!("{SIGN_IN_PATH}/{state}"))
+            .http_only(true)
+            .same_site(SameSite::Lax)
+            .max_age(cookie::time::Duration::seconds(STATE_LIFETIME_SECONDS));
+        redirect(&location, [cookie.build()])
     }
 
     /// Answers `<SIGN_IN_PATH>/<state>` (`state` here) on the host labelled `label`: the code
@@ -155,16 +158,17 @@ impl NotebookHosts {
         if !redeemed.return_to.starts_with('/') || redeemed.return_to.starts_with("//") {
             return Err(CodeRefused::OtherNotebook);
         }
-        let secure = if tls { "; Secure" } else { "" };
+        let grant = Cookie::build((GRANT_COOKIE, redeemed.grant))
+            .path("/")
+            .http_only(true)
+            .same_site(SameSite::Lax)
+            .secure(tls);
+        let used_state = Cookie::build(STATE_COOKIE)
+            .path(format!("{SIGN_IN_PATH}/{state}"))
+            .removal();
         Ok(redirect(
             &redeemed.return_to,
-            [
-                format!(
-                    "{GRANT_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax{secure}",
-                    redeemed.grant
-                ),
-                format!("{STATE_COOKIE}=; Path={SIGN_IN_PATH}/{state}; Max-Age=0"),
-            ],
+            [grant.build(), used_state.build()],
         ))
     }
 }
@@ -231,16 +235,16 @@ pub fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .filter(move |(key, _)| *key == name)
-        .map(|(_, value)| value)
+        .flat_map(Cookie::split_parse)
+        .filter_map(Result::ok)
+        .filter(move |cookie| cookie.name() == name)
+        .filter_map(|cookie| cookie.value_raw())
 }
 
 /// A 302 to `location` setting `cookies`.
-pub(crate) fn redirect(
+pub(crate) fn redirect<'c>(
     location: &str,
-    cookies: impl IntoIterator<Item = String>,
+    cookies: impl IntoIterator<Item = Cookie<'c>>,
 ) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::default());
     *response.status_mut() = StatusCode::FOUND;
@@ -249,7 +253,7 @@ pub(crate) fn redirect(
         headers.insert(header::LOCATION, location);
     }
     for cookie in cookies {
-        if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+        if let Ok(cookie) = HeaderValue::from_str(&cookie.to_string()) {
             headers.append(header::SET_COOKIE, cookie);
         }
     }
