@@ -583,6 +583,10 @@ impl Forwarder {
             };
             forwarder.thread_metrics.upstream_latency(started.elapsed());
             let activity = rule.as_ref().map(|rule| &rule.owner.activity);
+            // Browsers keep the cookies of a websocket handshake's answer too.
+            if rule.is_some() {
+                strip_visitor_set_cookies(response.headers_mut(), &forwarder.visitor_cookies);
+            }
 
             if response.status() == StatusCode::SWITCHING_PROTOCOLS
                 && let Some(client_upgrade) = client_upgrade
@@ -645,11 +649,10 @@ impl Forwarder {
                 activity.touch();
             }
             strip_hop_by_hop(response.headers_mut());
-            if rule.is_some() {
-                strip_visitor_set_cookies(response.headers_mut(), &forwarder.visitor_cookies);
-            }
+            // And after the route's own edits: a VirtualService may not set them either.
             if let Some(edits) = rule.as_ref().and_then(|rule| rule.header_edits.as_ref()) {
                 edits.response.apply(response.headers_mut());
+                strip_visitor_set_cookies(response.headers_mut(), &forwarder.visitor_cookies);
             }
             Ok(response.map(|body| match deadline {
                 Some(deadline) => Either::Left(body.until(deadline)),
@@ -976,17 +979,21 @@ pub fn strip_visitor(headers: &mut HeaderMap, visitor_cookies: &[Box<[u8]>]) {
 
 /// Removes from a route's response the `Set-Cookie`s of the visitor's cookies: a notebook's
 /// server must not set, replace or (for a parent domain) plant the platform's, a notebook
-/// host's or the auth proxy's cookies.
+/// host's or the auth proxy's cookies. Nameless ones go too: a browser sends `=a=b` back as
+/// `a=b`. The name is read as browsers read it (RFC 6265 §5.2), by hand: a cookie parser that
+/// refused a value the browser takes would let it through.
 pub fn strip_visitor_set_cookies(headers: &mut HeaderMap, visitor_cookies: &[Box<[u8]>]) {
-    let name_of = |value: &HeaderValue| -> Vec<u8> {
+    let visitor = |value: &HeaderValue| {
         let bytes = value.as_bytes();
-        let end = bytes
-            .iter()
-            .position(|&b| b == b'=' || b == b';')
-            .unwrap_or(bytes.len());
-        bytes[..end].trim_ascii().to_vec()
+        let pair = bytes.split(|&b| b == b';').next().unwrap_or_default();
+        match pair.iter().position(|&b| b == b'=') {
+            Some(at) => {
+                let name = pair[..at].trim_ascii();
+                name.is_empty() || is_visitor_cookie(name, visitor_cookies)
+            }
+            None => true,
+        }
     };
-    let visitor = |value: &HeaderValue| is_visitor_cookie(&name_of(value), visitor_cookies);
     if !headers.get_all(header::SET_COOKIE).iter().any(visitor) {
         return;
     }
@@ -1263,6 +1270,7 @@ mod tests {
             "labforge_session=planted; Domain=example.com; Path=/",
             "labforge_notebook=planted",
             "_oauth2_proxy_1 = part; Domain=.example.com",
+            "=labforge_session=nameless",
             "theme=dark",
         ] {
             headers.append(header::SET_COOKIE, HeaderValue::from_static(cookie));

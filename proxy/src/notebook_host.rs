@@ -6,14 +6,15 @@
 //! notebook whose label it is, and only by routes of that notebook's namespace; the path stays,
 //! so NB_PREFIX, Kubeflow's images and VirtualServices are unchanged. Other hosts send old
 //! `/notebook/…` URLs to the notebook's host. A request to a notebook's host from a page of
-//! another origin (its `Origin` header names one) is refused whatever cookie it carries: reads,
-//! writes and websockets alike.
+//! another origin ([`from_own_pages`]: its `Origin`, or `Sec-Fetch-Site`) is refused whatever
+//! cookie it carries, reads, writes, websockets, images and frames alike; only a top-level
+//! navigation may come from elsewhere.
 //!
 //! Who is visiting: in a cluster, the auth proxy in front (which must cover `*.<domain>`) says,
 //! as on every host. In embedded mode, whose session cookie is host-only, the notebook's host
 //! signs its visitor in itself ([`HostSignIn`]): a visit without its cookie is sent to the web
 //! app with a random state, also set as a cookie on the notebook's host; the web app checks
-//! access and sends the browser back to [`SIGN_IN_PATH`] with a one-time code bound to the
+//! access and sends the browser back to `<SIGN_IN_PATH>/<state>` with a one-time code bound to the
 //! notebook, that state and the visitor's session; the proxy trades it for the notebook's own
 //! cookie ([`GRANT_COOKIE`]), which lasts as long as that session, and sends the browser on.
 
@@ -230,13 +231,15 @@ fn port_of(authority: &str) -> &str {
 
 /// The values of cookie `name` among the request's cookies: a browser sends one per path and
 /// domain it was set for, and a page may have planted its own beside the proxy's.
+/// Read pair by pair, so that one cookie with bytes a header string cannot hold (planted by a
+/// page) does not hide the others.
 pub fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(Cookie::split_parse)
-        .filter_map(Result::ok)
+        .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+        .filter_map(|pair| std::str::from_utf8(pair).ok())
+        .filter_map(|pair| Cookie::parse(pair.trim()).ok())
         .filter(move |cookie| cookie.name() == name)
         .filter_map(|cookie| cookie.value_raw())
 }

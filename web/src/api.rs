@@ -16,7 +16,7 @@ use crate::runtime::{Engine, container_name};
 use crate::saves::{Saves, StartSaveError};
 use crate::sign_in::{SignIn, SignInError};
 use crate::store::Change;
-use crate::users::{LocalAuth, SESSION_COOKIE, User, session_token};
+use crate::users::{LocalAuth, SESSION_COOKIE, User, session_tokens};
 use crate::validate::{FieldError, image_reference, notebook_from_request};
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
@@ -250,8 +250,10 @@ async fn login(
 }
 
 async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    if let (Some(token), Some(auth)) = (session_token(&headers), &state.local_users) {
-        auth.sessions.end(token);
+    if let Some(auth) = &state.local_users {
+        for token in session_tokens(&headers) {
+            auth.sessions.end(token);
+        }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
     response.headers_mut().insert(

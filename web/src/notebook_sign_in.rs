@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 pub const CODE_LIFETIME: Duration = Duration::from_secs(60);
 /// Codes outstanding at once; more are refused until some are used or expire.
 const MAX_CODES: usize = 10_000;
-/// Codes one session may have outstanding: a page that asks for more is refused, not the
-/// other users.
-const MAX_CODES_PER_SESSION: usize = 16;
+/// Codes one user may have outstanding: a page (or a user with many sessions) that asks for
+/// more is refused, not the other users.
+const MAX_CODES_PER_USER: usize = 16;
 
 /// Where the web app sends people to a notebook: its own host under `domain`.
 #[derive(Clone)]
@@ -74,8 +74,8 @@ struct Grant {
 pub enum IssueError {
     #[error("too many notebook sign-ins at once; try again in a minute")]
     Busy,
-    #[error("too many notebook sign-ins from this session at once; try again in a minute")]
-    SessionBusy,
+    #[error("too many notebook sign-ins by this user at once; try again in a minute")]
+    UserBusy,
 }
 
 impl NotebookSignIn {
@@ -107,13 +107,8 @@ impl NotebookSignIn {
         let code = random_hex(32);
         let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
         codes.retain(|_, code| code.issued.elapsed() < self.code_lifetime);
-        if codes
-            .values()
-            .filter(|c| c.grant.session == session)
-            .count()
-            >= MAX_CODES_PER_SESSION
-        {
-            return Err(IssueError::SessionBusy);
+        if codes.values().filter(|c| c.grant.user == user).count() >= MAX_CODES_PER_USER {
+            return Err(IssueError::UserBusy);
         }
         if codes.len() >= MAX_CODES {
             return Err(IssueError::Busy);
@@ -311,16 +306,21 @@ mod tests {
     }
 
     #[test]
-    fn one_session_cannot_take_every_code() {
+    fn one_user_cannot_take_every_code() {
         let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
-        let greedy = auth.sessions.start("bob").unwrap();
-        let issue = |session: &str| sign_in.issue(session, "bob", "bob", "lab", "s", RETURN);
-        for _ in 0..MAX_CODES_PER_SESSION {
-            issue(&greedy).unwrap();
+        let issue = |user: &str| {
+            let session = auth.sessions.start(user).unwrap();
+            sign_in.issue(&session, user, user, "lab", "s", RETURN)
+        };
+        for _ in 0..MAX_CODES_PER_USER {
+            issue("bob").unwrap();
         }
-        assert_eq!(issue(&greedy), Err(IssueError::SessionBusy));
-        let other = auth.sessions.start("alice").unwrap();
-        assert!(issue(&other).is_ok(), "another session still signs in");
+        assert_eq!(
+            issue("bob"),
+            Err(IssueError::UserBusy),
+            "with a new session too"
+        );
+        assert!(issue("alice").is_ok(), "another user still signs in");
     }
 
     #[test]

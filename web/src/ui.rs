@@ -207,7 +207,11 @@ async fn notebook_sign_in(
             user.as_ref(),
         );
     };
-    let (Some(user), Some(session)) = (user, crate::users::session_token(&headers)) else {
+    let session = state
+        .local_users
+        .as_ref()
+        .and_then(|auth| auth.session_of(&headers));
+    let (Some(user), Some(session)) = (user, session) else {
         let next = uri.path_and_query().map_or("/", |p| p.as_str());
         return to_login_then(next);
     };

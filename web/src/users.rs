@@ -353,16 +353,10 @@ impl Sessions {
     }
 }
 
-/// The session token in a request's cookies.
-pub fn session_token(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(http::header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
-        .map(|(_, value)| value)
+/// The session tokens in a request's cookies: usually one, but a page on a host below the web
+/// app's (a notebook's, with `--notebook-domain`) can plant another beside it, so each is tried.
+pub fn session_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    labforge_proxy::notebook_host::cookies(headers, SESSION_COOKIE)
 }
 
 /// Local users and sessions, as the proxy and the API see them.
@@ -375,7 +369,12 @@ impl LocalAuth {
     /// The signed-in user a request carries, if the user still exists: a user removed with
     /// `labforge user remove` loses their sessions at once (one `stat` of the file per request).
     pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
-        self.user_of_session(session_token(headers)?)
+        session_tokens(headers).find_map(|token| self.user_of_session(token))
+    }
+
+    /// The token of the request's session that is valid, if one is.
+    pub fn session_of<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        session_tokens(headers).find(|token| self.user_of_session(token).is_some())
     }
 
     /// The user of session `token`, if it lasts and its user still exists unchanged.
@@ -424,7 +423,7 @@ impl IdentitySource for LocalAuth {
     /// The end of the request's session: tunnels close on sign-out, and when the user is
     /// removed or reset.
     fn revocation(&self, headers: &HeaderMap) -> Option<Revocation> {
-        let token = session_token(headers)?;
+        let token = self.session_of(headers)?;
         Some(Box::pin(self.sessions.ended(token)))
     }
 }

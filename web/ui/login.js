@@ -6,7 +6,8 @@ function nextPage() {
   if (!next) return '/';
   try {
     const target = new URL(next, location.origin);
-    return target.origin === location.origin ? target.pathname + target.search : '/';
+    // The whole URL, not its path: a path may itself start with `//`.
+    return target.origin === location.origin ? target.href : '/';
   } catch {
     return '/';
   }
