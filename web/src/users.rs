@@ -423,7 +423,10 @@ impl IdentitySource for LocalAuth {
     /// The end of the request's session: tunnels close on sign-out, and when the user is
     /// removed or reset.
     fn revocation(&self, headers: &HeaderMap) -> Option<Revocation> {
-        let token = self.session_of(headers)?;
+        // An ended session's end is at once.
+        let token = self
+            .session_of(headers)
+            .or_else(|| session_tokens(headers).next())?;
         Some(Box::pin(self.sessions.ended(token)))
     }
 }
