@@ -488,6 +488,21 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(auth.identify(&headers).unwrap().user, "alice");
+        // A value planted before it (by a page of a subdomain, bytes and all) does not hide it.
+        let mut planted = HeaderMap::new();
+        planted.insert(
+            http::header::COOKIE,
+            http::HeaderValue::from_bytes(
+                &[
+                    format!("{SESSION_COOKIE}=planted; x=").as_bytes(),
+                    &[0xff],
+                    format!("; {SESSION_COOKIE}={token}").as_bytes(),
+                ]
+                .concat(),
+            )
+            .unwrap(),
+        );
+        assert_eq!(auth.identify(&planted).unwrap().user, "alice");
         let may_use = |ns| matches!(auth.may_use("alice", ns), Answer::Now(true));
         assert!(may_use("alice"));
         assert!(!may_use("bob"));
