@@ -74,7 +74,9 @@ pub enum Command {
     ///
     /// Reads Kubeflow's environment: ISTIO_GATEWAY, ISTIO_HOST, CLUSTER_DOMAIN, USE_ISTIO,
     /// ADD_FSGROUP, ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD; and LABFORGE_AGENT_IMAGE,
-    /// the save agent's image an init container copies into each notebook pod.
+    /// the save agent's image an init container copies into each notebook pod;
+    /// LABFORGE_NETWORK_POLICY_FROM, the namespaces each notebook's NetworkPolicy admits
+    /// (LABFORGE_NETWORK_POLICY=false: none); LABFORGE_NOTEBOOK_DOMAIN, a host per notebook.
     Controller(ControllerArgs),
     /// Run the notebook proxy: routes from Istio VirtualServices (a Kubernetes watch, or
     /// --routes-file), every request authenticated and authorized per notebook.
@@ -455,6 +457,9 @@ pub struct RenderArgs {
     /// Serve each notebook on its own host, `<name>--<namespace>.<domain>`.
     #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
     pub notebook_domain: Option<String>,
+    /// Build no NetworkPolicy (by default only the platform's namespaces reach notebook pods).
+    #[arg(long)]
+    pub no_network_policy: bool,
 }
 
 impl From<&RenderArgs> for BuilderConfig {
@@ -466,6 +471,11 @@ impl From<&RenderArgs> for BuilderConfig {
             virtual_service: !args.no_virtual_service,
             agent_image: args.agent_image.clone(),
             notebook_domain: args.notebook_domain.clone().filter(|d| !d.is_empty()),
+            network_policy_from: if args.no_network_policy {
+                None
+            } else {
+                BuilderConfig::default().network_policy_from
+            },
             ..BuilderConfig::default()
         }
     }

@@ -1,9 +1,14 @@
-//! Pure object builders: Notebook → StatefulSet, Service, VirtualService, in Kubeflow's shape.
+//! Pure object builders: Notebook → StatefulSet, Service, VirtualService, in Kubeflow's shape, and
+//! the NetworkPolicy that keeps a notebook's pods for the platform to reach.
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PodSecurityContext, PodSpec,
     PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -59,7 +64,15 @@ pub struct BuilderConfig {
     /// `LABFORGE_NOTEBOOK_DOMAIN`: when set, each notebook's VirtualService serves its own host,
     /// `<label>.<domain>` ([`labforge_crds::host`]), instead of `host`.
     pub notebook_domain: Option<String>,
+    /// `LABFORGE_NETWORK_POLICY_FROM`: the namespaces whose pods may reach notebook pods
+    /// (comma-separated; default the proxy's and dashboard's `kubeflow`, Istio's gateway's
+    /// `istio-system`, and the controller's `labforge-system`, whose culler asks Jupyter for
+    /// activity). `LABFORGE_NETWORK_POLICY=false`: no NetworkPolicy is built.
+    pub network_policy_from: Option<Vec<String>>,
 }
+
+/// The namespaces that reach notebook pods unless configured.
+pub const DEFAULT_NETWORK_POLICY_FROM: [&str; 3] = ["kubeflow", "istio-system", "labforge-system"];
 
 impl Default for BuilderConfig {
     fn default() -> Self {
@@ -71,6 +84,7 @@ impl Default for BuilderConfig {
             add_fs_group: true,
             agent_image: None,
             notebook_domain: None,
+            network_policy_from: Some(DEFAULT_NETWORK_POLICY_FROM.map(String::from).into()),
         }
     }
 }
@@ -106,6 +120,17 @@ impl BuilderConfig {
             add_fs_group: flag("ADD_FSGROUP", defaults.add_fs_group)?,
             agent_image: get("LABFORGE_AGENT_IMAGE"),
             notebook_domain: get("LABFORGE_NOTEBOOK_DOMAIN"),
+            network_policy_from: flag("LABFORGE_NETWORK_POLICY", true)?.then(|| {
+                get("LABFORGE_NETWORK_POLICY_FROM")
+                    .map(|list| {
+                        list.split(',')
+                            .map(str::trim)
+                            .filter(|ns| !ns.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or(defaults.network_policy_from.clone().unwrap_or_default())
+            }),
         })
     }
 }
@@ -116,6 +141,7 @@ pub struct Children {
     pub stateful_set: StatefulSet,
     pub service: Service,
     pub virtual_service: Option<VirtualService>,
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 /// The route prefix of a notebook, `/notebook/<namespace>/<name>` (no trailing slash, as NB_PREFIX).
@@ -172,6 +198,7 @@ pub fn build_children(notebook: &Notebook, config: &BuilderConfig) -> Result<Chi
         } else {
             None
         },
+        network_policy: network_policy(notebook, config)?,
     })
 }
 
@@ -333,6 +360,56 @@ pub fn service(notebook: &Notebook) -> Result<Service, BuildError> {
         }),
         status: None,
     })
+}
+
+/// The NetworkPolicy admitting to the notebook's pods only pods of the platform's namespaces
+/// ([`BuilderConfig::network_policy_from`]), on the notebook's port: a notebook's server is its
+/// owner's, and another user's pod must not reach it past the proxy's checks. `None` when
+/// NetworkPolicies are turned off.
+pub fn network_policy(
+    notebook: &Notebook,
+    config: &BuilderConfig,
+) -> Result<Option<NetworkPolicy>, BuildError> {
+    let id = identity(notebook)?;
+    notebook_pod_spec(notebook)?;
+    let Some(from) = &config.network_policy_from else {
+        return Ok(None);
+    };
+    let peers = from
+        .iter()
+        .map(|namespace| NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_owned(),
+                    namespace.clone(),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    Ok(Some(NetworkPolicy {
+        metadata: child_meta(&id, id.name.to_owned()),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    STATEFULSET_LABEL.to_owned(),
+                    id.name.to_owned(),
+                )])),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(peers),
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(container_port(notebook))),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+            }]),
+            ..Default::default()
+        }),
+    }))
 }
 
 /// The VirtualService routing `/notebook/<ns>/<name>/` to the Service, with no timeout.
@@ -584,6 +661,62 @@ mod tests {
                     }]
                 }
             })
+        );
+    }
+
+    #[test]
+    fn the_network_policy_admits_only_the_platforms_namespaces_on_the_notebooks_port() {
+        let nb = Notebook::test("alice", "lab");
+        let policy = network_policy(&nb, &BuilderConfig::default())
+            .unwrap()
+            .unwrap();
+        let value = serde_json::to_value(&policy).unwrap();
+        assert_eq!(value["kind"], "NetworkPolicy");
+        assert_eq!(value["metadata"]["namespace"], "alice");
+        let spec = &value["spec"];
+        assert_eq!(
+            spec["podSelector"]["matchLabels"],
+            json!({"statefulset": "lab"})
+        );
+        assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+        let from: Vec<&str> = spec["ingress"][0]["from"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|peer| {
+                peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(from, DEFAULT_NETWORK_POLICY_FROM);
+        assert_eq!(
+            spec["ingress"][0]["ports"],
+            json!([{"port": 8888, "protocol": "TCP"}])
+        );
+
+        let config = |vars: &[(&str, &str)]| {
+            let vars: BTreeMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            BuilderConfig::from_env(|k| vars.get(k).cloned()).unwrap()
+        };
+        let only_gateway = config(&[("LABFORGE_NETWORK_POLICY_FROM", "gateways, labforge")]);
+        let policy = network_policy(&nb, &only_gateway).unwrap().unwrap();
+        let peers = policy.spec.unwrap().ingress.unwrap()[0]
+            .from
+            .clone()
+            .unwrap();
+        assert_eq!(peers.len(), 2);
+        let off = config(&[("LABFORGE_NETWORK_POLICY", "false")]);
+        assert_eq!(network_policy(&nb, &off).unwrap(), None);
+        assert!(build_children(&nb, &off).unwrap().network_policy.is_none());
+        assert!(
+            BuilderConfig::from_env(|k| {
+                (k == "LABFORGE_NETWORK_POLICY").then(|| "maybe".into())
+            })
+            .is_err()
         );
     }
 

@@ -10,6 +10,7 @@ use crate::status::{invalid_spec_status, notebook_status};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -168,6 +169,10 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
     if let Some(vs) = &children.virtual_service {
         let virtual_services: Api<VirtualService> = Api::namespaced(ctx.client.clone(), &namespace);
         apply_child(&virtual_services, &vs.name_any(), vs, "VirtualService").await?;
+    }
+    if let Some(policy) = &children.network_policy {
+        let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+        apply_child(&policies, &name, policy, "NetworkPolicy").await?;
     }
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);

@@ -77,6 +77,9 @@ pub fn render_yaml(notebooks: &[Notebook], config: &BuilderConfig) -> Result<Str
         if let Some(vs) = &children.virtual_service {
             push(serde_json::to_value(vs).unwrap_or_default())?;
         }
+        if let Some(policy) = &children.network_policy {
+            push(serde_json::to_value(policy).unwrap_or_default())?;
+        }
     }
     Ok(out)
 }

@@ -26,7 +26,19 @@ fn render_prints_the_objects_a_notebook_yields() {
     );
     let docs = yaml_documents(&String::from_utf8_lossy(&out.stdout));
     let kinds: Vec<_> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["StatefulSet", "Service", "VirtualService"]);
+    assert_eq!(
+        kinds,
+        ["StatefulSet", "Service", "VirtualService", "NetworkPolicy"]
+    );
+    let policy = &docs[3]["spec"];
+    assert_eq!(
+        policy["podSelector"]["matchLabels"]["statefulset"],
+        "vscode"
+    );
+    assert_eq!(
+        policy["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "kubeflow"
+    );
     assert_eq!(docs[0]["metadata"]["namespace"], "bob");
     let route = &docs[2]["spec"]["http"][0];
     assert_eq!(

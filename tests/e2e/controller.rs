@@ -122,6 +122,37 @@ async fn notebook_lifecycle_create_stop_start_delete() {
     );
     let sts = stateful_sets.get("lab").await.unwrap();
     assert_eq!(sts.metadata.owner_references.unwrap()[0].kind, "Notebook");
+    // Only the platform's namespaces reach the notebook's pods (validated against the schema
+    // by the fake API server).
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), "alice");
+    let policy = eventually("NetworkPolicy", Duration::from_secs(10), || async {
+        policies.get_opt("lab").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(
+        policy.metadata.owner_references.unwrap()[0].kind,
+        "Notebook"
+    );
+    let spec = policy.spec.unwrap();
+    assert_eq!(
+        spec.pod_selector.unwrap().match_labels.unwrap()["statefulset"],
+        "lab"
+    );
+    let from: Vec<String> = spec.ingress.unwrap()[0]
+        .from
+        .iter()
+        .flatten()
+        .filter_map(|peer| {
+            peer.namespace_selector
+                .as_ref()?
+                .match_labels
+                .as_ref()?
+                .get("kubernetes.io/metadata.name")
+                .cloned()
+        })
+        .collect();
+    assert_eq!(from, ["kubeflow", "istio-system", "labforge-system"]);
 
     // Added and then removed annotations reach the VirtualService both ways.
     let headers = json!({"metadata": {"annotations": {

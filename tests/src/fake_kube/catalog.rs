@@ -204,6 +204,13 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         )
     },
     builtin(
+        "networking.k8s.io",
+        "networkpolicies",
+        "NetworkPolicy",
+        "io.k8s.api.networking.v1.NetworkPolicy",
+        &["netpol"],
+    ),
+    builtin(
         "discovery.k8s.io",
         "endpointslices",
         "EndpointSlice",
