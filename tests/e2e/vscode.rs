@@ -146,6 +146,53 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
     assert_eq!(anonymous.status(), 401);
 
     let container = labforge_web::runtime::container_name(&user, "code");
+    // Nor does its published port, to a local process without the per-notebook secret: no
+    // workbench, only code-server's login; and not on localhost's address at all.
+    let published = Command::new("podman")
+        .args(["port", &container, "8888/tcp"])
+        .output()
+        .unwrap();
+    let published: std::net::SocketAddr = String::from_utf8_lossy(&published.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(published.ip().to_string(), "127.0.0.1");
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for cookie in ["", "code-server-session=guessed"] {
+        let direct = no_redirects
+            .get(format!("http://{published}/"))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap();
+        let status = direct.status().as_u16();
+        let location = direct
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let body = direct.text().await.unwrap_or_default();
+        assert!(
+            status == 302 && location.contains("login") && !body.contains("workbench"),
+            "code-server's own port with cookie {cookie:?}: {status} {location} {body:.200}"
+        );
+    }
+    // Another user is refused at the notebook's sign-in.
+    let mallory = format!("{user}-m");
+    let mallory_password = need(up.add_user(&mallory));
+    let mallory_session = crate::embedded::Session::sign_in(&up, &mallory, &mallory_password).await;
+    assert_eq!(
+        mallory_session
+            .open_notebook(&user, "code")
+            .await
+            .err()
+            .as_deref(),
+        Some("the web app's notebook sign-in: HTTP 403")
+    );
     exec(
         &container,
         "echo hello-from-workspace > /home/jovyan/hello.txt",
