@@ -184,6 +184,13 @@ try {
   await page.getByRole('link', { name: 'Start a new notebook from it' }).first().click();
   await page.waitForURL(/\/new\?image=/);
   seen.prefilledImage = await page.getByLabel(/Custom image/).inputValue();
+  // An existing workspace is picked from the namespace's own volumes.
+  await page.locator('input[name=workspace][value=existing]').check();
+  seen.existingNameShown = await page.locator('#workspaceName').isVisible();
+  await page.locator('#volumes option').first().waitFor({ state: 'attached' });
+  seen.existingVolumes = await page.locator('#volumes option')
+    .evaluateAll((options) => options.map((option) => option.value));
+  await page.locator('input[name=workspace][value=new]').check();
   await page.getByLabel('Name', { exact: true }).fill('from-saved');
   await page.getByLabel('CPU limit').fill('2');
   await page.getByLabel('Memory limit').fill('2Gi');

@@ -638,13 +638,14 @@ fn rbac_is_least_privilege_everywhere() {
             ("events.k8s.io", "events", &["list", "create", "patch"]),
             ("", "pods/log", &["get"]),
             ("", "nodes", &["list"]),
+            ("", "persistentvolumeclaims", &["list"]),
             (
                 "labforge.dev",
                 "imagebuilds",
                 &["get", "list", "watch", "create"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, saves"
+        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, volume claims, saves"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

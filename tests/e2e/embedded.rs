@@ -548,6 +548,30 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         .unwrap();
     assert_eq!(elsewhere.status(), 302, "sent to sign in, not let in");
     assert_eq!(b.get(&notebooks).await.0, 403);
+    // An existing workspace is one of the namespace's own volumes: listed to its users, refused
+    // by name elsewhere.
+    let (code, volumes) = a.get(&format!("/api/namespaces/{alice}/volumes")).await;
+    assert_eq!(code, 200, "{volumes}");
+    assert_eq!(volumes["volumes"], json!([{"name": "lab-workspace"}]));
+    assert_eq!(
+        b.get(&format!("/api/namespaces/{alice}/volumes")).await.0,
+        403
+    );
+    for (session, ns) in [(&b, &bob), (&a, &alice)] {
+        let name = if ns == &alice {
+            "nope"
+        } else {
+            "lab-workspace"
+        };
+        let (code, refused) = session
+            .post(
+                &format!("/api/namespaces/{ns}/notebooks"),
+                json!({"name": "borrowed", "workspace": {"existing": {"name": name}}}),
+            )
+            .await;
+        assert_eq!(code, 422, "{refused}");
+        assert_eq!(refused["field"], "workspace.name", "{refused}");
+    }
     assert_eq!(
         b.post(&format!("{notebooks}/lab/saves"), json!({})).await.0,
         403

@@ -122,6 +122,8 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "the failed save recorded nothing"
     );
     assert_eq!(seen["prefilledImage"], saved["image"]);
+    assert_eq!(seen["existingNameShown"], true, "{seen}");
+    assert_eq!(seen["existingVolumes"], json!(["lab-workspace"]), "{seen}");
     assert_eq!(seen["fromSavedImage"], saved["image"]);
     assert_eq!(
         seen["missing"],

@@ -5,6 +5,7 @@
 use crate::controller::eventually;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
+use kube::api::PostParams;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
 use labforge_proxy::authz::TrustedHeader;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
@@ -125,6 +126,45 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         "opened on its own host, at its path"
     );
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+    // The namespace's PersistentVolumeClaims are what an existing workspace may name.
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(server.client(), "alice");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "shared-data", "namespace": "alice"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (status, volumes) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::GET,
+            "/api/namespaces/alice/volumes",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{volumes}");
+    assert_eq!(volumes["volumes"], json!([{"name": "shared-data"}]));
+    let (status, refused) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::POST,
+            "/api/namespaces/alice/notebooks",
+            Some(json!({"name": "other", "workspace": {"existing": {"name": "lab-workspace"}}})),
+        )
+        .await;
+    assert_eq!(
+        (status, &refused["field"]),
+        (422, &json!("workspace.name")),
+        "{refused}"
+    );
     let notebooks: Api<Notebook> = Api::namespaced(server.client(), "alice");
     let stored = notebooks.get("lab").await.unwrap();
     assert_eq!(

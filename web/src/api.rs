@@ -10,7 +10,7 @@ use crate::backend::{Access, Backend, BackendError, Verb};
 use crate::config::SpawnerConfig;
 use crate::model::{
     AUTO_SAVE_ANNOTATION, ApiError, GpuView, NotebookPatch, NotebookRequest, NotebookState,
-    NotebookView, SERVER_TYPE_ANNOTATION, ServerType,
+    NotebookView, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
 };
 use crate::runtime::{Engine, container_name};
 use crate::saves::{Saves, StartSaveError};
@@ -55,8 +55,8 @@ pub struct ApiState {
     /// `None` where saving is not set up.
     pub saves: Option<Arc<dyn Saves>>,
     pub config: Arc<SpawnerConfig>,
-    /// Where notebook logs come from.
-    pub logs: LogSource,
+    /// Where notebooks run: their logs and volumes are read there.
+    pub workloads: Workloads,
     pub activity: Arc<Activity>,
     /// Mark cookies `Secure` (served over TLS).
     pub secure_cookies: bool,
@@ -119,9 +119,9 @@ impl From<BackendError> for Failure {
     }
 }
 
-/// Where a notebook's container logs are read.
+/// Where notebooks run, and so where their logs and volumes are read.
 #[derive(Clone)]
-pub enum LogSource {
+pub enum Workloads {
     /// `<engine> logs` of the notebook's container.
     Engine(Engine),
     /// The notebook pod's (`<name>-0`) container logs through the Kubernetes API.
@@ -191,6 +191,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/api/namespaces/{ns}/saves/{id}", get(follow_save))
         .route("/api/namespaces/{ns}/images", get(saved_images))
+        .route("/api/namespaces/{ns}/volumes", get(list_volumes))
         .route(
             "/api/{*rest}",
             axum::routing::any(|| async {
@@ -449,6 +450,26 @@ async fn create_notebook(
         .collect();
     let notebook = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved)
         .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+    // An existing workspace is one of this namespace's volumes: named, not guessed.
+    if let Some(WorkspaceRequest::Existing { name }) = &request.workspace {
+        let own = claims(&state, &ns).await?;
+        if !own.contains(name) {
+            return Err(Failure::field(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                FieldError::new(
+                    "workspace.name",
+                    format!(
+                        "namespace {ns} has no volume {name:?} (its volumes: {})",
+                        if own.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            own.join(", ")
+                        }
+                    ),
+                ),
+            ));
+        }
+    }
     let created = state.backend.create(notebook).await?;
     state
         .backend
@@ -611,8 +632,8 @@ async fn logs(
         ));
     }
     let tail = query.tail.min(10_000);
-    let stream = match &state.logs {
-        LogSource::Engine(engine) => {
+    let stream = match &state.workloads {
+        Workloads::Engine(engine) => {
             let mut child = engine
                 .logs(&container_name(&ns, &name), query.follow, tail)
                 .map_err(|e| {
@@ -633,7 +654,7 @@ async fn logs(
                 })
                 .boxed()
         }
-        LogSource::Kubernetes(client) => {
+        Workloads::Kubernetes(client) => {
             use tokio_util::compat::FuturesAsyncReadCompatExt as _;
             let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
                 kube::Api::namespaced(client.clone(), &ns);
@@ -731,6 +752,51 @@ async fn follow_save(
         Some((Ok(event), next))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// The volume claims of namespace `ns`: what "existing workspace" and data volumes may name.
+async fn claims(state: &ApiState, ns: &str) -> ApiResult<Vec<String>> {
+    let unavailable = |e: String| {
+        Failure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("listing the volumes of {ns}: {e}"),
+        )
+    };
+    match &state.workloads {
+        Workloads::Engine(engine) => engine
+            .claims(ns)
+            .await
+            .map_err(|e| unavailable(e.to_string())),
+        Workloads::Kubernetes(client) => {
+            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+                kube::Api::namespaced(client.clone(), ns);
+            let list = claims
+                .list(&Default::default())
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            let mut names: Vec<String> = list
+                .items
+                .into_iter()
+                .filter_map(|claim| claim.metadata.name)
+                .collect();
+            names.sort();
+            Ok(names)
+        }
+    }
+}
+
+async fn list_volumes(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    Path(ns): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    user.may(&state, Verb::List, &ns).await?;
+    let volumes: Vec<serde_json::Value> = claims(&state, &ns)
+        .await?
+        .into_iter()
+        .map(|name| serde_json::json!({ "name": name }))
+        .collect();
+    Ok(Json(serde_json::json!({ "volumes": volumes })))
 }
 
 async fn saved_images(

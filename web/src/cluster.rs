@@ -2,7 +2,7 @@
 //! cluster's auth proxy (Kubeflow's `kubeflow-userid` header), every decision a
 //! SubjectAccessReview.
 
-use crate::api::{ApiState, LogSource};
+use crate::api::{ApiState, Workloads};
 use crate::backend::{KubernetesAccess, KubernetesBackend};
 use crate::config::SpawnerConfig;
 use crate::image_builds::ImageBuildSaves;
@@ -38,7 +38,7 @@ pub async fn router(
             Arc::new(ImageBuildSaves::new(client.clone(), registry)) as Arc<dyn crate::saves::Saves>
         }),
         config: Arc::new(spawner),
-        logs: LogSource::Kubernetes(client),
+        workloads: Workloads::Kubernetes(client),
         // The proxy's activity reaches the culler, which writes it into the Notebook.
         activity: Arc::default(),
         secure_cookies: false,

@@ -379,7 +379,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         sign_in: Some(Arc::new(crate::sign_in::SignIn::for_this_machine()?)),
         saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
         config: Arc::new(spawner),
-        logs: crate::api::LogSource::Engine(engine),
+        workloads: crate::api::Workloads::Engine(engine),
         activity: proxy.activity.clone(),
         secure_cookies: false,
         notebook_links: options.notebook_domain.as_ref().map(|domain| {

@@ -516,6 +516,29 @@ impl Engine {
         self.run(&args).await.map(|_| ())
     }
 
+    /// The claims (PersistentVolumeClaim names) `namespace`'s volumes stand in for, sorted: the
+    /// workspaces and data volumes its notebooks made, deleted notebooks' included.
+    pub async fn claims(&self, namespace: &str) -> Result<Vec<String>, EngineError> {
+        let prefix = volume_name(namespace, "");
+        let listed = self
+            .run(&[
+                "volume".into(),
+                "ls".into(),
+                "--format".into(),
+                "{{.Name}}".into(),
+            ])
+            .await?;
+        let mut claims: Vec<String> = listed
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix(&prefix))
+            .filter(|claim| !claim.is_empty())
+            .map(str::to_owned)
+            .collect();
+        claims.sort();
+        claims.dedup();
+        Ok(claims)
+    }
+
     async fn volume_exists(&self, name: &str) -> bool {
         self.run(&["volume".into(), "exists".into(), name.into()])
             .await

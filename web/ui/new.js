@@ -23,13 +23,19 @@ for (const radio of form.querySelectorAll('input[name=serverType]')) {
 function workspaceKind() { return form.querySelector('input[name=workspace]:checked').value; }
 for (const radio of form.querySelectorAll('input[name=workspace]')) {
   radio.addEventListener('change', () => {
-    request.autoSave = form.autoSave.checked;
-  const kind = workspaceKind();
+    const kind = workspaceKind();
     for (const id of ['workspaceSize']) { form[id].hidden = kind !== 'new'; form.querySelector(`label[for=${id}]`).hidden = kind !== 'new'; }
     form.workspaceName.hidden = kind !== 'existing';
     form.querySelector('label[for=workspaceName]').hidden = kind !== 'existing';
   });
 }
+
+// The namespace's volumes, offered for an existing workspace.
+api('GET', `/api/namespaces/${ns}/volumes`).then(({ status, body }) => {
+  if (status !== 200) return;
+  const list = document.getElementById('volumes');
+  for (const volume of body.volumes) list.append(el('option', { value: volume.name }));
+});
 
 let rows = 0;
 function removable(row) {
@@ -79,6 +85,7 @@ form.addEventListener('submit', async (event) => {
   const kind = workspaceKind();
   request.workspace = kind === 'new' ? { new: { size: form.workspaceSize.value.trim() } }
     : kind === 'existing' ? { existing: { name: form.workspaceName.value.trim() } } : 'none';
+  request.autoSave = form.autoSave.checked;
   if (form.gpuVendor?.value) request.gpus = { vendor: form.gpuVendor.value, count: Number(form.gpuCount.value) };
   const button = document.getElementById('create');
   button.disabled = true;
