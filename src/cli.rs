@@ -76,7 +76,8 @@ pub enum Command {
     /// ADD_FSGROUP, ENABLE_CULLING, CULL_IDLE_TIME, IDLENESS_CHECK_PERIOD; and LABFORGE_AGENT_IMAGE,
     /// the save agent's image an init container copies into each notebook pod;
     /// LABFORGE_NETWORK_POLICY_FROM, the namespaces each notebook's NetworkPolicy admits
-    /// (LABFORGE_NETWORK_POLICY=false: none); LABFORGE_NOTEBOOK_DOMAIN, a host per notebook.
+    /// (LABFORGE_NETWORK_POLICY=false: none); LABFORGE_NOTEBOOK_DOMAIN, a host per notebook;
+    /// LABFORGE_NOTEBOOK_SECRET_KEY, the key per-notebook secrets are derived from.
     Controller(ControllerArgs),
     /// Run the notebook proxy: routes from Istio VirtualServices (a Kubernetes watch, or
     /// --routes-file), every request authenticated and authorized per notebook.

@@ -20,6 +20,10 @@ pub const REWRITE_URI_ANNOTATION: &str = "notebooks.kubeflow.org/http-rewrite-ur
 pub const HEADERS_REQUEST_SET_ANNOTATION: &str = "notebooks.kubeflow.org/http-headers-request-set";
 /// Who created the notebook (set by the web app), used for authorization and the admin view.
 pub const CREATOR_ANNOTATION: &str = "notebooks.kubeflow.org/creator";
+/// Which IDE a notebook runs, as Kubeflow's web app marks it.
+pub const SERVER_TYPE_ANNOTATION: &str = "notebooks.kubeflow.org/server-type";
+/// [`SERVER_TYPE_ANNOTATION`]'s value for VSCode (code-server), Kubeflow's `group-one`.
+pub const VSCODE_SERVER_TYPE: &str = "group-one";
 /// Label Kubeflow puts on a notebook's pods.
 pub const NOTEBOOK_NAME_LABEL: &str = "notebook-name";
 /// Label selecting a notebook's StatefulSet pods.

@@ -1,6 +1,7 @@
 //! Pure object builders: Notebook → StatefulSet, Service, VirtualService, in Kubeflow's shape, and
 //! the NetworkPolicy that keeps a notebook's pods for the platform to reach.
 
+use crate::secret::{SECRET_ENV, SecretKey, upstream_headers};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PodSecurityContext, PodSpec,
@@ -20,6 +21,7 @@ use labforge_crds::istio::{
 use labforge_crds::notebook::{
     HEADERS_REQUEST_SET_ANNOTATION, NOTEBOOK_NAME_LABEL, REWRITE_URI_ANNOTATION, STATEFULSET_LABEL,
 };
+use labforge_crds::notebook::{SERVER_TYPE_ANNOTATION, VSCODE_SERVER_TYPE};
 use labforge_crds::{Notebook, VirtualService};
 use std::collections::BTreeMap;
 
@@ -69,6 +71,9 @@ pub struct BuilderConfig {
     /// `istio-system`, and the controller's `labforge-system`, whose culler asks Jupyter for
     /// activity). `LABFORGE_NETWORK_POLICY=false`: no NetworkPolicy is built.
     pub network_policy_from: Option<Vec<String>>,
+    /// `LABFORGE_NOTEBOOK_SECRET_KEY`: when set, each notebook gets a secret derived from it
+    /// ([`crate::secret`]) in its container's environment, and its VirtualService presents it.
+    pub notebook_secret_key: Option<SecretKey>,
 }
 
 /// The namespaces that reach notebook pods unless configured.
@@ -85,6 +90,7 @@ impl Default for BuilderConfig {
             agent_image: None,
             notebook_domain: None,
             network_policy_from: Some(DEFAULT_NETWORK_POLICY_FROM.map(String::from).into()),
+            notebook_secret_key: None,
         }
     }
 }
@@ -131,6 +137,8 @@ impl BuilderConfig {
                     })
                     .unwrap_or(defaults.network_policy_from.clone().unwrap_or_default())
             }),
+            notebook_secret_key: get("LABFORGE_NOTEBOOK_SECRET_KEY")
+                .map(|key| SecretKey::new(key.into_bytes())),
         })
     }
 }
@@ -220,6 +228,16 @@ pub fn stateful_set(
     let mut pod_spec = notebook_pod_spec(notebook)?;
     if let Some(container) = pod_spec.containers.first_mut() {
         apply_container_defaults(container, &route_prefix(id.namespace, id.name));
+        if let Some(key) = &config.notebook_secret_key {
+            // Set over whatever the CR says: the route presents this value, nothing else.
+            let env = container.env.get_or_insert_with(Vec::new);
+            env.retain(|e| e.name != SECRET_ENV);
+            env.push(EnvVar {
+                name: SECRET_ENV.into(),
+                value: Some(key.of(id.namespace, id.name)),
+                ..Default::default()
+            });
+        }
     }
     if let Some(image) = &config.agent_image {
         mount_agent(&mut pod_spec, image);
@@ -425,10 +443,17 @@ pub fn virtual_service(
         .unwrap_or(&prefix)
         .to_owned();
     // Kubeflow ignores a header annotation that is not a JSON object of strings; so do we.
-    let headers_set: BTreeMap<String, String> = notebook
+    let mut headers_set: BTreeMap<String, String> = notebook
         .annotation(HEADERS_REQUEST_SET_ANNOTATION)
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_default();
+    if let Some(key) = &config.notebook_secret_key {
+        let code_server = notebook.annotation(SERVER_TYPE_ANNOTATION) == Some(VSCODE_SERVER_TYPE);
+        headers_set.extend(upstream_headers(
+            &key.of(id.namespace, id.name),
+            code_server,
+        ));
+    }
     let route = HttpRoute {
         matches: vec![HttpMatchRequest {
             uri: Some(StringMatch::Prefix(prefix.clone())),
@@ -718,6 +743,61 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn with_a_secret_key_the_pod_holds_its_secret_and_the_route_presents_it() {
+        let config = BuilderConfig::from_env(|k| {
+            (k == "LABFORGE_NOTEBOOK_SECRET_KEY").then(|| "cluster-key".into())
+        })
+        .unwrap();
+        let key = config.notebook_secret_key.clone().unwrap();
+        let secret = key.of("alice", "code");
+        assert!(
+            !format!("{config:?}").contains("cluster-key"),
+            "the key stays out of logs"
+        );
+        let nb = Notebook::test("alice", "code")
+            .annotated(SERVER_TYPE_ANNOTATION, VSCODE_SERVER_TYPE)
+            .with_env(SECRET_ENV, "chosen-by-the-owner");
+        let sts = stateful_set(&nb, &config).unwrap();
+        let env: Vec<(String, Option<String>)> = first_container(&sts)
+            .env
+            .iter()
+            .flatten()
+            .filter(|e| e.name == SECRET_ENV)
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        assert_eq!(env, [(SECRET_ENV.to_owned(), Some(secret.clone()))]);
+        let vs = virtual_service(&nb, &config).unwrap();
+        let set = &vs.spec.http[0]
+            .headers
+            .as_ref()
+            .unwrap()
+            .request
+            .as_ref()
+            .unwrap()
+            .set;
+        assert_eq!(set["authorization"], format!("token {secret}"));
+        assert_eq!(set["cookie"], format!("code-server-session={secret}"));
+
+        // Without a key, Kubeflow's objects exactly.
+        let plain = BuilderConfig::default();
+        assert!(
+            virtual_service(&nb, &plain).unwrap().spec.http[0]
+                .headers
+                .is_none()
+        );
+        let jupyter = virtual_service(&Notebook::test("alice", "lab"), &config).unwrap();
+        let set = &jupyter.spec.http[0]
+            .headers
+            .as_ref()
+            .unwrap()
+            .request
+            .as_ref()
+            .unwrap()
+            .set;
+        assert_eq!(set.len(), 1, "JupyterLab takes the token header only");
     }
 
     #[test]

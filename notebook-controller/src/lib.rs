@@ -19,6 +19,7 @@ pub mod leader;
 pub mod metrics;
 pub mod proxy_activity;
 pub mod render;
+pub mod secret;
 pub mod service;
 pub mod status;
 

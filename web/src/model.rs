@@ -13,7 +13,7 @@ pub enum ServerType {
     Vscode,
 }
 
-pub const SERVER_TYPE_ANNOTATION: &str = "notebooks.kubeflow.org/server-type";
+pub use labforge_crds::notebook::SERVER_TYPE_ANNOTATION;
 /// "true": the environment is saved before each stop, and the notebook starts on that image.
 pub const AUTO_SAVE_ANNOTATION: &str = "labforge.dev/auto-save";
 
@@ -22,7 +22,7 @@ impl ServerType {
     pub fn annotation(self) -> &'static str {
         match self {
             Self::Jupyter => "jupyter",
-            Self::Vscode => "group-one",
+            Self::Vscode => labforge_crds::notebook::VSCODE_SERVER_TYPE,
         }
     }
 

@@ -1,28 +1,22 @@
-//! Per-notebook secrets: the proxy adds its notebook's secret to every request it forwards there,
-//! and the notebook's server refuses requests without it. The proxy is then the one way in, even
-//! for a process that can reach the server's port (another notebook, a local user).
+//! Per-notebook secrets in embedded mode ([`labforge_notebook_controller::secret`]): the proxy
+//! adds its notebook's secret to every request it forwards there, and the notebook's server
+//! refuses requests without it. The proxy is then the one way in, even for a process that can
+//! reach the server's port (another notebook, a local user).
 //!
-//! A secret is derived from a key kept in the data dir (mode 0600) and the notebook's namespace
-//! and name, so it is the same on every start and after a restart of labforge, and the container
-//! plan that carries it stays the same. labforge's images take it from [`SECRET_ENV`]: JupyterLab
-//! as its token (the proxy sends `Authorization: token …`), code-server as its hashed password
-//! (the proxy sends code-server's session cookie with that value). Other images ignore it.
+//! The key is kept in the data dir (mode 0600), so a notebook's secret is the same on every start
+//! and after a restart of labforge, and the container plan that carries it stays the same.
 
-use base64::Engine as _;
-use hmac::{Hmac, Mac as _};
+use labforge_notebook_controller::secret::SecretKey;
+pub use labforge_notebook_controller::secret::{SECRET_ENV, upstream_headers};
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 
-/// The environment variable labforge's images read the secret from.
-pub const SECRET_ENV: &str = "LABFORGE_NOTEBOOK_SECRET";
-/// code-server's session cookie.
-const CODE_SERVER_COOKIE: &str = "code-server-session";
 const KEY_FILE: &str = "notebook-secrets.key";
 const KEY_BYTES: usize = 32;
 
-/// The key notebook secrets are derived from.
+/// The key notebook secrets are derived from, read from the data dir.
 pub struct NotebookSecrets {
-    key: [u8; KEY_BYTES],
+    key: SecretKey,
 }
 
 impl NotebookSecrets {
@@ -57,34 +51,15 @@ impl NotebookSecrets {
                 ));
             }
         }
-        Ok(Self { key })
+        Ok(Self {
+            key: SecretKey::new(key.to_vec()),
+        })
     }
 
-    /// The secret of notebook `namespace/name`: HMAC-SHA256 of both names, URL-safe base64
-    /// (valid in a header, a cookie and an environment variable as it is).
+    /// The secret of notebook `namespace/name`.
     pub fn of(&self, namespace: &str, name: &str) -> String {
-        let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(&self.key) else {
-            unreachable!("HMAC takes keys of any length");
-        };
-        mac.update(namespace.as_bytes());
-        mac.update(b"/");
-        mac.update(name.as_bytes());
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+        self.key.of(namespace, name)
     }
-}
-
-/// The request headers that present `secret` to the notebook's server: Jupyter's token header
-/// for every server, and for code-server its session cookie, which replaces the browser's
-/// cookies (code-server keeps its state in the browser's storage, not in cookies).
-pub fn upstream_headers(secret: &str, code_server: bool) -> Vec<(String, String)> {
-    let mut headers = vec![("authorization".to_owned(), format!("token {secret}"))];
-    if code_server {
-        headers.push((
-            "cookie".to_owned(),
-            format!("{CODE_SERVER_COOKIE}={secret}"),
-        ));
-    }
-    headers
 }
 
 #[cfg(test)]
