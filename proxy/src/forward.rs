@@ -256,7 +256,7 @@ impl Forwarder {
                     }
                     on_notebook_host = Some((hosts, notebook));
                 }
-                // Old path URLs on the main host: the notebook lives on its own host now.
+                // Path URLs on any other host (old links, bookmarks): sent to the notebook's host.
                 None if path.starts_with(NOTEBOOK_PATHS) => {
                     let (ns, name) =
                         notebook_host::notebook_of_path(&path).ok_or(ProxyError::NoRoute)?;

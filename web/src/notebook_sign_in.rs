@@ -130,8 +130,9 @@ impl NotebookSignIn {
         Ok(code)
     }
 
-    /// Grants held now (for tests and metrics).
-    pub fn grants(&self) -> usize {
+    /// Grants held now.
+    #[cfg(test)]
+    fn grants(&self) -> usize {
         self.grants.read().map_or(0, |grants| grants.len())
     }
 }
