@@ -96,10 +96,42 @@ impl Default for BuilderConfig {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{variable}={value:?} must be true or false")]
+#[error("{variable}={value:?}: {expected}")]
 pub struct BuilderConfigError {
     pub variable: &'static str,
     pub value: String,
+    /// What the variable takes.
+    pub expected: &'static str,
+}
+
+/// The shortest `LABFORGE_NOTEBOOK_SECRET_KEY` taken.
+pub const MIN_SECRET_KEY_BYTES: usize = 16;
+
+/// A comma-separated list of namespace names, at least one: an empty `from` in a NetworkPolicy
+/// would admit everyone.
+fn namespaces(variable: &'static str, list: &str) -> Result<Vec<String>, BuilderConfigError> {
+    let names: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|ns| !ns.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let is_label = |ns: &String| {
+        ns.len() <= 63
+            && !ns.starts_with('-')
+            && !ns.ends_with('-')
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if names.is_empty() || !names.iter().all(is_label) {
+        return Err(BuilderConfigError {
+            variable,
+            value: list.to_owned(),
+            expected: "one or more namespace names, comma-separated",
+        });
+    }
+    Ok(names)
 }
 
 impl BuilderConfig {
@@ -116,6 +148,7 @@ impl BuilderConfig {
             Some(other) => Err(BuilderConfigError {
                 variable,
                 value: other.to_owned(),
+                expected: "true or false",
             }),
         };
         Ok(Self {
@@ -126,19 +159,24 @@ impl BuilderConfig {
             add_fs_group: flag("ADD_FSGROUP", defaults.add_fs_group)?,
             agent_image: get("LABFORGE_AGENT_IMAGE"),
             notebook_domain: get("LABFORGE_NOTEBOOK_DOMAIN"),
-            network_policy_from: flag("LABFORGE_NETWORK_POLICY", true)?.then(|| {
-                get("LABFORGE_NETWORK_POLICY_FROM")
-                    .map(|list| {
-                        list.split(',')
-                            .map(str::trim)
-                            .filter(|ns| !ns.is_empty())
-                            .map(str::to_owned)
-                            .collect()
-                    })
-                    .unwrap_or(defaults.network_policy_from.clone().unwrap_or_default())
-            }),
-            notebook_secret_key: get("LABFORGE_NOTEBOOK_SECRET_KEY")
-                .map(|key| SecretKey::new(key.into_bytes())),
+            network_policy_from: match flag("LABFORGE_NETWORK_POLICY", true)? {
+                false => None,
+                true => Some(match get("LABFORGE_NETWORK_POLICY_FROM") {
+                    Some(list) => namespaces("LABFORGE_NETWORK_POLICY_FROM", &list)?,
+                    None => defaults.network_policy_from.clone().unwrap_or_default(),
+                }),
+            },
+            notebook_secret_key: match get("LABFORGE_NOTEBOOK_SECRET_KEY") {
+                // A short key would make every notebook's secret guessable from its name.
+                Some(key) if key.len() < MIN_SECRET_KEY_BYTES => {
+                    return Err(BuilderConfigError {
+                        variable: "LABFORGE_NOTEBOOK_SECRET_KEY",
+                        value: format!("({} bytes)", key.len()),
+                        expected: "at least 16 bytes",
+                    });
+                }
+                key => key.map(|key| SecretKey::new(key.into_bytes())),
+            },
         })
     }
 }
@@ -380,10 +418,16 @@ pub fn service(notebook: &Notebook) -> Result<Service, BuildError> {
     })
 }
 
+/// The NetworkPolicy's name: prefixed, so that a notebook cannot be named after (and so take
+/// over) a policy someone else put in its namespace.
+pub fn network_policy_name(notebook: &str) -> String {
+    format!("labforge-notebook-{notebook}")
+}
+
 /// The NetworkPolicy admitting to the notebook's pods only pods of the platform's namespaces
-/// ([`BuilderConfig::network_policy_from`]), on the notebook's port: a notebook's server is its
-/// owner's, and another user's pod must not reach it past the proxy's checks. `None` when
-/// NetworkPolicies are turned off.
+/// ([`BuilderConfig::network_policy_from`]), on the notebook's port, and its own namespace's
+/// pods: a notebook's server is its owner's, and another user's pod must not reach it past the
+/// proxy's checks. `None` when NetworkPolicies are turned off.
 pub fn network_policy(
     notebook: &Notebook,
     config: &BuilderConfig,
@@ -407,7 +451,7 @@ pub fn network_policy(
         })
         .collect();
     Ok(Some(NetworkPolicy {
-        metadata: child_meta(&id, id.name.to_owned()),
+        metadata: child_meta(&id, network_policy_name(id.name)),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector {
                 match_labels: Some(BTreeMap::from([(
@@ -417,14 +461,25 @@ pub fn network_policy(
                 ..Default::default()
             }),
             policy_types: Some(vec!["Ingress".into()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(peers),
-                ports: Some(vec![NetworkPolicyPort {
-                    port: Some(IntOrString::Int(container_port(notebook))),
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
-            }]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(peers),
+                    ports: Some(vec![NetworkPolicyPort {
+                        port: Some(IntOrString::Int(container_port(notebook))),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    }]),
+                },
+                // The namespace's own pods, on any port: its members share it (Spark executors
+                // calling back to a driver in the notebook, Dask or Ray workers).
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(LabelSelector::default()),
+                        ..Default::default()
+                    }]),
+                    ports: None,
+                },
+            ]),
             ..Default::default()
         }),
     }))
@@ -698,6 +753,12 @@ mod tests {
         let value = serde_json::to_value(&policy).unwrap();
         assert_eq!(value["kind"], "NetworkPolicy");
         assert_eq!(value["metadata"]["namespace"], "alice");
+        assert_eq!(value["metadata"]["name"], "labforge-notebook-lab");
+        assert_eq!(
+            value["spec"]["ingress"][1],
+            json!({"from": [{"podSelector": {}}]}),
+            "its own namespace's pods, on any port"
+        );
         let spec = &value["spec"];
         assert_eq!(
             spec["podSelector"]["matchLabels"],
@@ -737,18 +798,22 @@ mod tests {
         let off = config(&[("LABFORGE_NETWORK_POLICY", "false")]);
         assert_eq!(network_policy(&nb, &off).unwrap(), None);
         assert!(build_children(&nb, &off).unwrap().network_policy.is_none());
-        assert!(
-            BuilderConfig::from_env(|k| {
-                (k == "LABFORGE_NETWORK_POLICY").then(|| "maybe".into())
-            })
-            .is_err()
-        );
+        for (variable, value) in [
+            ("LABFORGE_NETWORK_POLICY", "maybe"),
+            ("LABFORGE_NETWORK_POLICY_FROM", ","),
+            ("LABFORGE_NETWORK_POLICY_FROM", "kubeflow,Not_A_Namespace"),
+            ("LABFORGE_NOTEBOOK_SECRET_KEY", "short"),
+        ] {
+            let error = BuilderConfig::from_env(|k| (k == variable).then(|| value.into()))
+                .expect_err(value);
+            assert_eq!(error.variable, variable);
+        }
     }
 
     #[test]
     fn with_a_secret_key_the_pod_holds_its_secret_and_the_route_presents_it() {
         let config = BuilderConfig::from_env(|k| {
-            (k == "LABFORGE_NOTEBOOK_SECRET_KEY").then(|| "cluster-key".into())
+            (k == "LABFORGE_NOTEBOOK_SECRET_KEY").then(|| "cluster-key-of-32-bytes-or-so...".into())
         })
         .unwrap();
         let key = config.notebook_secret_key.clone().unwrap();

@@ -125,6 +125,11 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
         Err(err) => return report_invalid_spec(&notebooks, notebook, ctx, err.to_string()).await,
     };
 
+    // Before the pod exists: it never runs unguarded.
+    if let Some(policy) = &children.network_policy {
+        let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+        apply_child(&policies, &policy.name_any(), policy, "NetworkPolicy").await?;
+    }
     let ns_labels = NamespaceLabels {
         namespace: namespace.clone(),
     };
@@ -169,10 +174,6 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
     if let Some(vs) = &children.virtual_service {
         let virtual_services: Api<VirtualService> = Api::namespaced(ctx.client.clone(), &namespace);
         apply_child(&virtual_services, &vs.name_any(), vs, "VirtualService").await?;
-    }
-    if let Some(policy) = &children.network_policy {
-        let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
-        apply_child(&policies, &name, policy, "NetworkPolicy").await?;
     }
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -421,6 +422,12 @@ pub async fn run(ctx: Arc<Context>) {
         // An edited or deleted VirtualService is repaired at once, not at the next resync.
         controller = controller.owns(
             Api::<VirtualService>::all(client.clone()),
+            watcher::Config::default(),
+        );
+    }
+    if ctx.config.network_policy_from.is_some() {
+        controller = controller.owns(
+            Api::<NetworkPolicy>::all(client.clone()),
             watcher::Config::default(),
         );
     }

@@ -88,15 +88,20 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
     metrics.leader.set(1);
 
     let culler = options.culling.enabled.then(|| {
-        let jupyter: Arc<dyn ActivitySource> = match options.jupyter_base_url.clone() {
-            Some(template) => Arc::new(JupyterActivity::new(move |namespace, name| {
+        let jupyter = match options.jupyter_base_url.clone() {
+            Some(template) => JupyterActivity::new(move |namespace, name| {
                 template
                     .replace("{namespace}", namespace)
                     .replace("{name}", name)
+            }),
+            None => JupyterActivity::in_cluster(options.builder.cluster_domain.clone()),
+        };
+        // labforge's images answer only with the notebook's secret, when notebooks have one.
+        let jupyter: Arc<dyn ActivitySource> = match options.builder.notebook_secret_key.clone() {
+            Some(key) => Arc::new(jupyter.with_authorization(move |namespace, name| {
+                format!("token {}", key.of(namespace, name))
             })),
-            None => Arc::new(JupyterActivity::in_cluster(
-                options.builder.cluster_domain.clone(),
-            )),
+            None => Arc::new(jupyter),
         };
         let mut sources = vec![jupyter];
         if let Some(url) = &options.proxy_activity_url {

@@ -187,10 +187,14 @@ try {
   // An existing workspace is picked from the namespace's own volumes.
   await page.locator('input[name=workspace][value=existing]').check();
   seen.existingNameShown = await page.locator('#workspaceName').isVisible();
-  await page.locator('#volumes option').first().waitFor({ state: 'attached' });
-  seen.existingVolumes = await page.locator('#volumes option')
+  await page.locator('#workspace-volumes option').first().waitFor({ state: 'attached' });
+  seen.existingVolumes = await page.locator('#workspace-volumes option')
     .evaluateAll((options) => options.map((option) => option.value));
   await page.locator('input[name=workspace][value=new]').check();
+  // A data volume row shows where it can be filled in, and goes again.
+  await page.locator('#add-volume').click();
+  seen.dataVolumeShown = await page.locator('#volumes .volume .vol-name').first().isVisible();
+  await page.locator('#volumes .volume').getByRole('button', { name: 'Remove' }).click();
   await page.getByLabel('Name', { exact: true }).fill('from-saved');
   await page.getByLabel('CPU limit').fill('2');
   await page.getByLabel('Memory limit').fill('2Gi');

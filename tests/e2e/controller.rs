@@ -127,7 +127,11 @@ async fn notebook_lifecycle_create_stop_start_delete() {
     let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
         Api::namespaced(client.clone(), "alice");
     let policy = eventually("NetworkPolicy", Duration::from_secs(10), || async {
-        policies.get_opt("lab").await.ok().flatten()
+        policies
+            .get_opt("labforge-notebook-lab")
+            .await
+            .ok()
+            .flatten()
     })
     .await;
     assert_eq!(

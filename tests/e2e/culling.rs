@@ -292,3 +292,73 @@ async fn proxy_activity_is_read_from_every_replica_of_the_proxy_service() {
     assert!(error.contains("127.0.0.2"), "{error}");
     upstream_task.abort();
 }
+
+/// With per-notebook secrets, the culler presents the notebook's secret to Jupyter's API, which
+/// labforge's images refuse without it: activity is read, not guessed from the first check.
+#[tokio::test]
+async fn with_notebook_secrets_the_culler_reads_jupyter_with_the_notebooks_secret() {
+    init_crypto();
+    let key = "a-cluster-key-of-at-least-16-bytes";
+    let secret = labforge_notebook_controller::secret::SecretKey::new(key.as_bytes().to_vec())
+        .of("alice", "guarded");
+    // Recent, so that it is recorded rather than culled.
+    let kernel_activity =
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() - 10).unwrap();
+    let activity_text = kernel_activity.to_string();
+    // A Jupyter stand-in that answers its API only with that secret.
+    let expected = format!("token {secret}");
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let expected = expected.clone();
+        async move {
+            let authorized = request
+                .headers()
+                .get("authorization")
+                .is_some_and(|value| value.as_bytes() == expected.as_bytes());
+            let path = request.uri().path().to_owned();
+            match (authorized, path.as_str()) {
+                (false, _) => (axum::http::StatusCode::FORBIDDEN, "no".to_owned()),
+                (true, "/notebook/alice/guarded/api/kernels") => (
+                    axum::http::StatusCode::OK,
+                    serde_json::json!([{"id": "k", "execution_state": "idle",
+                                        "last_activity": activity_text}])
+                    .to_string(),
+                ),
+                (true, _) => (axum::http::StatusCode::OK, "[]".to_owned()),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    let _jupyter = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    let client = server.client();
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    notebooks
+        .create(&PostParams::default(), &notebook("alice", "guarded"))
+        .await
+        .unwrap();
+    let culling = CullingConfig {
+        enabled: true,
+        idle_time: Duration::from_secs(3600),
+        check_period: Duration::from_millis(300),
+    };
+    let mut options = serve_options(culling, Some(origin));
+    options.builder = labforge_notebook_controller::BuilderConfig::from_env(|variable| {
+        (variable == "LABFORGE_NOTEBOOK_SECRET_KEY").then(|| key.to_owned())
+    })
+    .unwrap();
+    let _controller = RunningController::start(client.clone(), options);
+    eventually(
+        "last-activity from the guarded Jupyter",
+        Duration::from_secs(10),
+        || async {
+            let nb = notebooks.get("guarded").await.ok()?;
+            let seen: jiff::Timestamp = nb.annotation(LAST_ACTIVITY_ANNOTATION)?.parse().ok()?;
+            (seen == kernel_activity).then_some(())
+        },
+    )
+    .await;
+}

@@ -123,6 +123,7 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     );
     assert_eq!(seen["prefilledImage"], saved["image"]);
     assert_eq!(seen["existingNameShown"], true, "{seen}");
+    assert_eq!(seen["dataVolumeShown"], true, "{seen}");
     assert_eq!(seen["existingVolumes"], json!(["lab-workspace"]), "{seen}");
     assert_eq!(seen["fromSavedImage"], saved["image"]);
     assert_eq!(

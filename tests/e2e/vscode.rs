@@ -156,7 +156,10 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         .trim()
         .parse()
         .unwrap();
-    assert_ne!(published.ip().to_string(), "127.0.0.1");
+    assert_eq!(
+        published.ip().to_string(),
+        labforge_web::runtime::PUBLISH_ADDRESS
+    );
     let no_redirects = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -181,6 +184,26 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
             "code-server's own port with cookie {cookie:?}: {status} {location} {body:.200}"
         );
     }
+    // The secret the route presents is what opens it (so the logins above are its doing).
+    let secret = exec(&container, "printenv LABFORGE_NOTEBOOK_SECRET");
+    let with_secret = no_redirects
+        .get(format!("http://{published}/"))
+        .header("cookie", format!("code-server-session={}", secret.trim()))
+        .send()
+        .await
+        .unwrap();
+    // code-server sends a signed-in `/` on to its folder, never to its login.
+    let opened = with_secret
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        with_secret.status() == 200 || (with_secret.status() == 302 && !opened.contains("login")),
+        "with the secret: {} {opened}",
+        with_secret.status()
+    );
     // Another user is refused at the notebook's sign-in.
     let mallory = format!("{user}-m");
     let mallory_password = need(up.add_user(&mallory));

@@ -462,7 +462,7 @@ fn spawner_form(
 <label><input type="radio" name="workspace" value="existing"> Existing</label>
 <label><input type="radio" name="workspace" value="none"> None</label></div>
 <label for="workspaceSize">Size</label><input id="workspaceSize" name="workspaceSize" value="{ws}"><p class="error" data-error-for="workspace.size"></p>
-<label for="workspaceName" hidden>Existing volume name</label><input id="workspaceName" name="workspaceName" list="volumes" hidden><datalist id="volumes"></datalist><p class="error" data-error-for="workspace.name"></p>
+<label for="workspaceName" hidden>Existing volume name</label><input id="workspaceName" name="workspaceName" list="workspace-volumes" hidden><datalist id="workspace-volumes"></datalist><p class="error" data-error-for="workspace.name"></p>
 <div id="volumes"></div>
 <button type="button" class="secondary" id="add-volume">Add a data volume</button>
 </fieldset>

@@ -33,7 +33,7 @@ for (const radio of form.querySelectorAll('input[name=workspace]')) {
 // The namespace's volumes, offered for an existing workspace.
 api('GET', `/api/namespaces/${ns}/volumes`).then(({ status, body }) => {
   if (status !== 200) return;
-  const list = document.getElementById('volumes');
+  const list = document.getElementById('workspace-volumes');
   for (const volume of body.volumes) list.append(el('option', { value: volume.name }));
 });
 
