@@ -394,7 +394,6 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             },
             notebook_hosts: notebook_domain.map(|domain| {
                 labforge_proxy::notebook_host::NotebookHosts {
-                    main_host: domain.clone(),
                     domain,
                     sign_in: None,
                 }

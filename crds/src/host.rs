@@ -16,8 +16,8 @@ pub const MAX_LABEL: usize = 63;
 /// Hex digits of the hash in a hashed label: 80 bits.
 const HASH_DIGITS: usize = 20;
 
-/// The host label of notebook `namespace/name`.
-pub fn notebook_host_label(namespace: &str, name: &str) -> String {
+/// Whether notebook `namespace/name` has the readable label `<name>--<namespace>`.
+fn has_natural_label(namespace: &str, name: &str) -> bool {
     let plain = |part: &str| {
         !part.is_empty()
             && !part.contains("--")
@@ -28,11 +28,25 @@ pub fn notebook_host_label(namespace: &str, name: &str) -> String {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     };
     // `xn--` starts a punycode label, which browsers would decode.
-    if plain(name)
-        && plain(namespace)
-        && name.len() + 2 + namespace.len() <= MAX_LABEL
-        && name != "xn"
-    {
+    plain(name) && plain(namespace) && name.len() + 2 + namespace.len() <= MAX_LABEL && name != "xn"
+}
+
+/// Whether `label` is notebook `namespace/name`'s host label; without building the label when
+/// it is a readable one, as the proxy asks this of every request to a notebook's host.
+pub fn is_label_of(label: &str, namespace: &str, name: &str) -> bool {
+    if has_natural_label(namespace, name) {
+        label
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix("--"))
+            == Some(namespace)
+    } else {
+        label.contains("---") && notebook_host_label(namespace, name) == label
+    }
+}
+
+/// The host label of notebook `namespace/name`.
+pub fn notebook_host_label(namespace: &str, name: &str) -> String {
+    if has_natural_label(namespace, name) {
         return format!("{name}--{namespace}");
     }
     let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
@@ -109,6 +123,25 @@ mod tests {
             notebook_host_label("a", "b--c"),
             notebook_host_label("c--a", "b")
         );
+    }
+
+    #[test]
+    fn a_label_is_recognised_as_its_notebooks_only() {
+        for (ns, name) in [
+            ("alice", "lab"),
+            ("a", "b--c"),
+            ("alice", "x".repeat(70).as_str()),
+        ] {
+            let label = notebook_host_label(ns, name);
+            assert!(is_label_of(&label, ns, name), "{label}");
+            assert!(!is_label_of(&label, ns, "other"), "{label}");
+            assert!(!is_label_of(&label, "other", name), "{label}");
+        }
+        assert!(
+            !is_label_of("b--c--a", "a", "b--c"),
+            "the readable form of a hashed name"
+        );
+        assert!(!is_label_of("lab--alice", "lice", "lab--a"));
     }
 
     #[test]

@@ -247,9 +247,7 @@ impl Forwarder {
                             });
                     }
                     let notebook = notebook_host::notebook_of_path(&path)
-                        .filter(|(ns, name)| {
-                            labforge_crds::host::notebook_host_label(ns, name) == label
-                        })
+                        .filter(|(ns, name)| labforge_crds::host::is_label_of(label, ns, name))
                         .ok_or(ProxyError::NoRoute)?;
                     if !notebook_host::from_own_pages(request.headers(), authority.as_str()) {
                         return Err(ProxyError::CrossOrigin);

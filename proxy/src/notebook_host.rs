@@ -40,10 +40,9 @@ const STATE_LIFETIME_SECONDS: i64 = 600;
 /// Serving notebooks on hosts of their own.
 #[derive(Clone)]
 pub struct NotebookHosts {
-    /// Notebooks are served at `<label>.<domain>` (`localhost` in embedded mode).
+    /// Notebooks are served at `<label>.<domain>` (`localhost` in embedded mode), and the web app,
+    /// where visitors sign in, at the domain itself (the request's port kept).
     pub domain: String,
-    /// The web app's host, without port (the request's port is kept).
-    pub main_host: String,
     /// Embedded mode's own sign-in to notebook hosts; `None` when the identity source knows the
     /// visitor on every host (an auth proxy in front).
     pub sign_in: Option<Arc<dyn HostSignIn>>,
@@ -53,7 +52,6 @@ impl std::fmt::Debug for NotebookHosts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NotebookHosts")
             .field("domain", &self.domain)
-            .field("main_host", &self.main_host)
             .field("sign_in", &self.sign_in.is_some())
             .finish()
     }
@@ -123,7 +121,7 @@ impl NotebookHosts {
             .finish();
         let location = format!(
             "//{}{}{WEB_SIGN_IN_PATH}?{query}",
-            self.main_host,
+            self.domain,
             port_of(authority)
         );
         let cookie = Cookie::build((STATE_COOKIE, state.clone()))
@@ -222,7 +220,7 @@ fn without_default_port(authority: &str) -> &str {
 }
 
 /// `:port` of `authority`, or nothing when it has none.
-fn port_of(authority: &str) -> &str {
+pub fn port_of(authority: &str) -> &str {
     match authority.rfind(':') {
         Some(at) if !authority[at..].contains(']') => &authority[at..],
         _ => "",
@@ -282,7 +280,6 @@ mod tests {
     fn hosts() -> NotebookHosts {
         NotebookHosts {
             domain: "localhost".into(),
-            main_host: "localhost".into(),
             sign_in: None,
         }
     }

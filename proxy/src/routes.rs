@@ -1003,7 +1003,7 @@ impl Confinement {
                 _ => None,
             })
             .filter_map(|rest| rest.split('/').next())
-            .any(|name| labforge_crds::host::notebook_host_label(namespace, name) == label)
+            .any(|name| labforge_crds::host::is_label_of(label, namespace, name))
     }
 
     fn allowed_paths(&self, namespace: &str, names: &SharedNames) -> Box<[Arc<str>]> {

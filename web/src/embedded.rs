@@ -334,7 +334,6 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
                 .as_ref()
                 .map(|domain| NotebookHosts {
                     domain: domain.clone(),
-                    main_host: domain.clone(),
                     sign_in: Some(notebook_sign_in.clone()),
                 }),
         },

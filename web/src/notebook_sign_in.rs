@@ -9,9 +9,9 @@
 //! checked again on every request by the proxy, so taking a namespace away ends it too.
 
 use crate::users::LocalAuth;
-use labforge_crds::host::notebook_host_label;
+use labforge_crds::host::is_label_of;
 use labforge_proxy::authz::Revocation;
-use labforge_proxy::notebook_host::{CodeRefused, HostSignIn, Redeemed, random_hex};
+use labforge_proxy::notebook_host::{CodeRefused, HostSignIn, Redeemed, port_of, random_hex};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -38,11 +38,7 @@ impl NotebookLinks {
     /// (`host_header`): embedded mode serves every host on one port.
     pub fn origin(&self, namespace: &str, name: &str, host_header: Option<&str>) -> String {
         let host = labforge_crds::host::notebook_host(namespace, name, &self.domain);
-        let port = host_header
-            .and_then(|h| h.rsplit_once(':'))
-            .filter(|(_, port)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
-            .map_or(String::new(), |(_, port)| format!(":{port}"));
-        format!("//{host}{port}")
+        format!("//{host}{}", port_of(host_header.unwrap_or_default()))
     }
 }
 
@@ -148,7 +144,7 @@ impl HostSignIn for NotebookSignIn {
         if issued.issued.elapsed() >= self.code_lifetime {
             return Err(CodeRefused::Expired);
         }
-        if notebook_host_label(&issued.grant.namespace, &issued.grant.name) != label {
+        if !is_label_of(label, &issued.grant.namespace, &issued.grant.name) {
             return Err(CodeRefused::OtherNotebook);
         }
         if state.is_empty() || issued.state != state {
