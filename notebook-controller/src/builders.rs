@@ -835,14 +835,7 @@ mod tests {
             .collect();
         assert_eq!(env, [(SECRET_ENV.to_owned(), Some(secret.clone()))]);
         let vs = virtual_service(&nb, &config).unwrap();
-        let set = &vs.spec.http[0]
-            .headers
-            .as_ref()
-            .unwrap()
-            .request
-            .as_ref()
-            .unwrap()
-            .set;
+        let set = request_set(&vs);
         assert_eq!(set["authorization"], format!("token {secret}"));
         assert_eq!(set["cookie"], format!("code-server-session={secret}"));
 
@@ -854,15 +847,20 @@ mod tests {
                 .is_none()
         );
         let jupyter = virtual_service(&Notebook::test("alice", "lab"), &config).unwrap();
-        let set = &jupyter.spec.http[0]
+        let set = request_set(&jupyter);
+        assert_eq!(set.len(), 1, "JupyterLab takes the token header only");
+    }
+
+    /// The request headers the first rule of `vs` sets.
+    fn request_set(vs: &VirtualService) -> &BTreeMap<String, String> {
+        &vs.spec.http[0]
             .headers
             .as_ref()
             .unwrap()
             .request
             .as_ref()
             .unwrap()
-            .set;
-        assert_eq!(set.len(), 1, "JupyterLab takes the token header only");
+            .set
     }
 
     #[test]
@@ -905,15 +903,10 @@ mod tests {
             route.timeout, None,
             "no timeout: notebooks hold long connections"
         );
-        let set = &route
-            .headers
-            .as_ref()
-            .unwrap()
-            .request
-            .as_ref()
-            .unwrap()
-            .set;
-        assert_eq!(set["X-RStudio-Root-Path"], "/notebook/alice/code/");
+        assert_eq!(
+            request_set(&vs)["X-RStudio-Root-Path"],
+            "/notebook/alice/code/"
+        );
     }
 
     #[test]

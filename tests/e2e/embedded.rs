@@ -136,25 +136,6 @@ impl Session {
     pub async fn open_notebook(&self, ns: &str, name: &str) -> Result<NotebookVisit, String> {
         let host = self.notebook_host(ns, name);
         let at_host = format!("http://127.0.0.1:{}", self.port());
-        let location = |response: &reqwest::Response| {
-            response.headers()["location"].to_str().unwrap().to_owned()
-        };
-        let set_cookie = |response: &reqwest::Response, name: &str| {
-            response
-                .headers()
-                .get_all("set-cookie")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .find(|c| c.starts_with(&format!("{name}=")))
-                .map(|c| c.split(';').next().unwrap().to_owned())
-        };
-        let expect_redirect = |step: &str, response: &reqwest::Response| {
-            if response.status() == 302 {
-                Ok(())
-            } else {
-                Err(format!("{step}: HTTP {}", response.status().as_u16()))
-            }
-        };
         let path = format!("/notebook/{ns}/{name}/lab?reset");
         let old = self
             .http
@@ -200,21 +181,9 @@ impl Session {
             .send()
             .await
             .unwrap();
-        if visit.status() != 302 {
-            return Err(format!(
-                "the notebook's host without a cookie: HTTP {}",
-                visit.status().as_u16()
-            ));
-        }
-        let state = visit
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|c| c.starts_with("labforge_notebook_state="))
-            .map(|c| c.split(';').next().unwrap().to_owned())
-            .expect("a state cookie");
-        let sign_in = visit.headers()["location"].to_str().unwrap().to_owned();
+        expect_redirect("the notebook's host without a cookie", &visit)?;
+        let state = set_cookie(&visit, "labforge_notebook_state").expect("a state cookie");
+        let sign_in = location(&visit);
         let sign_in_path = sign_in
             .strip_prefix(&format!("//localhost:{}", self.port()))
             .unwrap_or_else(|| panic!("sent to the web app: {sign_in}"));
@@ -225,13 +194,8 @@ impl Session {
             .send()
             .await
             .unwrap();
-        if web.status() != 302 {
-            return Err(format!(
-                "the web app's notebook sign-in: HTTP {}",
-                web.status().as_u16()
-            ));
-        }
-        let back = web.headers()["location"].to_str().unwrap().to_owned();
+        expect_redirect("the web app's notebook sign-in", &web)?;
+        let back = location(&web);
         let code_path = back
             .strip_prefix(&format!("//{host}"))
             .unwrap_or_else(|| panic!("sent back to the notebook's host: {back}"))
@@ -243,6 +207,31 @@ impl Session {
     pub async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
         let visit = self.open_notebook(ns, name).await.unwrap();
         need(JupyterClient::connect_with_headers(&visit.base, visit.headers()).await)
+    }
+}
+
+/// Where a redirect sends the client.
+fn location(response: &reqwest::Response) -> String {
+    response.headers()["location"].to_str().unwrap().to_owned()
+}
+
+/// `name=value` of the cookie `name` a response sets.
+fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with(&format!("{name}=")))
+        .map(|c| c.split(';').next().unwrap_or_default().to_owned())
+}
+
+/// `Ok` for a redirect; else which step answered what.
+fn expect_redirect(step: &str, response: &reqwest::Response) -> Result<(), String> {
+    if response.status() == 302 {
+        Ok(())
+    } else {
+        Err(format!("{step}: HTTP {}", response.status().as_u16()))
     }
 }
 

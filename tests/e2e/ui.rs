@@ -195,16 +195,10 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "a file made by bob's page: {files}"
     );
     assert_eq!(seen["adminAfterAttack"], 200, "{seen}");
-    let bob_cookie = need(up.sign_in(&bob, &bob_password).await);
-    let bobs: Value = reqwest::Client::new()
-        .get(format!("{}/api/namespaces/{bob}/notebooks", up.url))
-        .header("cookie", bob_cookie)
-        .send()
+    let (_, bobs) = Session::sign_in(&up, &bob, &bob_password)
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .get(&format!("/api/namespaces/{bob}/notebooks"))
+        .await;
     let names: Vec<&str> = bobs["notebooks"]
         .as_array()
         .unwrap()
