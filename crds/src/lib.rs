@@ -14,6 +14,7 @@ pub mod host;
 pub mod imagebuild;
 pub mod istio;
 pub mod notebook;
+pub mod quantity;
 
 pub use imagebuild::{ImageBuild, ImageBuildPhase, ImageBuildSpec, ImageBuildStatus};
 pub use istio::VirtualService;

@@ -147,3 +147,45 @@ fn without_descriptions(crd: CustomResourceDefinition) -> CustomResourceDefiniti
     }
     serde_json::from_value(value).unwrap_or(crd)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The CRD lets quantities be JSON numbers (`x-kubernetes-int-or-string`) and the API
+    /// server keeps a custom resource as written: one such Notebook must not fail every list.
+    #[test]
+    fn quantities_written_as_numbers_are_read() {
+        let notebook: Notebook = serde_json::from_value(json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+            "metadata": {"name": "gpu", "namespace": "alice"},
+            "spec": {"template": {"spec": {
+                "containers": [{"name": "gpu", "image": "x",
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5, "memory": "1Gi"}}}],
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": 1024}}]
+            }}}
+        }))
+        .expect("a Notebook with number quantities is read");
+        let resources = notebook.container().unwrap().resources.as_ref().unwrap();
+        let limits = resources.limits.as_ref().unwrap();
+        assert_eq!(limits["nvidia.com/gpu"].0, "1");
+        assert_eq!(limits["cpu"].0, "0.5");
+        assert_eq!(limits["memory"].0, "1Gi");
+        let volumes = notebook
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref();
+        let size = volumes.unwrap()[0]
+            .empty_dir
+            .as_ref()
+            .unwrap()
+            .size_limit
+            .as_ref();
+        assert_eq!(size.unwrap().0, "1024");
+    }
+}

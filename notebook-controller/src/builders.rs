@@ -218,10 +218,17 @@ fn identity(notebook: &Notebook) -> Result<Identity<'_>, BuildError> {
         .as_deref()
         .ok_or(BuildError::MissingMetadata("namespace"))?;
     // A CR read from a file (labforge render) has no uid yet, so it cannot own anything.
+    let owner = notebook
+        .controller_owner_ref(&())
+        .map(|owner| OwnerReference {
+            // A foreground delete of the Notebook waits for its children, as in Kubeflow.
+            block_owner_deletion: Some(true),
+            ..owner
+        });
     Ok(Identity {
         name,
         namespace,
-        owner: notebook.controller_owner_ref(&()),
+        owner,
     })
 }
 
@@ -280,6 +287,8 @@ pub fn stateful_set(
     if let Some(image) = &config.agent_image {
         mount_agent(&mut pod_spec, image);
     }
+    // As the API server will store them, so that an unchanged notebook compares equal.
+    labforge_crds::quantity::canonicalize_pod_spec(&mut pod_spec);
     if config.add_fs_group && pod_spec.security_context.is_none() {
         pod_spec.security_context = Some(PodSecurityContext {
             fs_group: Some(DEFAULT_FS_GROUP),
@@ -293,6 +302,21 @@ pub fn stateful_set(
     if let Some(labels) = &notebook.metadata.labels {
         pod_labels.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
+    // Kubeflow copies the Notebook's annotations to its pods, but for its own and kubectl's;
+    // labforge's are left out too (activity stamps or the auto-save switch would otherwise
+    // restart the pod when they change).
+    let pod_annotations: BTreeMap<String, String> = notebook
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(key, _)| {
+            !key.contains("kubectl")
+                && !key.contains("notebook")
+                && !key.starts_with("labforge.dev/")
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
 
     Ok(StatefulSet {
         metadata: child_meta(&id, id.name.to_owned()),
@@ -305,6 +329,7 @@ pub fn stateful_set(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
+                    annotations: (!pod_annotations.is_empty()).then_some(pod_annotations),
                     ..Default::default()
                 }),
                 spec: Some(pod_spec),
@@ -556,7 +581,7 @@ pub fn virtual_service(
 mod tests {
     use super::*;
     use crate::fixtures::NotebookFixture;
-    use labforge_crds::notebook::STOP_ANNOTATION;
+    use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
     use serde_json::json;
 
     fn first_container(sts: &StatefulSet) -> &Container {
@@ -607,8 +632,49 @@ mod tests {
         // Owned by the Notebook, so deleting it cascades.
         let owner = &sts.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(
-            (owner.kind.as_str(), owner.controller),
-            ("Notebook", Some(true))
+            (
+                owner.kind.as_str(),
+                owner.controller,
+                owner.block_owner_deletion
+            ),
+            ("Notebook", Some(true), Some(true))
+        );
+    }
+
+    #[test]
+    fn the_notebooks_annotations_reach_its_pods_but_kubeflows_and_kubectls() {
+        let nb = Notebook::test("alice", "lab")
+            .annotated("team.example/cost-center", "42")
+            .annotated(LAST_ACTIVITY_ANNOTATION, "2026-01-01T00:00:00Z")
+            .annotated(SERVER_TYPE_ANNOTATION, "jupyter")
+            .annotated("labforge.dev/auto-save", "true")
+            .annotated("kubectl.kubernetes.io/last-applied-configuration", "{}");
+        let sts = stateful_set(&nb, &BuilderConfig::default()).unwrap();
+        let template = sts.spec.unwrap().template.metadata.unwrap();
+        assert_eq!(
+            template.annotations.unwrap(),
+            BTreeMap::from([("team.example/cost-center".to_owned(), "42".to_owned())])
+        );
+    }
+
+    #[test]
+    fn quantities_are_built_as_the_api_server_stores_them() {
+        let mut nb = Notebook::test("alice", "lab");
+        nb.container_mut().unwrap().resources = Some(
+            serde_json::from_value(serde_json::json!({
+                "requests": {"cpu": "0.5", "memory": "1.0Gi"},
+                "limits": {"cpu": "0.6", "memory": "1.2Gi", "nvidia.com/gpu": "1"}
+            }))
+            .unwrap(),
+        );
+        let sts = stateful_set(&nb, &BuilderConfig::default()).unwrap();
+        let resources = serde_json::to_value(&first_container(&sts).resources).unwrap();
+        assert_eq!(
+            resources,
+            serde_json::json!({
+                "requests": {"cpu": "500m", "memory": "1Gi"},
+                "limits": {"cpu": "600m", "memory": "1288490188800m", "nvidia.com/gpu": "1"}
+            })
         );
     }
 

@@ -17,7 +17,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use labforge_crds::notebook::NOTEBOOK_NAME_LABEL;
+use labforge_crds::notebook::{
+    LAST_ACTIVITY_ANNOTATION, LAST_ACTIVITY_CHECK_ANNOTATION, NOTEBOOK_NAME_LABEL,
+};
 use labforge_crds::{Notebook, NotebookStatus, VirtualService};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -47,6 +49,12 @@ pub enum Error {
     },
     #[error("writing the Notebook status")]
     Status(#[source] kube::Error),
+    #[error("removing {what} from the Notebook")]
+    Write {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -57,6 +65,7 @@ impl Error {
             Error::Apply { .. } => "apply",
             Error::Read { .. } => "read",
             Error::Status(_) => "status",
+            Error::Write { .. } => "write",
         }
     }
 }
@@ -185,6 +194,7 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
             what: format!("Pod {pod_name}"),
             source,
         })?;
+    forget_activity_when_not_running(&notebooks, notebook, pod.is_some()).await?;
     let status = notebook_status(notebook, Some(&stateful_set), pod.as_ref());
     ctx.metrics
         .set_running(&namespace, &name, Some(status.ready_replicas > 0));
@@ -197,6 +207,37 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
     )
     .await;
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Clears the culler's annotations while a notebook is stopped or has no pod, as Kubeflow does:
+/// however it was stopped (kubectl, Kubeflow's UI), it starts again with a fresh idle clock
+/// instead of being culled at once for the time it spent stopped.
+async fn forget_activity_when_not_running(
+    notebooks: &Api<Notebook>,
+    notebook: &Notebook,
+    has_pod: bool,
+) -> Result<(), Error> {
+    let recorded = [LAST_ACTIVITY_ANNOTATION, LAST_ACTIVITY_CHECK_ANNOTATION]
+        .into_iter()
+        .filter(|key| notebook.annotation(key).is_some())
+        .map(|key| (key.to_owned(), serde_json::Value::Null))
+        .collect::<serde_json::Map<_, _>>();
+    if recorded.is_empty() || (has_pod && !notebook.is_stopped()) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({ "metadata": { "annotations": recorded } });
+    notebooks
+        .patch(
+            &notebook.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| Error::Write {
+            what: "the culling annotations",
+            source,
+        })?;
+    Ok(())
 }
 
 /// Nothing (more) is created for a Notebook that cannot be realized; the reason goes on its
@@ -309,7 +350,9 @@ async fn write_status_if_changed(
     if notebook.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    let patch = serde_json::json!({ "status": status });
+    let stored = serde_json::to_value(&notebook.status).unwrap_or_default();
+    let wanted = serde_json::to_value(&status).unwrap_or_default();
+    let patch = serde_json::json!({ "status": merge_patch(&stored, &wanted) });
     api.patch_status(
         &notebook.name_any(),
         &PatchParams::default(),
@@ -318,6 +361,32 @@ async fn write_status_if_changed(
     .await
     .map_err(Error::Status)?;
     Ok(())
+}
+
+/// The JSON merge patch that turns `stored` into `wanted` (RFC 7386): keys `wanted` lacks are
+/// sent as null, since a merge patch keeps whatever it does not name, and a container that went
+/// from waiting to running must not keep its `waiting`.
+fn merge_patch(stored: &serde_json::Value, wanted: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (stored, wanted) {
+        (Value::Object(stored), Value::Object(wanted)) => {
+            let mut patch: serde_json::Map<String, Value> = stored
+                .keys()
+                .filter(|key| !wanted.contains_key(*key))
+                .map(|key| (key.clone(), Value::Null))
+                .collect();
+            for (key, value) in wanted {
+                let field = match stored.get(key) {
+                    Some(old) if old == value => continue,
+                    Some(old) => merge_patch(old, value),
+                    None => value.clone(),
+                };
+                patch.insert(key.clone(), field);
+            }
+            Value::Object(patch)
+        }
+        (_, wanted) => wanted.clone(),
+    }
 }
 
 /// Warning events of the notebook's pod and StatefulSet, repeated on the Notebook so users see
@@ -463,6 +532,29 @@ pub async fn run(ctx: Arc<Context>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_status_patch_clears_what_the_new_status_lacks() {
+        let stored = json!({"readyReplicas": 1, "conditions": [{"type": "Ready"}],
+            "containerState": {"waiting": {"reason": "ContainerCreating", "message": "pulling"}}});
+        let wanted = json!({"readyReplicas": 1, "conditions": [],
+            "containerState": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}});
+        let patch = merge_patch(&stored, &wanted);
+        assert_eq!(
+            patch,
+            json!({"conditions": [], "containerState": {"waiting": null,
+                "running": {"startedAt": "2026-01-01T00:00:00Z"}}})
+        );
+        let nested = merge_patch(
+            &json!({"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}),
+            &json!({"waiting": {"reason": "ContainerCreating"}}),
+        );
+        assert_eq!(
+            nested,
+            json!({"waiting": {"reason": "ContainerCreating", "message": null}})
+        );
+        assert_eq!(merge_patch(&serde_json::Value::Null, &wanted), wanted);
+    }
 
     #[test]
     fn backoff_doubles_from_one_second_up_to_five_minutes() {

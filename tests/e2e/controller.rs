@@ -389,14 +389,13 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     let server = fake_server().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "team");
+    // Kubeflow's default quantities, which the API server stores in another form (`500m`).
     for i in 0..8 {
-        notebooks
-            .create(
-                &PostParams::default(),
-                &notebook("team", &format!("nb-{i}")),
-            )
-            .await
-            .unwrap();
+        create_raw(
+            &client,
+            &kubeflow_notebook("team", &format!("nb-{i}"), None),
+        )
+        .await;
     }
     let first = RunningController::start(
         client.clone(),
@@ -617,4 +616,231 @@ async fn notebook_the_api_server_refuses_gets_a_condition_and_no_retry_loop() {
     let rejected = server.rejected().len();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(server.rejected().len(), rejected, "{:?}", server.rejected());
+}
+
+/// A Notebook as Kubeflow's web app writes it: its default CPU and memory, written as Kubeflow
+/// writes them (`0.5`, `1.0Gi`), and, when `gpus` is set, a GPU limit written as a JSON integer,
+/// which the CRD allows and the API server keeps as written.
+fn kubeflow_notebook(namespace: &str, name: &str, gpus: Option<u32>) -> serde_json::Value {
+    let mut limits = json!({"cpu": "0.6", "memory": "1.2Gi"});
+    if let Some(gpus) = gpus {
+        limits["nvidia.com/gpu"] = json!(gpus);
+    }
+    json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": name,
+            "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0",
+            "resources": {"requests": {"cpu": "0.5", "memory": "1.0Gi"}, "limits": limits}
+        }]}}}
+    })
+}
+
+/// Creates `notebook` as written, numbers and all (a typed client would write strings).
+async fn create_raw(client: &Client, notebook: &serde_json::Value) {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1", "Notebook"),
+        "notebooks",
+    );
+    let namespace = notebook["metadata"]["namespace"].as_str().unwrap();
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &resource);
+    let object: kube::api::DynamicObject = serde_json::from_value(notebook.clone()).unwrap();
+    api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+/// What the kubelet reports for the notebook container of `pod`.
+async fn set_container_state(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    state: serde_json::Value,
+) {
+    let ready = state.get("running").is_some();
+    let status = json!({ "status": {
+        "phase": if ready { "Running" } else { "Pending" },
+        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }],
+        "containerStatuses": [{
+            "name": container, "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0", "imageID": "",
+            "ready": ready, "restartCount": 0, "state": state
+        }]
+    }});
+    let mut current = pods.get(pod).await.unwrap();
+    current.status = serde_json::from_value(status["status"].clone()).unwrap();
+    pods.replace_status(pod, &PostParams::default(), &current)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn status_follows_the_pod_exactly_and_a_stop_from_kubectl_clears_the_idle_clock() {
+    let server = fake_server().await;
+    let client = server.client();
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
+    create_raw(&client, &kubeflow_notebook("alice", "lab", Some(1))).await;
+    eventually("StatefulSet", Duration::from_secs(10), || async {
+        replicas(&stateful_sets, "lab").await
+    })
+    .await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "lab-0", "labels": { "statefulset": "lab", "notebook-name": "lab" } },
+        "spec": { "containers": [{ "name": "lab", "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    set_container_state(
+        &pods,
+        "lab-0",
+        "lab",
+        json!({"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}),
+    )
+    .await;
+    eventually("waiting mirrored", Duration::from_secs(10), || async {
+        let state = notebooks.get("lab").await.ok()?.status?.container_state;
+        state.waiting.filter(|w| w.message.is_some())
+    })
+    .await;
+    set_container_state(
+        &pods,
+        "lab-0",
+        "lab",
+        json!({"waiting": {"reason": "ContainerCreating"}}),
+    )
+    .await;
+    let waiting = eventually(
+        "the new waiting reason",
+        Duration::from_secs(10),
+        || async {
+            let state = notebooks.get("lab").await.ok()?.status?.container_state;
+            state
+                .waiting
+                .filter(|w| w.reason.as_deref() == Some("ContainerCreating"))
+        },
+    )
+    .await;
+    assert_eq!(waiting.message, None, "the old reason's message stayed");
+    set_container_state(
+        &pods,
+        "lab-0",
+        "lab",
+        json!({"running": {"startedAt": "2026-11-25T10:00:00Z"}}),
+    )
+    .await;
+    let state = eventually("running mirrored", Duration::from_secs(10), || async {
+        let state = notebooks.get("lab").await.ok()?.status?.container_state;
+        state.running.is_some().then_some(state)
+    })
+    .await;
+    assert_eq!(state.waiting, None, "waiting stayed next to running");
+
+    // The culler has seen activity; then someone stops the notebook with kubectl, and the
+    // StatefulSet controller removes the pod.
+    let seen = json!({"metadata": {"annotations": {
+        "notebooks.kubeflow.org/last-activity": "2026-11-25T09:00:00Z",
+        "notebooks.kubeflow.org/last_activity_check_timestamp": "2026-11-25T09:00:00Z"}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&seen))
+        .await
+        .unwrap();
+    let stop =
+        json!({"metadata": {"annotations": {"kubeflow-resource-stopped": "2026-11-25T11:00:00Z"}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&stop))
+        .await
+        .unwrap();
+    eventually("scaled to zero", Duration::from_secs(10), || async {
+        (replicas(&stateful_sets, "lab").await == Some(0)).then_some(())
+    })
+    .await;
+    pods.delete("lab-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let stopped = eventually(
+        "stopped, with nothing left of the run",
+        Duration::from_secs(10),
+        || async {
+            let nb = notebooks.get("lab").await.ok()?;
+            let status = nb.status.clone()?;
+            let annotations = nb.metadata.annotations.clone().unwrap_or_default();
+            (status.container_state == Default::default()
+                && !annotations.contains_key("notebooks.kubeflow.org/last-activity"))
+            .then_some((status, annotations))
+        },
+    )
+    .await;
+    assert_eq!(stopped.0.ready_replicas, 0);
+    assert!(
+        stopped.0.conditions.is_empty(),
+        "{:?}",
+        stopped.0.conditions
+    );
+    assert!(
+        !stopped
+            .1
+            .contains_key("notebooks.kubeflow.org/last_activity_check_timestamp")
+    );
+
+    // Started again: no stale activity that would get it culled at once.
+    let start = json!({"metadata": {"annotations": {"kubeflow-resource-stopped": null}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&start))
+        .await
+        .unwrap();
+    eventually("scaled back to one", Duration::from_secs(10), || async {
+        (replicas(&stateful_sets, "lab").await == Some(1)).then_some(())
+    })
+    .await;
+    let nb = notebooks.get("lab").await.unwrap();
+    assert_eq!(nb.annotation("notebooks.kubeflow.org/last-activity"), None);
+    // The integer GPU limit was read, and the StatefulSet asks for it.
+    let sts = stateful_sets.get("lab").await.unwrap();
+    let limits = sts.spec.unwrap().template.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+}
+
+#[tokio::test]
+async fn a_notebook_with_an_integer_gpu_limit_stops_no_other_from_being_reconciled() {
+    let server = fake_server().await;
+    let client = server.client();
+    for i in 0..50 {
+        create_raw(
+            &client,
+            &kubeflow_notebook("team", &format!("nb-{i}"), None),
+        )
+        .await;
+    }
+    create_raw(&client, &kubeflow_notebook("team", "gpu", Some(1))).await;
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "team");
+    eventually("all 51 reconciled", Duration::from_secs(30), || async {
+        let n = stateful_sets
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        (n == 51).then_some(())
+    })
+    .await;
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "team");
+    let listed = notebooks.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 51);
 }

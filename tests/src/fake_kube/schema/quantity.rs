@@ -66,13 +66,118 @@ pub(crate) fn parse_quantity(text: &str) -> Result<f64, String> {
     Ok(sign * number * multiplier)
 }
 
+/// The text a real API server stores for a built-in object's quantity (`resource.Quantity`'s
+/// canonical form: `0.5` → `500m`, `1.5Gi` → `1536Mi`, `2000` → `2k`), or `None` when `text`
+/// is no quantity or past what this fake represents. Kept apart from the product's own
+/// canonicalization on purpose: the fake stands for the API server, and a bug shared by both
+/// would pass every test.
+pub(crate) fn canonical_quantity(text: &str) -> Option<String> {
+    parse_quantity(text).ok()?;
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(body) => (true, body),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let split = body
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(body.len());
+    let (number, suffix) = body.split_at(split);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let mut value: i128 = format!("{whole}{fraction}0").parse::<i128>().ok()? / 10;
+    let mut scale = -i64::try_from(fraction.len()).ok()?;
+    let binary_power = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+        .iter()
+        .position(|s| *s == suffix)
+        .map(|p| p + 1);
+    let decimal_power = ["n", "u", "m", "", "k", "M", "G", "T", "P", "E"]
+        .iter()
+        .position(|s| *s == suffix)
+        .map(|p| (i64::try_from(p).unwrap_or(0) - 3) * 3);
+    let exponent_form = binary_power.is_none() && decimal_power.is_none();
+    match (binary_power, decimal_power) {
+        (Some(power), _) => {
+            value = value.checked_mul(1024i128.checked_pow(u32::try_from(power).ok()?)?)?
+        }
+        (None, Some(power)) => scale += power,
+        (None, None) => scale += suffix[1..].parse::<i64>().ok()?,
+    }
+    // Exact to the nano: anything finer is rounded up.
+    while scale < -9 {
+        value = value / 10 + i128::from(value % 10 != 0);
+        scale += 1;
+    }
+    if value == 0 {
+        return Some("0".into());
+    }
+    let sign = if negative { "-" } else { "" };
+    if binary_power.is_some() {
+        let integer = if scale >= 0 {
+            value.checked_mul(10i128.checked_pow(u32::try_from(scale).ok()?)?)
+        } else {
+            let divisor = 10i128.checked_pow(u32::try_from(-scale).ok()?)?;
+            (value % divisor == 0).then(|| value / divisor)
+        };
+        if let Some(mut integer) = integer.filter(|i| *i >= 1024) {
+            let mut power = 0;
+            while integer % 1024 == 0 {
+                integer /= 1024;
+                power += 1;
+            }
+            let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"].get(power)?;
+            return Some(format!("{sign}{integer}{suffix}"));
+        }
+    }
+    while value % 10 == 0 {
+        value /= 10;
+        scale += 1;
+    }
+    while scale.rem_euclid(3) != 0 {
+        value = value.checked_mul(10)?;
+        scale -= 1;
+    }
+    let suffix = if exponent_form {
+        if scale == 0 {
+            String::new()
+        } else {
+            format!("e{scale}")
+        }
+    } else {
+        ["n", "u", "m", "", "k", "M", "G", "T", "P", "E"]
+            .get(usize::try_from(scale / 3 + 3).ok()?)?
+            .to_string()
+    };
+    Some(format!("{sign}{value}{suffix}"))
+}
+
 fn count_digits(bytes: &[u8]) -> usize {
     bytes.iter().take_while(|b| b.is_ascii_digit()).count()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_quantity;
+    use super::{canonical_quantity, parse_quantity};
+
+    #[test]
+    fn built_in_quantities_are_stored_canonical() {
+        for (text, stored) in [
+            ("0.5", "500m"),
+            ("1.0Gi", "1Gi"),
+            ("1.5Gi", "1536Mi"),
+            ("0.5Ki", "512"),
+            ("2000", "2k"),
+            ("1024", "1024"),
+            ("1e3", "1e3"),
+            ("12e-1", "1200e-3"),
+            ("-0.5", "-500m"),
+            ("0Gi", "0"),
+            ("0.0000000001", "1n"),
+            ("+3k", "3k"),
+            ("1", "1"),
+            ("100m", "100m"),
+        ] {
+            assert_eq!(canonical_quantity(text).as_deref(), Some(stored), "{text}");
+        }
+        assert_eq!(canonical_quantity("1GB"), None);
+    }
 
     #[test]
     fn accepts_kubernetes_quantities() {

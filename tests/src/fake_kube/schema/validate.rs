@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::FieldError;
 use super::compile::{Additional, Arena, JsonType, ListType, Node, NodeId, Special};
-use super::quantity::parse_quantity;
+use super::quantity::{canonical_quantity, parse_quantity};
 
 /// Kubernetes' own wording for a malformed quantity.
 const QUANTITY_RULE: &str =
@@ -385,6 +385,18 @@ fn expected(node: &Node) -> &'static str {
 pub(crate) fn normalize(arena: &Arena, id: NodeId, value: &mut Value) {
     let node = arena.node(id);
     if node.junction {
+        return;
+    }
+    if node.special == Special::Quantity {
+        // Built-in kinds store quantities canonical (custom resources keep what was written).
+        let text = match value {
+            Value::String(text) => Some(text.clone()),
+            Value::Number(number) => Some(number.to_string()),
+            _ => None,
+        };
+        if let Some(canonical) = text.as_deref().and_then(canonical_quantity) {
+            *value = Value::String(canonical);
+        }
         return;
     }
     match value {
