@@ -45,6 +45,20 @@ pub fn canonical(text: &str) -> Result<String, QuantityError> {
     format(parsed).ok_or_else(|| QuantityError::TooLarge(text.to_owned()))
 }
 
+/// The value of `text`, as a float (exact enough for comparing amounts and sizing limits).
+pub fn value(text: &str) -> Result<f64, QuantityError> {
+    let parsed = parse(text)?;
+    // The mantissa's digits and the power of ten apart, so that neither overflows alone.
+    let magnitude = format!("{}e{}", parsed.mantissa, parsed.exponent)
+        .parse::<f64>()
+        .map_err(|_| QuantityError::TooLarge(text.to_owned()))?;
+    Ok(if parsed.negative {
+        -magnitude
+    } else {
+        magnitude
+    })
+}
+
 fn parse(text: &str) -> Result<Parsed, QuantityError> {
     let no_number = || QuantityError::NoNumber(text.to_owned());
     let (negative, rest) = match text.as_bytes().first() {
@@ -262,6 +276,27 @@ mod tests {
         ];
         for (text, expected) in cases {
             assert_eq!(canonical(text).as_deref(), Ok(expected), "{text}");
+        }
+    }
+
+    #[test]
+    fn values_are_read_with_every_suffix() {
+        let cases = [
+            ("500m", 0.5),
+            ("400u", 0.0004),
+            ("3n", 3e-9),
+            ("1.5Gi", 1.5 * 1024.0 * 1024.0 * 1024.0),
+            ("2E", 2e18),
+            ("1Ei", 1024f64.powi(6)),
+            ("1e3", 1000.0),
+            ("-2k", -2000.0),
+        ];
+        for (text, expected) in cases {
+            let value = value(text).unwrap();
+            assert!(
+                (value - expected).abs() <= expected.abs() * 1e-12,
+                "{text}: {value}"
+            );
         }
     }
 

@@ -638,14 +638,15 @@ fn rbac_is_least_privilege_everywhere() {
             ("events.k8s.io", "events", &["list", "create", "patch"]),
             ("", "pods/log", &["get"]),
             ("", "nodes", &["list"]),
-            ("", "persistentvolumeclaims", &["list"]),
+            ("", "persistentvolumeclaims", &["list", "create", "delete"]),
+            ("", "serviceaccounts", &["get"]),
             (
                 "labforge.dev",
                 "imagebuilds",
                 &["get", "list", "watch", "create"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, volume claims, saves"
+        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, volume claims, default-editor, saves"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

@@ -151,13 +151,17 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         )
         .await;
     assert_eq!(status, 200, "{volumes}");
-    assert_eq!(volumes["volumes"], json!([{"name": "shared-data"}]));
+    assert_eq!(
+        volumes["volumes"],
+        json!([{"name": "lab-workspace"}, {"name": "shared-data"}]),
+        "the new notebook's workspace claim, and the one made by hand"
+    );
     let (status, refused) = api
         .call(
             Some(ALICE),
             reqwest::Method::POST,
             "/api/namespaces/alice/notebooks",
-            Some(json!({"name": "other", "workspace": {"existing": {"name": "lab-workspace"}}})),
+            Some(json!({"name": "other", "workspace": {"existing": {"name": "bobs-workspace"}}})),
         )
         .await;
     assert_eq!(
@@ -441,5 +445,176 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert_eq!(status, 200);
     let (status, answer) = post(ALICE, saves, json!({"tag": "v3"})).await;
     assert_eq!(status, 409, "{answer}");
+    serving.abort();
+}
+
+/// What Kubeflow's web app does on create, in a cluster: the new workspace and data volumes
+/// become PersistentVolumeClaims (not owned by the Notebook, so they outlive it), the pod runs
+/// as the profile's `default-editor` where there is one, the image pull policy is the form's;
+/// a refusal leaves no claim behind. A Notebook written with an integer GPU limit lists too.
+#[tokio::test]
+async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
+
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    server.set_access_rule(|spec| {
+        let namespace = spec["resourceAttributes"]["namespace"].as_str();
+        spec["user"] == ALICE && matches!(namespace, Some("alice" | "lab-team"))
+    });
+    let accounts: Api<ServiceAccount> = Api::namespaced(server.client(), "alice");
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default-editor"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let app = labforge_web::cluster::router(
+        server.client(),
+        TrustedHeader::default(),
+        labforge_web::embedded::default_spawner("registry.example.com"),
+        None,
+        None,
+    )
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let api = Client {
+        http: reqwest::Client::new(),
+        base,
+    };
+    let create = |namespace: &'static str, body: Value| {
+        let api = &api;
+        async move {
+            api.call(
+                Some(ALICE),
+                reqwest::Method::POST,
+                &format!("/api/namespaces/{namespace}/notebooks"),
+                Some(body),
+            )
+            .await
+        }
+    };
+
+    let (status, created) = create(
+        "alice",
+        json!({"name": "lab", "imagePullPolicy": "Always",
+               "workspace": {"new": {"size": "3Gi"}},
+               "dataVolumes": [{"name": "datasets", "size": "2Gi", "mountPath": "/data"}]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(server.client(), "alice");
+    for (claim, size) in [("lab-workspace", "3Gi"), ("datasets", "2Gi")] {
+        let claim = claims.get(claim).await.unwrap();
+        assert_eq!(
+            claim.metadata.owner_references, None,
+            "kept when the notebook goes"
+        );
+        let spec = claim.spec.unwrap();
+        assert_eq!(spec.access_modes.unwrap(), ["ReadWriteOnce"]);
+        assert_eq!(spec.resources.unwrap().requests.unwrap()["storage"].0, size);
+    }
+    let notebooks: Api<Notebook> = Api::namespaced(server.client(), "alice");
+    let pod = notebooks
+        .get("lab")
+        .await
+        .unwrap()
+        .spec
+        .template
+        .spec
+        .unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("default-editor"));
+    assert_eq!(
+        pod.containers[0].image_pull_policy.as_deref(),
+        Some("Always")
+    );
+
+    // Refused: the name is taken (caught by the dry run), a data volume without a size names no
+    // claim of the namespace, a pull policy Kubernetes does not have. No claim is left behind.
+    let (status, answer) = create(
+        "alice",
+        json!({"name": "lab", "dataVolumes": [{"name": "fresh", "size": "1Gi", "mountPath": "/fresh"}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["field"]),
+        (409, &json!("name")),
+        "{answer}"
+    );
+    let (status, answer) = create(
+        "alice",
+        json!({"name": "other", "dataVolumes": [{"name": "bobs-data", "mountPath": "/bob"}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["field"]),
+        (422, &json!("dataVolumes[0].name")),
+        "{answer}"
+    );
+    let (status, answer) = create(
+        "alice",
+        json!({"name": "other", "imagePullPolicy": "Sometimes"}),
+    )
+    .await;
+    assert!((400..500).contains(&status), "{status} {answer}");
+    assert!(answer.to_string().contains("Sometimes"), "{answer}");
+    assert!(claims.get_opt("fresh").await.unwrap().is_none());
+    assert!(claims.get_opt("other-workspace").await.unwrap().is_none());
+
+    // A data volume without a size takes an existing claim; no default-editor in lab-team.
+    let (status, created) =
+        create("lab-team", json!({"name": "shared", "workspace": "none"})).await;
+    assert_eq!(status, 201, "{created}");
+    let team: Api<Notebook> = Api::namespaced(server.client(), "lab-team");
+    let pod = team
+        .get("shared")
+        .await
+        .unwrap()
+        .spec
+        .template
+        .spec
+        .unwrap();
+    assert_eq!(pod.service_account_name, None);
+    let (status, created) = create(
+        "alice",
+        json!({"name": "second", "workspace": "none",
+               "dataVolumes": [{"name": "datasets", "mountPath": "/data"}]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+
+    // A Notebook written by another client with an integer GPU limit is listed with the rest.
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kubeflow.org", "v1", "Notebook"),
+        "notebooks",
+    );
+    let raw: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(server.client(), "alice", &resource);
+    let gpu: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+        "metadata": {"name": "gpu", "namespace": "alice"},
+        "spec": {"template": {"spec": {"containers": [{"name": "gpu", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}
+    }))
+    .unwrap();
+    raw.create(&PostParams::default(), &gpu).await.unwrap();
+    let (status, list) = api
+        .get(Some(ALICE), "/api/namespaces/alice/notebooks")
+        .await;
+    assert_eq!(status, 200, "{list}");
+    let names: Vec<&str> = list["notebooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.contains(&"gpu"), "{names:?}");
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
     serving.abort();
 }

@@ -450,14 +450,32 @@ async fn create_notebook(
         .collect();
     let notebook = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved)
         .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
-    // An existing workspace is one of this namespace's volumes: named, not guessed.
-    if let Some(WorkspaceRequest::Existing { name }) = &request.workspace {
-        let own = claims(&state, &ns).await?;
+    // An existing workspace, or a data volume without a size, is one of this namespace's
+    // volumes: named, not guessed.
+    let existing = match &request.workspace {
+        Some(WorkspaceRequest::Existing { name }) => Some(("workspace.name".to_owned(), name)),
+        _ => None,
+    }
+    .into_iter()
+    .chain(
+        request
+            .data_volumes
+            .iter()
+            .enumerate()
+            .filter(|(_, volume)| volume.size.trim().is_empty())
+            .map(|(i, volume)| (format!("dataVolumes[{i}].name"), &volume.name)),
+    );
+    let mut own: Option<Vec<String>> = None;
+    for (field, name) in existing {
+        let own = match &mut own {
+            Some(own) => own,
+            None => own.insert(claims(&state, &ns).await?),
+        };
         if !own.contains(name) {
             return Err(Failure::field(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 FieldError::new(
-                    "workspace.name",
+                    field,
                     format!(
                         "namespace {ns} has no volume {name:?} (its volumes: {})",
                         if own.is_empty() {

@@ -10,14 +10,21 @@
 use crate::model::{NotebookEvent, SavedImage};
 use crate::store::{Change, Store, StoreError};
 use crate::users::{LocalAuth, User};
+use crate::validate::VOLUME_SIZES_ANNOTATION;
 use futures::StreamExt;
 use http::HeaderMap;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, ServiceAccount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
 use labforge_crds::notebook::Notebook;
 use labforge_proxy::authz::{IdentitySource, TrustedHeader};
+use std::collections::BTreeMap;
 use tokio::sync::broadcast;
 
 #[derive(Debug, thiserror::Error)]
@@ -240,7 +247,64 @@ fn kube_error(namespace: &str, name: &str, err: kube::Error) -> BackendError {
     }
 }
 
+/// Kubeflow's service account for notebook pods, made in each profile namespace.
+pub const DEFAULT_EDITOR: &str = "default-editor";
+
+/// The claims a new notebook asks for: each volume with a size in its
+/// [`VOLUME_SIZES_ANNOTATION`] (volumes without one name existing claims), `ReadWriteOnce` on
+/// the cluster's default storage class, as Kubeflow's web app makes them.
+pub fn new_claims(notebook: &Notebook) -> Vec<PersistentVolumeClaim> {
+    let sizes: BTreeMap<String, String> = notebook
+        .annotation(VOLUME_SIZES_ANNOTATION)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    sizes
+        .into_iter()
+        .map(|(claim, size)| PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(claim),
+                namespace: notebook.namespace(),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".to_owned(), Quantity(size))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        })
+        .collect()
+}
+
+fn claim_error(claim: &PersistentVolumeClaim, err: kube::Error) -> BackendError {
+    match err {
+        kube::Error::Api(status) if status.code == 422 => {
+            BackendError::Invalid(format!("volume {}: {}", claim.name_any(), status.message))
+        }
+        err => BackendError::Unavailable(format!(
+            "creating volume {}: the Kubernetes API: {err}",
+            claim.name_any()
+        )),
+    }
+}
+
 impl KubernetesBackend {
+    /// Whether `namespace` has Kubeflow's `default-editor` service account (a profile
+    /// namespace does); unreadable counts as absent.
+    async fn has_default_editor(&self, namespace: &str) -> bool {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        match accounts.get_opt(DEFAULT_EDITOR).await {
+            Ok(found) => found.is_some(),
+            Err(err) => {
+                tracing::warn!(error = %err, namespace, "looking up the default-editor service account");
+                false
+            }
+        }
+    }
+
     /// Starts watching Notebooks (for the live views).
     pub fn new(client: kube::Client) -> Self {
         let (changes, _) = broadcast::channel(1024);
@@ -313,13 +377,65 @@ impl Backend for KubernetesBackend {
             .map_err(|e| kube_error(namespace, name, e))
     }
 
-    async fn create(&self, notebook: Notebook) -> Result<Notebook, BackendError> {
+    /// As Kubeflow's web app: the Notebook and its new claims are first created as a dry run,
+    /// so a refusal leaves nothing behind; then the claims (kept when the notebook is deleted,
+    /// like Kubeflow's, and taken over when one of that name exists), then the Notebook. If the
+    /// Notebook still fails, the claims made for it are removed again.
+    async fn create(&self, mut notebook: Notebook) -> Result<Notebook, BackendError> {
         let namespace = notebook.namespace().unwrap_or_default();
         let name = notebook.name_any();
+        if self.has_default_editor(&namespace).await
+            && let Some(pod) = notebook.spec.template.spec.as_mut()
+        {
+            pod.service_account_name
+                .get_or_insert_with(|| DEFAULT_EDITOR.to_owned());
+        }
+        let claims_api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &namespace);
+        let claims = new_claims(&notebook);
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
         self.api(&namespace)
-            .create(&PostParams::default(), &notebook)
+            .create(&dry_run, &notebook)
             .await
-            .map_err(|e| kube_error(&namespace, &name, e))
+            .map_err(|e| kube_error(&namespace, &name, e))?;
+        for claim in &claims {
+            match claims_api.create(&dry_run, claim).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(err) => return Err(claim_error(claim, err)),
+            }
+        }
+        let mut created = Vec::new();
+        let mut result = Ok(());
+        for claim in &claims {
+            match claims_api.create(&PostParams::default(), claim).await {
+                Ok(_) => created.push(claim.name_any()),
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(err) => {
+                    result = Err(claim_error(claim, err));
+                    break;
+                }
+            }
+        }
+        let result = match result {
+            Ok(()) => self
+                .api(&namespace)
+                .create(&PostParams::default(), &notebook)
+                .await
+                .map_err(|e| kube_error(&namespace, &name, e)),
+            Err(err) => Err(err),
+        };
+        if result.is_err() {
+            for claim in created {
+                if let Err(err) = claims_api.delete(&claim, &DeleteParams::default()).await {
+                    tracing::warn!(error = %err, %namespace, claim, "removing a claim made for a notebook that was not created");
+                }
+            }
+        }
+        result
     }
 
     async fn update(

@@ -68,6 +68,28 @@ pub struct NotebookRequest {
     /// Save the environment when the notebook is stopped or culled; absent: the admin's default.
     #[serde(default)]
     pub auto_save: Option<bool>,
+    /// When the node pulls the image; absent: `IfNotPresent`, as in Kubeflow's form.
+    #[serde(default)]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+}
+
+/// Kubernetes' image pull policies, by their names there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum ImagePullPolicy {
+    Always,
+    #[default]
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImagePullPolicy::Always => "Always",
+            ImagePullPolicy::IfNotPresent => "IfNotPresent",
+            ImagePullPolicy::Never => "Never",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -446,6 +446,8 @@ fn spawner_form(
 <label for="image-jupyter" data-type="jupyter">Image</label><select id="image-jupyter" name="image-jupyter" data-type="jupyter">{jupyter}</select>
 <label for="image-vscode" data-type="vscode" hidden>Image</label><select id="image-vscode" name="image-vscode" data-type="vscode" hidden>{vscode}</select>
 {custom}
+<label for="imagePullPolicy">Image pull policy</label><select id="imagePullPolicy" name="imagePullPolicy"><option selected>IfNotPresent</option><option>Always</option><option>Never</option></select>
+<p class="error" data-error-for="imagePullPolicy"></p>
 </fieldset>
 <fieldset><legend>Resources</legend>
 <div class="pair"><div><label for="cpu">CPU request</label><input id="cpu" name="cpu" value="{cpu}"><p class="error" data-error-for="cpu"></p></div>

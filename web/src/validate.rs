@@ -64,36 +64,9 @@ pub fn quantity(field: &str, value: &str) -> Result<f64, FieldError> {
             format!("{value:?} is not a quantity (examples: 500m, 2, 512Mi, 4Gi)"),
         )
     };
-    let value = value.trim();
-    let split = value
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
-        .unwrap_or(value.len());
-    let (number, suffix) = value.split_at(split);
-    let number: f64 = number.parse().map_err(|_| bad())?;
-    let multiplier = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
-        s if s.starts_with(['e', 'E']) => {
-            let exponent: i32 = s[1..].parse().map_err(|_| bad())?;
-            10f64.powi(exponent)
-        }
-        _ => return Err(bad()),
-    };
-    let result = number * multiplier;
-    if result.is_finite() && result >= 0.0 {
-        Ok(result)
-    } else {
-        Err(bad())
+    match labforge_crds::quantity::value(value.trim()) {
+        Ok(result) if result.is_finite() && result >= 0.0 => Ok(result),
+        _ => Err(bad()),
     }
 }
 
@@ -438,7 +411,13 @@ pub fn notebook_from_request(
                     containers: vec![Container {
                         name: request.name.clone(),
                         image: Some(image),
-                        image_pull_policy: Some("IfNotPresent".into()),
+                        image_pull_policy: Some(
+                            request
+                                .image_pull_policy
+                                .unwrap_or_default()
+                                .as_str()
+                                .into(),
+                        ),
                         resources: Some(ResourceRequirements {
                             requests: Some(requests),
                             limits: Some(limits),

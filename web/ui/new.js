@@ -68,6 +68,7 @@ form.addEventListener('submit', async (event) => {
     name: form.name.value.trim(),
     serverType: type,
     image: custom || form[`image-${type}`].value,
+    imagePullPolicy: form.imagePullPolicy.value,
     cpu: form.cpu.value.trim(),
     cpuLimit: form.cpuLimit.value.trim(),
     memory: form.memory.value.trim(),
