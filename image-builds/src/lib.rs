@@ -21,7 +21,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use labforge_builder::layer::Compression;
 use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, Saved, error_chain, save};
-use labforge_builder::source::{ChangeSource, PodContainer};
+use labforge_builder::source::{AGENT_PATH, ChangeSource, PodContainer};
 use labforge_crds::Notebook;
 use labforge_crds::imagebuild::{
     ImageBuild, ImageBuildPhase, ImageBuildProgress, ImageBuildStatus, LayerCompression,
@@ -209,12 +209,28 @@ pub fn save_target(
             "notebook {name} is not running (pod {pod_name} is {phase})"
         ));
     }
-    let image = pod
+    let running = pod
         .spec
         .as_ref()
         .and_then(|s| s.containers.iter().find(|c| c.name == container))
-        .and_then(|c| c.image.clone())
         .ok_or_else(|| format!("pod {pod_name} has no container {container}"))?;
+    let image = running
+        .image
+        .clone()
+        .ok_or_else(|| format!("pod {pod_name} has no container {container}"))?;
+    let agent_dir = std::path::Path::new(AGENT_PATH).parent();
+    let has_agent = running
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| Some(std::path::Path::new(&m.mount_path)) == agent_dir);
+    if !has_agent {
+        return Err(format!(
+            "notebook {name} has no save agent: the controller adds it to notebooks started \
+             after LABFORGE_AGENT_IMAGE is set (the labforge-save-agent ConfigMap); stop and \
+             start the notebook once it is"
+        ));
+    }
     let image_id = pod
         .status
         .as_ref()
@@ -636,7 +652,8 @@ mod tests {
             "metadata": {"name": "lab-0", "namespace": "alice"},
             "spec": {"containers": [
                 {"name": "sidecar", "image": "proxy:1"},
-                {"name": "lab", "image": "registry.example.com:5000/team/jupyter:v1"},
+                {"name": "lab", "image": "registry.example.com:5000/team/jupyter:v1",
+                 "volumeMounts": [{"name": "labforge-agent", "mountPath": "/.labforge/agent"}]},
             ]},
             "status": {"phase": phase, "containerStatuses": [{
                 "name": "lab", "image": "jupyter:v1", "imageID": image_id, "ready": true,
@@ -697,6 +714,16 @@ mod tests {
         assert_eq!(
             pending,
             "notebook lab is not running (pod lab-0 is Pending)"
+        );
+        let mut without_agent = pod("Running", "");
+        if let Some(spec) = without_agent.spec.as_mut() {
+            spec.containers[1].volume_mounts = None;
+        }
+        let no_agent =
+            save_target(&build(), Some(&notebook(false)), Some(&without_agent)).unwrap_err();
+        assert!(
+            no_agent.starts_with("notebook lab has no save agent"),
+            "{no_agent}"
         );
     }
 

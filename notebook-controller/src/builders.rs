@@ -5,12 +5,13 @@ use crate::secret::{SECRET_ENV, SecretKey, upstream_headers};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PodTemplateSpec, ResourceRequirements, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
@@ -370,6 +371,19 @@ fn mount_agent(pod: &mut PodSpec, image: &str) {
                 AGENT_DIR.into(),
             ]),
             volume_mounts: Some(vec![mount(false)]),
+            // Set, so that a namespace with a ResourceQuota and no LimitRange admits the pod;
+            // copying one static binary needs little.
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([
+                    ("cpu".to_owned(), Quantity("10m".into())),
+                    ("memory".to_owned(), Quantity("16Mi".into())),
+                ])),
+                limits: Some(BTreeMap::from([
+                    ("cpu".to_owned(), Quantity("100m".into())),
+                    ("memory".to_owned(), Quantity("32Mi".into())),
+                ])),
+                ..Default::default()
+            }),
             ..Default::default()
         });
     if let Some(container) = pod.containers.first_mut() {
@@ -738,6 +752,12 @@ mod tests {
             init.command.as_deref().unwrap(),
             ["/labforge-agent", "install", AGENT_DIR]
         );
+        // A namespace's ResourceQuota admits only containers that state what they use.
+        let resources = init.resources.as_ref().unwrap();
+        for quantities in [&resources.requests, &resources.limits] {
+            let quantities = quantities.as_ref().unwrap();
+            assert!(quantities.contains_key("cpu") && quantities.contains_key("memory"));
+        }
         let volume = &pod.volumes.as_ref().unwrap()[0];
         assert!(volume.empty_dir.is_some());
         let mounts = pod.containers[0].volume_mounts.as_ref().unwrap();

@@ -567,13 +567,116 @@ fn rules(entries: &[(&str, &str, &[&str])]) -> BTreeMap<(String, String), BTreeS
         .collect()
 }
 
+/// What a ClusterRole grants once aggregated as the API server does: its own rules, or, with an
+/// `aggregationRule`, those of every ClusterRole its selectors match (aggregated in turn).
+fn aggregated(roles: &[&Value], role: &Value) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let Some(selectors) = role["aggregationRule"]["clusterRoleSelectors"].as_array() else {
+        return rule_set(role);
+    };
+    let mut set: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for candidate in roles {
+        let labels = &candidate["metadata"]["labels"];
+        let selected = selectors.iter().any(|selector| {
+            selector["matchLabels"]
+                .as_object()
+                .is_some_and(|want| want.iter().all(|(k, v)| &labels[k] == v))
+        });
+        if selected {
+            for (key, verbs) in aggregated(roles, candidate) {
+                set.entry(key).or_default().extend(verbs);
+            }
+        }
+    }
+    set
+}
+
+#[test]
+fn profile_owners_contributors_and_viewers_reach_notebooks_through_kubeflows_roles() {
+    let base = build(&deploy_dir());
+    let cluster_roles: Vec<&Value> = base.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    // Kubeflow's own aggregate roles, which profiles bind their owners, contributors and viewers to.
+    let kubeflow_role = |name: &str| {
+        serde_json::json!({"metadata": {"name": format!("kubeflow-{name}")}, "aggregationRule": {
+            "clusterRoleSelectors": [{"matchLabels": {
+                format!("rbac.authorization.kubeflow.org/aggregate-to-kubeflow-{name}"): "true"}}]}})
+    };
+    let notebooks = |name: &str| {
+        let set = aggregated(&cluster_roles, &kubeflow_role(name));
+        let of = |resource: &str| {
+            set.get(&("kubeflow.org".to_owned(), resource.to_owned()))
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert_eq!(of("notebooks"), of("notebooks/status"), "{name}");
+        assert_eq!(
+            set.keys()
+                .filter(|(group, _)| group != "kubeflow.org")
+                .count(),
+            0,
+            "{name} gets only Notebooks from labforge: {set:?}"
+        );
+        of("notebooks").into_iter().collect::<Vec<_>>()
+    };
+    let every = [
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ];
+    assert_eq!(notebooks("admin"), every);
+    assert_eq!(notebooks("edit"), every);
+    assert_eq!(notebooks("view"), ["get", "list", "watch"]);
+    for name in ["admin", "edit", "view"] {
+        assert!(
+            find(&base, "ClusterRole", &format!("kubeflow-notebooks-{name}")).is_some(),
+            "Kubeflow's kubeflow-notebooks-{name}, under its name"
+        );
+    }
+}
+
 #[test]
 fn rbac_is_least_privilege_everywhere() {
     let objects = all_objects();
-    let roles: Vec<&(String, Value)> = objects
+    // The roles labforge's own service accounts are bound to; the others are Kubeflow's user
+    // roles, granted through profiles (checked above).
+    let bound: BTreeSet<(String, String)> = objects
+        .iter()
+        .filter(|(_, o)| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+        .map(|(_, o)| {
+            let role = &o["roleRef"];
+            (
+                role["kind"].as_str().unwrap().to_owned(),
+                role["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    type Roles<'a> = Vec<&'a (String, Value)>;
+    let (roles, unbound): (Roles, Roles) = objects
         .iter()
         .filter(|(_, o)| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+        .partition(|(_, o)| {
+            bound.contains(&(
+                o["kind"].as_str().unwrap().to_owned(),
+                o["metadata"]["name"].as_str().unwrap().to_owned(),
+            ))
+        });
+    let unbound: Vec<&str> = unbound
+        .iter()
+        .map(|(_, o)| o["metadata"]["name"].as_str().unwrap())
         .collect();
+    assert_eq!(
+        unbound,
+        [
+            "kubeflow-notebooks-admin",
+            "kubeflow-notebooks-edit",
+            "kubeflow-notebooks-view"
+        ],
+        "no role but Kubeflow's user roles is left unbound"
+    );
     assert!(roles.len() >= 4);
     for (file, role) in &roles {
         let name = &role["metadata"]["name"];

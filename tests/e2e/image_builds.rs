@@ -167,7 +167,12 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "env-0", "namespace": "alice"},
-        "spec": {"containers": [{"name": "env", "image": notebook.image()}]},
+        // As the controller builds it with LABFORGE_AGENT_IMAGE: the agent's emptyDir mounted.
+        "spec": {
+            "containers": [{"name": "env", "image": notebook.image(), "volumeMounts": [
+                {"name": "labforge-agent", "mountPath": "/.labforge/agent", "readOnly": true}]}],
+            "volumes": [{"name": "labforge-agent", "emptyDir": {}}]
+        },
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
