@@ -216,8 +216,9 @@ async fn notebook_lifecycle_create_stop_start_delete() {
     })
     .await;
 
+    // As the web app deletes: in the foreground, which waits for the children that block it.
     notebooks
-        .delete("lab", &DeleteParams::default())
+        .delete("lab", &DeleteParams::foreground())
         .await
         .unwrap();
     eventually(
@@ -231,7 +232,13 @@ async fn notebook_lifecycle_create_stop_start_delete() {
                 .await
                 .ok()?
                 .is_none();
-            (sts_gone && svc_gone && vs_gone).then_some(())
+            let policy_gone = policies
+                .get_opt("labforge-notebook-lab")
+                .await
+                .ok()?
+                .is_none();
+            let notebook_gone = notebooks.get_opt("lab").await.ok()?.is_none();
+            (sts_gone && svc_gone && vs_gone && policy_gone && notebook_gone).then_some(())
         },
     )
     .await;

@@ -589,6 +589,93 @@ async fn fake_kube_owner_reference_cascade_deletes_a_statefulset_owned_by_a_note
     assert_eq!(sts.get("other").await.unwrap().uid(), unrelated.uid());
 }
 
+/// Foreground deletion as the garbage collector does it: the Notebook stays (deletionTimestamp,
+/// `foregroundDeletion`) while a dependent that blocks owner deletion is held, down the tree;
+/// a dependent that does not block is deleted but does not hold it.
+#[tokio::test]
+async fn fake_kube_foreground_deletion_waits_for_blocking_dependents() {
+    let server = start().await;
+    let nbs = notebooks(server.client(), "v1");
+    let nb = nbs
+        .create(&PostParams::default(), &notebook("nb"))
+        .await
+        .unwrap();
+    let owned_by = |kind: &str, name: &str, uid: String, blocks: bool| {
+        json!([{ "apiVersion": if kind == "Notebook" { "kubeflow.org/v1" } else { "apps/v1" },
+                 "kind": kind, "name": name, "uid": uid, "controller": true,
+                 "blockOwnerDeletion": blocks }])
+    };
+    let mut sts_json = statefulset_json("nb", "jupyter:1");
+    sts_json["metadata"]["ownerReferences"] = owned_by("Notebook", "nb", nb.uid().unwrap(), true);
+    let sts: Api<StatefulSet> = Api::default_namespaced(server.client());
+    let created = sts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(sts_json).unwrap(),
+        )
+        .await
+        .unwrap();
+    // The pod, held by a finalizer, blocks its StatefulSet, which blocks the Notebook.
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nb-0", "finalizers": ["example.com/drain"],
+                     "ownerReferences": owned_by("StatefulSet", "nb", created.uid().unwrap(), true)},
+        "spec": {"containers": [{"name": "nb", "image": "jupyter:1"}]},
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let configs: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let mut loose = config_map("nb-loose", json!({}));
+    loose.metadata.owner_references =
+        serde_json::from_value(owned_by("Notebook", "nb", nb.uid().unwrap(), false)).unwrap();
+    loose.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    configs
+        .create(&PostParams::default(), &loose)
+        .await
+        .unwrap();
+
+    let result = nbs.delete("nb", &DeleteParams::foreground()).await.unwrap();
+    let held = result
+        .left()
+        .expect("the Notebook is kept while its dependents go");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(held.finalizers(), ["foregroundDeletion"]);
+    let sts_held = sts.get("nb").await.unwrap();
+    assert!(
+        sts_held.metadata.deletion_timestamp.is_some(),
+        "the StatefulSet is being deleted"
+    );
+    assert_eq!(sts_held.finalizers(), ["foregroundDeletion"]);
+    assert!(
+        pods.get("nb-0")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    assert!(
+        configs
+            .get("nb-loose")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+
+    // The pod's finalizer goes: the pod, then the StatefulSet, then the Notebook. The loose
+    // dependent, still held by its own finalizer, never held the Notebook.
+    let release = json!({"metadata": {"finalizers": null}});
+    pods.patch("nb-0", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .unwrap();
+    assert!(pods.get_opt("nb-0").await.unwrap().is_none());
+    assert!(sts.get_opt("nb").await.unwrap().is_none());
+    assert!(nbs.get_opt("nb").await.unwrap().is_none());
+    assert!(configs.get_opt("nb-loose").await.unwrap().is_some());
+}
+
 #[tokio::test]
 async fn fake_kube_invalid_statefulset_is_rejected_and_not_stored() {
     let server = start().await;

@@ -17,7 +17,9 @@ use super::catalog::ResourceId;
 use super::discovery;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{self, ApiError};
-use super::store::{DeleteOptions, Deletion, Filter, PatchKind, Store, Target, WriteOptions};
+use super::store::{
+    DeleteOptions, Deletion, Filter, PatchKind, Propagation, Store, Target, WriteOptions,
+};
 use super::watch::{self, View, WatchRequest, WatchStart};
 
 /// The rule answering SubjectAccessReviews, given the review's `spec`.
@@ -372,8 +374,14 @@ fn delete_options(
         .get("propagationPolicy")
         .and_then(Value::as_str)
         .or(query.get("propagationPolicy").map(String::as_str));
-    let orphan = policy == Some("Orphan")
-        || body.get("orphanDependents").and_then(Value::as_bool) == Some(true);
+    let propagation = match policy {
+        Some("Orphan") => Propagation::Orphan,
+        Some("Foreground") => Propagation::Foreground,
+        _ if body.get("orphanDependents").and_then(Value::as_bool) == Some(true) => {
+            Propagation::Orphan
+        }
+        _ => Propagation::Background,
+    };
     let dry_run = query.get("dryRun").is_some_and(|v| v == "All")
         || body
             .get("dryRun")
@@ -386,7 +394,7 @@ fn delete_options(
     };
     Ok(DeleteOptions {
         dry_run,
-        orphan,
+        propagation,
         uid: precondition("uid"),
         resource_version: precondition("resourceVersion"),
     })

@@ -5,7 +5,8 @@
 //! one through the same `kube::Client` it uses in a cluster. It keeps the behaviour that code
 //! depends on: one global resourceVersion, list + watch (resume, bookmarks, 410 Expired on a
 //! compacted resourceVersion), create/update/patch/server-side apply with no-op writes left free,
-//! status subresources, finalizers, ownerReference cascades, label and field selectors, and
+//! status subresources, finalizers, ownerReference cascades (background, orphan, and foreground
+//! waiting for `blockOwnerDeletion` dependents), label and field selectors, and
 //! Kubernetes `Status` errors, and `pods/<name>/exec` over remotecommand's websocket protocol with
 //! a runner the test sets standing in for the kubelet. Validation is strict: a field the schema does not declare is an
 //! error, so a typo in an object builder fails a test instead of being pruned silently.
@@ -15,7 +16,7 @@
 //! resources from CRD YAML (Kubeflow Notebook, Istio networking/security, plus `extra_crds`).
 //!
 //! Simplified on purpose: no built-in defaulting beyond CRD `default`s, no admission, no CEL
-//! `x-kubernetes-validations`, Foreground deletion cascades like Background, namespaces need not
+//! `x-kubernetes-validations`, namespaces need not
 //! exist, `limit`/`continue` are ignored (lists are whole).
 
 mod apply;

@@ -1,13 +1,17 @@
 //! Deletion: finalizers keep an object (with `deletionTimestamp`) until they are removed;
 //! removal cascades to dependents by `ownerReferences` (or orphans them) and empties a deleted
-//! namespace.
+//! namespace. A foreground deletion keeps the owner, with the `foregroundDeletion` finalizer,
+//! until every dependent that blocks owner deletion is gone, as the garbage collector does.
 
 use serde_json::Value;
 
 use super::{
-    DeleteOptions, Deletion, EventType, Filter, Inner, Key, Store, Target, finalizers, meta_str,
-    metadata_mut, now,
+    DeleteOptions, Deletion, EventType, Filter, Inner, Key, Propagation, Store, Target, finalizers,
+    meta_str, metadata_mut, now,
 };
+
+/// The finalizer a foreground deletion holds its object with.
+const FOREGROUND: &str = "foregroundDeletion";
 use crate::fake_kube::catalog::ResourceId;
 use crate::fake_kube::status::ApiError;
 
@@ -60,7 +64,7 @@ impl Store {
                 }
             });
         }
-        let deletion = self.delete_object(&mut inner, target.resource, &key, options.orphan);
+        let deletion = self.delete_object(&mut inner, target.resource, &key, options.propagation);
         self.notify(&inner);
         Ok(deletion.unwrap_or(Deletion::Removed(current)))
     }
@@ -86,7 +90,7 @@ impl Store {
                 }
                 continue;
             }
-            match self.delete_object(&mut inner, resource, &key, options.orphan) {
+            match self.delete_object(&mut inner, resource, &key, options.propagation) {
                 Some(Deletion::Removed(object) | Deletion::Pending { object, .. }) => {
                     deleted.push(object)
                 }
@@ -97,29 +101,67 @@ impl Store {
         deleted
     }
 
-    /// Deletes one stored object: marks it when finalizers hold it, else removes it and cascades.
+    /// Deletes one stored object: marks it when finalizers (or, in the foreground, dependents)
+    /// hold it, else removes it and cascades.
     fn delete_object(
         &self,
         inner: &mut Inner,
         resource: ResourceId,
         key: &Key,
-        orphan: bool,
+        propagation: Propagation,
     ) -> Option<Deletion> {
         let stored = inner.objects[resource].get(key)?.clone();
-        if !finalizers(&stored.object).is_empty() {
-            if stored
-                .object
-                .pointer("/metadata/deletionTimestamp")
-                .is_some()
-            {
-                return Some(Deletion::Pending {
-                    object: stored.object,
-                    changed: false,
+        let uid = meta_str(&stored.object, "uid")
+            .unwrap_or_default()
+            .to_string();
+        if propagation == Propagation::Foreground {
+            let dependents = Self::dependents(inner, &uid);
+            if !dependents.is_empty() {
+                let marked = self.mark_deleted(inner, resource, key, Some(FOREGROUND));
+                // A dependent with dependents of its own goes in the foreground too, so the
+                // owner waits for the whole tree.
+                for (id, dependent, _) in dependents {
+                    self.delete_object(inner, id, &dependent, Propagation::Foreground);
+                }
+                self.release_foreground(inner, resource, key);
+                return Some(match inner.objects[resource].get(key) {
+                    Some(held) => Deletion::Pending {
+                        object: held.object.clone(),
+                        changed: marked,
+                    },
+                    None => Deletion::Removed(stored.object),
                 });
             }
-            let mut object = stored.object.clone();
-            let has_generation = self.resource(resource).has_generation;
-            let metadata = metadata_mut(&mut object);
+        }
+        if !finalizers(&stored.object).is_empty() {
+            let changed = self.mark_deleted(inner, resource, key, None);
+            let object = inner.objects[resource].get(key)?.object.clone();
+            return Some(Deletion::Pending { object, changed });
+        }
+        inner.objects[resource].remove(key);
+        Some(Deletion::Removed(self.remove(
+            inner,
+            resource,
+            stored.object,
+            propagation == Propagation::Orphan,
+        )))
+    }
+
+    /// Sets `deletionTimestamp` (once) and adds `finalizer`; whether anything changed.
+    fn mark_deleted(
+        &self,
+        inner: &mut Inner,
+        resource: ResourceId,
+        key: &Key,
+        finalizer: Option<&str>,
+    ) -> bool {
+        let Some(stored) = inner.objects[resource].get(key).cloned() else {
+            return false;
+        };
+        let mut object = stored.object.clone();
+        let has_generation = self.resource(resource).has_generation;
+        let metadata = metadata_mut(&mut object);
+        if !metadata.contains_key("deletionTimestamp") {
             metadata.insert("deletionTimestamp".into(), Value::from(now()));
             metadata.insert("deletionGracePeriodSeconds".into(), Value::from(0));
             if has_generation {
@@ -129,33 +171,100 @@ impl Store {
                     .unwrap_or(0);
                 metadata.insert("generation".into(), Value::from(generation + 1));
             }
-            Self::bump(inner, &mut object);
-            self.record(
-                inner,
-                resource,
-                EventType::Modified,
-                &object,
-                Some(stored.object.clone()),
-            );
-            if let Some(slot) = inner.objects[resource].get_mut(key) {
-                slot.object = object.clone();
-            }
-            return Some(Deletion::Pending {
-                object,
-                changed: true,
-            });
         }
-        inner.objects[resource].remove(key);
-        Some(Deletion::Removed(self.remove(
+        if let Some(finalizer) = finalizer {
+            let list = metadata
+                .entry("finalizers")
+                .or_insert_with(|| Value::Array(Vec::new()));
+            if let Value::Array(list) = list
+                && !list.iter().any(|f| f == finalizer)
+            {
+                list.push(Value::from(finalizer));
+            }
+        }
+        if object == stored.object {
+            return false;
+        }
+        Self::bump(inner, &mut object);
+        self.record(
             inner,
             resource,
-            stored.object,
-            orphan,
-        )))
+            EventType::Modified,
+            &object,
+            Some(stored.object),
+        );
+        if let Some(slot) = inner.objects[resource].get_mut(key) {
+            slot.object = object;
+        }
+        true
+    }
+
+    /// Objects with an owner reference to `uid`, and whether that reference blocks the owner's
+    /// deletion.
+    fn dependents(inner: &Inner, uid: &str) -> Vec<(ResourceId, Key, bool)> {
+        let mut found = Vec::new();
+        for (id, objects) in inner.objects.iter().enumerate() {
+            for (key, stored) in objects {
+                let reference = stored
+                    .object
+                    .pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .and_then(|owners| {
+                        owners
+                            .iter()
+                            .find(|o| o.get("uid").and_then(Value::as_str) == Some(uid))
+                    });
+                if let Some(reference) = reference {
+                    let blocks = reference.get("blockOwnerDeletion") == Some(&Value::Bool(true));
+                    found.push((id, key.clone(), blocks));
+                }
+            }
+        }
+        found
+    }
+
+    /// Ends a foreground deletion once no dependent blocks it: the finalizer goes, and with the
+    /// last finalizer the object.
+    fn release_foreground(&self, inner: &mut Inner, resource: ResourceId, key: &Key) {
+        let Some(stored) = inner.objects[resource].get(key).cloned() else {
+            return;
+        };
+        if !finalizers(&stored.object).iter().any(|f| f == FOREGROUND) {
+            return;
+        }
+        let uid = meta_str(&stored.object, "uid").unwrap_or_default();
+        if Self::dependents(inner, uid)
+            .iter()
+            .any(|(_, _, blocks)| *blocks)
+        {
+            return;
+        }
+        let mut object = stored.object.clone();
+        if let Some(Value::Array(list)) = metadata_mut(&mut object).get_mut("finalizers") {
+            list.retain(|f| f != FOREGROUND);
+        }
+        if finalizers(&object).is_empty() {
+            metadata_mut(&mut object).remove("finalizers");
+            inner.objects[resource].remove(key);
+            self.remove(inner, resource, object, false);
+            return;
+        }
+        Self::bump(inner, &mut object);
+        self.record(
+            inner,
+            resource,
+            EventType::Modified,
+            &object,
+            Some(stored.object),
+        );
+        if let Some(slot) = inner.objects[resource].get_mut(key) {
+            slot.object = object;
+        }
     }
 
     /// Records the removal of an object already taken out of the map, then deletes (or orphans)
-    /// its dependents, and the contents of a deleted namespace.
+    /// its dependents, and the contents of a deleted namespace; an owner waiting in the
+    /// foreground for this object may then go.
     pub(super) fn remove(
         &self,
         inner: &mut Inner,
@@ -169,34 +278,49 @@ impl Store {
         let info = self.resource(resource);
         let namespace_removed = (!info.custom && info.group.is_empty() && info.kind == "Namespace")
             .then(|| meta_str(&object, "name").unwrap_or_default().to_string());
-        let mut dependents = Vec::new();
-        for (id, objects) in inner.objects.iter().enumerate() {
-            for (key, stored) in objects {
-                let owned = stored
-                    .object
-                    .pointer("/metadata/ownerReferences")
-                    .and_then(Value::as_array)
-                    .is_some_and(|owners| {
-                        owners
-                            .iter()
-                            .any(|o| o.get("uid").and_then(Value::as_str) == Some(&uid))
-                    });
-                let contained = namespace_removed
-                    .as_deref()
-                    .is_some_and(|ns| !ns.is_empty() && key.0 == ns);
-                if owned || contained {
-                    dependents.push((id, key.clone(), contained));
-                }
+        let mut dependents: Vec<(ResourceId, Key, bool)> = Self::dependents(inner, &uid)
+            .into_iter()
+            .map(|(id, key, _)| (id, key, false))
+            .collect();
+        if let Some(ns) = namespace_removed.as_deref().filter(|ns| !ns.is_empty()) {
+            for (id, objects) in inner.objects.iter().enumerate() {
+                dependents.extend(
+                    objects
+                        .keys()
+                        .filter(|key| key.0 == ns)
+                        .map(|key| (id, key.clone(), true)),
+                );
             }
         }
         for (id, key, contained) in dependents {
             if orphan && !contained {
                 self.orphan(inner, id, &key, &uid);
             } else {
-                self.delete_object(inner, id, &key, false);
+                self.delete_object(inner, id, &key, Propagation::Background);
+            }
+        }
+        let owners: Vec<String> = object
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.get("uid").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        for owner in owners {
+            if let Some((id, key)) = Self::find_uid(inner, &owner) {
+                self.release_foreground(inner, id, &key);
             }
         }
         object
+    }
+
+    fn find_uid(inner: &Inner, uid: &str) -> Option<(ResourceId, Key)> {
+        inner.objects.iter().enumerate().find_map(|(id, objects)| {
+            objects
+                .iter()
+                .find(|(_, stored)| meta_str(&stored.object, "uid") == Some(uid))
+                .map(|(key, _)| (id, key.clone()))
+        })
     }
 
     /// Drops owner references to `owner_uid` (orphan propagation).

@@ -93,9 +93,22 @@ pub(crate) enum PatchKind {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DeleteOptions {
     pub dry_run: bool,
-    pub orphan: bool,
+    pub propagation: Propagation,
     pub uid: Option<String>,
     pub resource_version: Option<String>,
+}
+
+/// What happens to an object's dependents when it is deleted (`propagationPolicy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Propagation {
+    /// Removed now; its dependents are deleted after it.
+    #[default]
+    Background,
+    /// Kept (with `deletionTimestamp` and the `foregroundDeletion` finalizer) until every
+    /// dependent whose owner reference has `blockOwnerDeletion` is gone.
+    Foreground,
+    /// Removed now; its dependents lose their owner reference to it.
+    Orphan,
 }
 
 /// The result of a write, in storage form.
