@@ -17,13 +17,15 @@ use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A Notebook as Kubeflow's web app writes it by default: `0.5` CPU and `1.0Gi` memory, limits
+/// 1.2 times that, which the API server stores as `500m`, `1Gi`, `600m` and `1288490188800m`.
 fn notebook(i: usize) -> Notebook {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "kubeflow.org/v1", "kind": "Notebook",
         "metadata": { "name": format!("nb-{i:04}"), "namespace": format!("user-{}", i % 50) },
         "spec": { "template": { "spec": { "containers": [{
             "name": format!("nb-{i:04}"), "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0",
-            "resources": { "requests": { "cpu": "500m", "memory": "1Gi" }, "limits": { "cpu": "1", "memory": "2Gi" } }
+            "resources": { "requests": { "cpu": "0.5", "memory": "1.0Gi" }, "limits": { "cpu": "0.6", "memory": "1.2Gi" } }
         }] } } }
     }))
     .expect("notebook fixture")

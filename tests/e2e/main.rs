@@ -8,6 +8,7 @@ mod auto_save;
 mod change_summary;
 mod cli_commit;
 mod cli_render;
+mod cluster_flow;
 mod controller;
 mod culling;
 mod deploy;

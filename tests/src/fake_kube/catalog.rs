@@ -174,6 +174,23 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         &["cm"],
     ),
     builtin("", "secrets", "Secret", "io.k8s.api.core.v1.Secret", &[]),
+    Builtin {
+        has_status: true,
+        ..builtin(
+            "",
+            "resourcequotas",
+            "ResourceQuota",
+            "io.k8s.api.core.v1.ResourceQuota",
+            &["quota"],
+        )
+    },
+    builtin(
+        "",
+        "limitranges",
+        "LimitRange",
+        "io.k8s.api.core.v1.LimitRange",
+        &["limits"],
+    ),
     builtin(
         "",
         "serviceaccounts",

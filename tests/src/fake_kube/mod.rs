@@ -8,7 +8,8 @@
 //! status subresources, finalizers, ownerReference cascades (background, orphan, and foreground
 //! waiting for `blockOwnerDeletion` dependents), label and field selectors, and
 //! Kubernetes `Status` errors, and `pods/<name>/exec` over remotecommand's websocket protocol with
-//! a runner the test sets standing in for the kubelet. Validation is strict: a field the schema does not declare is an
+//! a runner the test sets standing in for the kubelet, and, when asked, a minimal StatefulSet
+//! controller and kubelet (`kubelet`). Validation is strict: a field the schema does not declare is an
 //! error, so a typo in an object builder fails a test instead of being pruned silently.
 //!
 //! Main types: [`FakeApiServer`] (start, client, write accounting) and [`SchemaSet`] (the same
@@ -24,6 +25,7 @@ mod catalog;
 mod discovery;
 mod exec;
 mod http;
+mod kubelet;
 mod patch;
 mod schema;
 mod selector;
@@ -93,6 +95,9 @@ pub struct FakeApiServerOptions {
     pub extra_crds: Vec<PathBuf>,
     /// Watch events kept for resuming; a watch from an older resourceVersion gets 410 Expired.
     pub watch_history: usize,
+    /// Runs a minimal StatefulSet controller and kubelet (see `kubelet`), so that StatefulSets
+    /// get pods that run; off, tests write pods and their status themselves.
+    pub kubelet: bool,
 }
 
 impl Default for FakeApiServerOptions {
@@ -101,6 +106,7 @@ impl Default for FakeApiServerOptions {
             schemas_dir: crate::repo_root().join("../shared/schemas"),
             extra_crds: Vec::new(),
             watch_history: 1000,
+            kubelet: false,
         }
     }
 }
@@ -166,6 +172,13 @@ impl FakeApiServer {
         let url = format!("http://{address}");
         crate::init_crypto();
         let client = Self::build_client(&url)?;
+        if options.kubelet {
+            tokio::spawn(kubelet::run(
+                client.clone(),
+                app.store.subscribe(),
+                app.shutdown.clone(),
+            ));
+        }
         Ok(FakeApiServer {
             app,
             address,

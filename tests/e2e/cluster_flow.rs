@@ -1,0 +1,331 @@
+//! One user's journey in a cluster, end to end: the web API in cluster mode, the notebook
+//! controller, and the fake API server running pods for StatefulSets (its kubelet), in a
+//! namespace with a ResourceQuota and no LimitRange, with the save agent's init container on.
+
+use crate::controller::{RunningController, eventually, serve_options};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Api;
+use kube::api::PostParams;
+use labforge_crds::VirtualService;
+use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
+use labforge_notebook_controller::BuilderConfig;
+use labforge_notebook_controller::culler::CullingConfig;
+use labforge_proxy::authz::TrustedHeader;
+use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const ALICE: &str = "alice@example.com";
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn call(
+    base: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("{base}{path}"))
+        .header("kubeflow-userid", ALICE);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
+    let client = server.client();
+    server.set_access_rule(|spec| {
+        spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
+    });
+    // A profile's quota: every container, init containers included, must state its limits.
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "alice");
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "kf-resource-quota"},
+                "spec": {"hard": {"limits.cpu": "8", "limits.memory": "16Gi",
+                                  "requests.cpu": "8", "requests.memory": "16Gi"}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut options = serve_options(
+        CullingConfig {
+            enabled: true,
+            idle_time: Duration::from_secs(60),
+            check_period: Duration::from_millis(200),
+        },
+        None,
+    );
+    options.builder = BuilderConfig {
+        agent_image: Some("registry.example.com/labforge/labforge:1".into()),
+        ..BuilderConfig::default()
+    };
+    let _controller = RunningController::start(client.clone(), options);
+    let app = labforge_web::cluster::router(
+        client.clone(),
+        TrustedHeader::default(),
+        labforge_web::embedded::default_spawner("registry.example.com"),
+        None,
+        None,
+    )
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
+
+    // The default form: a new workspace.
+    let (status, created) = call(
+        &base,
+        reqwest::Method::POST,
+        "/api/namespaces/alice/notebooks",
+        Some(json!({"name": "lab"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "alice");
+    assert!(claims.get_opt("lab-workspace").await.unwrap().is_some());
+    let ready = eventually("the notebook Ready", WAIT, || async {
+        let status = notebooks.get("lab").await.ok()?.status?;
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready && status.ready_replicas == 1).then_some(status)
+    })
+    .await;
+    assert!(ready.container_state.running.is_some());
+    let pod = pods.get("lab-0").await.unwrap();
+    let init = &pod.spec.unwrap().init_containers.unwrap()[0];
+    assert_eq!(
+        init.name, "labforge-agent-install",
+        "the agent's init container ran"
+    );
+    let (_, view) = call(
+        &base,
+        reqwest::Method::GET,
+        "/api/namespaces/alice/notebooks/lab",
+        None,
+    )
+    .await;
+    assert_eq!(view["notebook"]["state"], "ready", "{view}");
+
+    // Stop: the pod goes and the status keeps nothing of the run.
+    let (status, _) = call(
+        &base,
+        reqwest::Method::PATCH,
+        "/api/namespaces/alice/notebooks/lab",
+        Some(json!({"stopped": true})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let stopped = eventually("stopped, pod gone", WAIT, || async {
+        let nb = notebooks.get("lab").await.ok()?;
+        let pod_gone = pods.get_opt("lab-0").await.ok()?.is_none();
+        let status = nb.status?;
+        (pod_gone && status.ready_replicas == 0 && status.conditions.is_empty()).then_some(status)
+    })
+    .await;
+    assert_eq!(
+        stopped.container_state,
+        Default::default(),
+        "no stale container state"
+    );
+    let (_, view) = call(
+        &base,
+        reqwest::Method::GET,
+        "/api/namespaces/alice/notebooks/lab",
+        None,
+    )
+    .await;
+    assert_eq!(view["notebook"]["state"], "stopped", "{view}");
+
+    // Start: running again, and not culled by the culler checking five times a second.
+    let (status, _) = call(
+        &base,
+        reqwest::Method::PATCH,
+        "/api/namespaces/alice/notebooks/lab",
+        Some(json!({"stopped": false})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    eventually("running again", WAIT, || async {
+        let status = notebooks.get("lab").await.ok()?.status?;
+        (status.ready_replicas == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let nb = notebooks.get("lab").await.unwrap();
+    assert_eq!(
+        nb.annotation(STOP_ANNOTATION),
+        None,
+        "culled right after its start"
+    );
+
+    // Delete, in the foreground: the children first, then the Notebook; the workspace stays.
+    let (status, _) = call(
+        &base,
+        reqwest::Method::DELETE,
+        "/api/namespaces/alice/notebooks/lab",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    eventually("everything gone", WAIT, || async {
+        let gone = [
+            notebooks.get_opt("lab").await.ok()?.is_none(),
+            Api::<StatefulSet>::namespaced(client.clone(), "alice")
+                .get_opt("lab")
+                .await
+                .ok()?
+                .is_none(),
+            pods.get_opt("lab-0").await.ok()?.is_none(),
+            Api::<Service>::namespaced(client.clone(), "alice")
+                .get_opt("lab")
+                .await
+                .ok()?
+                .is_none(),
+            Api::<VirtualService>::namespaced(client.clone(), "alice")
+                .get_opt("notebook-alice-lab")
+                .await
+                .ok()?
+                .is_none(),
+            Api::<NetworkPolicy>::namespaced(client.clone(), "alice")
+                .get_opt("labforge-notebook-lab")
+                .await
+                .ok()?
+                .is_none(),
+        ];
+        gone.iter().all(|g| *g).then_some(())
+    })
+    .await;
+    assert!(
+        claims.get_opt("lab-workspace").await.unwrap().is_some(),
+        "the workspace is kept"
+    );
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+    serving.abort();
+}
+
+/// What users see when the cluster cannot run their notebook: a Notebook written by hand
+/// without limits in a namespace whose quota needs them gets no pod, and the StatefulSet's
+/// FailedCreate reaches the notebook's events; a missing claim leaves the pod Pending with the
+/// scheduler's reason in the notebook's status.
+#[tokio::test]
+async fn a_notebook_the_cluster_cannot_run_says_why() {
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
+    let client = server.client();
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "alice");
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "kf-resource-quota"},
+                "spec": {"hard": {"limits.cpu": "8"}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let _controller = RunningController::start(
+        client.clone(),
+        serve_options(CullingConfig::default(), None),
+    );
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    notebooks
+        .create(
+            &PostParams::default(),
+            &crate::controller::notebook("alice", "limited"),
+        )
+        .await
+        .unwrap();
+    let mut no_limits = crate::controller::notebook("alice", "bare");
+    if let Some(container) = no_limits.container_mut() {
+        container.resources = None;
+    }
+    notebooks
+        .create(&PostParams::default(), &no_limits)
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "alice");
+    let note = eventually("FailedCreate on the Notebook", WAIT, || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find_map(|e| {
+                let on_notebook = e.regarding.as_ref()?.kind.as_deref() == Some("Notebook");
+                (on_notebook && e.reason.as_deref() == Some("FailedCreate")).then_some(e.note?)
+            })
+    })
+    .await;
+    assert!(note.contains("must specify limits.cpu for: bare"), "{note}");
+    assert!(
+        Api::<Pod>::namespaced(client.clone(), "alice")
+            .get_opt("bare-0")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // A claim nobody made: Pending, and the notebook says why.
+    let mut claiming = crate::controller::notebook("alice", "claims");
+    let pod = claiming.spec.template.spec.as_mut().unwrap();
+    pod.volumes = Some(vec![
+        serde_json::from_value(json!(
+        {"name": "data", "persistentVolumeClaim": {"claimName": "nobody-made-this"}}))
+        .unwrap(),
+    ]);
+    notebooks
+        .create(&PostParams::default(), &claiming)
+        .await
+        .unwrap();
+    let condition = eventually("Unschedulable in the notebook's status", WAIT, || async {
+        let status = notebooks.get("claims").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.reason.as_deref() == Some("Unschedulable"))
+    })
+    .await;
+    assert!(
+        condition
+            .message
+            .unwrap()
+            .contains("persistentvolumeclaim \"nobody-made-this\" not found")
+    );
+    // The notebook with limits ran all along.
+    eventually("the other notebook Ready", WAIT, || async {
+        (notebooks.get("limited").await.ok()?.status?.ready_replicas == 1).then_some(())
+    })
+    .await;
+}
