@@ -80,9 +80,12 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         agent_image: Some("registry.example.com/labforge/labforge:1".into()),
         ..BuilderConfig::default()
     };
-    let _controller = RunningController::start(client.clone(), options);
+    let _controller = RunningController::start(
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
+        options,
+    );
     let app = labforge_web::cluster::router(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
         TrustedHeader::default(),
         labforge_web::embedded::default_spawner("registry.example.com"),
         None,
@@ -255,7 +258,7 @@ async fn a_notebook_the_cluster_cannot_run_says_why() {
         .await
         .unwrap();
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");

@@ -92,7 +92,7 @@ async fn notebook_lifecycle_create_stop_start_delete() {
     let server = fake_server().await;
     let client = server.client();
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
@@ -249,7 +249,7 @@ async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
     let server = fake_server().await;
     let client = server.client();
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
@@ -337,7 +337,7 @@ async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
     drop(_controller);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let _restarted = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -353,7 +353,7 @@ async fn notebook_without_containers_gets_a_condition_and_no_children() {
     let server = fake_server().await;
     let client = server.client();
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
@@ -405,7 +405,7 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
         .await;
     }
     let first = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "team");
@@ -422,7 +422,7 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     drop(first);
 
     let _second = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let virtual_services: Api<VirtualService> = Api::namespaced(client.clone(), "team");
@@ -458,7 +458,7 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     let writes_before = server.writes_by();
     drop(_second);
     let _third = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -483,7 +483,10 @@ async fn admin_endpoints_serve_kubeflow_metrics_and_readiness() {
     let port = labforge_tests::tools::free_port().unwrap();
     let mut options = serve_options(CullingConfig::default(), None);
     options.admin_addr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _controller = RunningController::start(client.clone(), options);
+    let _controller = RunningController::start(
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
+        options,
+    );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
         .create(&PostParams::default(), &notebook("alice", "metered"))
@@ -587,7 +590,7 @@ async fn notebook_the_api_server_refuses_gets_a_condition_and_no_retry_loop() {
     let server = FakeApiServer::start(options).await.unwrap();
     let client = server.client();
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
@@ -686,7 +689,7 @@ async fn status_follows_the_pod_exactly_and_a_stop_from_kubectl_clears_the_idle_
     let server = fake_server().await;
     let client = server.client();
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
@@ -833,7 +836,7 @@ async fn a_notebook_with_an_integer_gpu_limit_stops_no_other_from_being_reconcil
     }
     create_raw(&client, &kubeflow_notebook("team", "gpu", Some(1))).await;
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(CullingConfig::default(), None),
     );
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "team");

@@ -30,9 +30,13 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
     );
     let kernel_url = format!("{base}/api/kernels/{}", kernel["id"].as_str().unwrap());
 
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
+    // Pods run: a notebook without one is not culled, as in Kubeflow.
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
@@ -45,7 +49,7 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
         check_period: Duration::from_millis(300),
     };
     let _controller = RunningController::start(
-        client.clone(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
         serve_options(culling, Some(notebook_server.origin())),
     );
 
@@ -118,9 +122,13 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
         notebook_vs("alice", "quiet"),
     ]);
 
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
+    // Pods run: a notebook without one is not culled, as in Kubeflow.
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     for name in ["busy", "quiet"] {
@@ -153,7 +161,10 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
         Some(format!("http://{upstream}")),
     );
     options.proxy_activity_url = Some(format!("http://{}", proxy.admin_addr));
-    let _controller = RunningController::start(client.clone(), options);
+    let _controller = RunningController::start(
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
+        options,
+    );
 
     eventually("quiet culled", Duration::from_secs(15), || async {
         notebooks
@@ -206,9 +217,13 @@ async fn proxy_activity_is_read_from_every_replica_of_the_proxy_service() {
     })
     .await;
 
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
+    // Pods run: a notebook without one is not culled, as in Kubeflow.
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
     let client = server.client();
     let service: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "labforge-proxy", "namespace": "kubeflow"},
@@ -331,9 +346,13 @@ async fn with_notebook_secrets_the_culler_reads_jupyter_with_the_notebooks_secre
     let origin = format!("http://{}", listener.local_addr().unwrap());
     let _jupyter = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let server = FakeApiServer::start(FakeApiServerOptions::default())
-        .await
-        .unwrap();
+    // Pods run: a notebook without one is not culled, as in Kubeflow.
+    let server = FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap();
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
@@ -350,7 +369,10 @@ async fn with_notebook_secrets_the_culler_reads_jupyter_with_the_notebooks_secre
         (variable == "LABFORGE_NOTEBOOK_SECRET_KEY").then(|| key.to_owned())
     })
     .unwrap();
-    let _controller = RunningController::start(client.clone(), options);
+    let _controller = RunningController::start(
+        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
+        options,
+    );
     eventually(
         "last-activity from the guarded Jupyter",
         Duration::from_secs(10),

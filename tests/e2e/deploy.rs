@@ -61,6 +61,46 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The service accounts `deploy/` runs labforge's components under, as RBAC names them.
+pub const CONTROLLER_USER: &str =
+    "system:serviceaccount:labforge-system:labforge-notebook-controller";
+pub const IMAGE_BUILDS_USER: &str = "system:serviceaccount:labforge-system:labforge-image-builds";
+pub const WEB_USER: &str = "system:serviceaccount:kubeflow:labforge-web";
+pub const PROXY_USER: &str = "system:serviceaccount:kubeflow:labforge-proxy";
+
+/// Stores `deploy/`'s roles and bindings in `server`, so that a client acting as one of the
+/// service accounts above has exactly the rights `deploy/` grants it.
+pub async fn load_deploy_rbac(server: &FakeApiServer) {
+    let client = server.client();
+    for object in build(&deploy_dir()) {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        if !["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"].contains(&kind) {
+            continue;
+        }
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "rbac.authorization.k8s.io",
+            "v1",
+            kind,
+        ));
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let dynamic: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+        match api.create(&PostParams::default(), &dynamic).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => panic!("storing {:?}: {err}", identity(&object)),
+        }
+    }
+}
+
+/// A client acting as `user`, with `deploy/`'s RBAC loaded.
+pub async fn client_as_deployed(server: &FakeApiServer, user: &str) -> kube::Client {
+    load_deploy_rbac(server).await;
+    server.client_as(user).unwrap()
+}
+
 fn deploy_dir() -> PathBuf {
     labforge_tests::repo_root().join("deploy")
 }
@@ -1486,8 +1526,15 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    // Each binary acts as its Deployment's service account, with deploy/'s RBAC (stored above).
+    let web_kubeconfig = dir.path().join("web-kubeconfig");
+    server
+        .write_kubeconfig_as(&web_kubeconfig, WEB_USER)
+        .unwrap();
+    let proxy_kubeconfig = dir.path().join("proxy-kubeconfig");
+    server
+        .write_kubeconfig_as(&proxy_kubeconfig, PROXY_USER)
+        .unwrap();
     let base = build(&deploy_dir());
     let spawner = dir.path().join("spawner.json");
     std::fs::write(
@@ -1514,7 +1561,7 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
             ("--spawner-config", spawner.display().to_string()),
         ],
         &[],
-        &kubeconfig,
+        &web_kubeconfig,
     );
     let proxy_container = deployment_container(&base, "labforge-proxy");
     let mut proxy = start(
@@ -1530,7 +1577,7 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
             "--upstream".into(),
             format!("jupyter.alice.svc.cluster.local:80={notebook_addr}"),
         ],
-        &kubeconfig,
+        &proxy_kubeconfig,
     );
 
     let probe = |container: &Value, probe: &str, port: u16| {

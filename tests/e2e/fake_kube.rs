@@ -1121,3 +1121,90 @@ async fn pod_exec_relays_streams_and_the_exit_code() {
         .expect("a container that is not running");
     assert!(refused.to_string().contains("not running"), "{refused}");
 }
+
+/// A client acting as a service account gets what the stored RBAC grants it, through a
+/// RoleBinding in one namespace to an aggregated ClusterRole, and Kubernetes' 403 elsewhere.
+#[tokio::test]
+async fn fake_kube_rbac_allows_what_the_bindings_grant_and_nothing_else() {
+    let server = start().await;
+    let admin = server.client();
+    let user = "system:serviceaccount:team:reader";
+    let reader = server.client_as(user).unwrap();
+    let configs = |client: &Client, ns: &str| Api::<ConfigMap>::namespaced(client.clone(), ns);
+    configs(&admin, "team")
+        .create(&PostParams::default(), &config_map("settings", json!({})))
+        .await
+        .unwrap();
+    let refused = api_error(configs(&reader, "team").get("settings").await);
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        refused.message,
+        format!(
+            "configmaps \"settings\" is forbidden: User \"{user}\" cannot get resource \"configmaps\" in API group \"\" in the namespace \"team\""
+        )
+    );
+
+    let rbac = |kind: &str| {
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "rbac.authorization.k8s.io",
+            "v1",
+            kind,
+        ))
+    };
+    let cluster_roles: Api<DynamicObject> = Api::all_with(admin.clone(), &rbac("ClusterRole"));
+    for role in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "view"},
+               "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"example.com/view": "true"}}]},
+               "rules": []}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "view-configmaps", "labels": {"example.com/view": "true"}},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]}),
+    ] {
+        cluster_roles
+            .create(&PostParams::default(), &dynamic(role))
+            .await
+            .unwrap();
+    }
+    let bindings: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), "team", &rbac("RoleBinding"));
+    bindings
+        .create(
+            &PostParams::default(),
+            &dynamic(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "reader", "namespace": "team"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "team"}]})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        configs(&reader, "team")
+            .get("settings")
+            .await
+            .unwrap()
+            .name_any(),
+        "settings"
+    );
+    assert_eq!(
+        configs(&reader, "team")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    let write = configs(&reader, "team")
+        .create(&PostParams::default(), &config_map("mine", json!({})))
+        .await;
+    assert_eq!(api_error(write).code, 403, "view grants no create");
+    let other = configs(&reader, "elsewhere")
+        .list(&ListParams::default())
+        .await;
+    assert_eq!(
+        api_error(other).code,
+        403,
+        "the binding holds in its namespace only"
+    );
+}

@@ -29,9 +29,13 @@ struct Reconciler {
 }
 
 impl Reconciler {
+    /// Runs `labforge image-builds` as its Deployment's service account, with exactly the rights
+    /// `deploy/` grants it ([`crate::deploy::load_deploy_rbac`] must have run).
     fn start(server: &FakeApiServer, dir: &Path, registry: &str, extra: &[&str]) -> Reconciler {
         let kubeconfig = dir.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
+        server
+            .write_kubeconfig_as(&kubeconfig, crate::deploy::IMAGE_BUILDS_USER)
+            .unwrap();
         let admin = need(labforge_tests::tools::free_port());
         let child = crate::labforge()
             .args([
@@ -153,6 +157,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     .await
     .unwrap();
     let client = server.client();
+    crate::deploy::load_deploy_rbac(&server).await;
     // The Notebook, and its pod as the StatefulSet and the kubelet would have made it.
     let mut nb: Notebook = crate::controller::notebook("alice", "env");
     if let Some(spec) = nb.spec.template.spec.as_mut() {

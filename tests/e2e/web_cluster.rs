@@ -64,7 +64,7 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
     });
     let spawner = labforge_web::embedded::default_spawner("registry.example.com");
     let app = labforge_web::cluster::router(
-        server.client(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
         TrustedHeader::default(),
         spawner,
         None,
@@ -306,7 +306,7 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     });
     let spawner = labforge_web::embedded::default_spawner("registry.example.com");
     let app = labforge_web::cluster::router(
-        server.client(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
         TrustedHeader::default(),
         spawner,
         Some("registry.example.com/saved/".into()),
@@ -473,7 +473,7 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
         .await
         .unwrap();
     let app = labforge_web::cluster::router(
-        server.client(),
+        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
         TrustedHeader::default(),
         labforge_web::embedded::default_spawner("registry.example.com"),
         None,

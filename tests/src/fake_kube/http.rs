@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::catalog::ResourceId;
 use super::discovery;
+use super::rbac;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{self, ApiError};
 use super::store::{
@@ -43,6 +44,8 @@ pub(crate) struct App {
     pub exec_runner: RwLock<super::exec::SharedRunner>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub address: String,
+    /// Bearer tokens of [`super::FakeApiServer::client_as`]'s clients, and their users.
+    pub tokens: RwLock<HashMap<String, String>>,
 }
 
 impl App {
@@ -66,7 +69,19 @@ async fn handle(State(app): State<Arc<App>>, mut request: axum::extract::Request
     let uri = request.uri().clone();
     let answer = match exec_target(&uri) {
         Some((namespace, pod)) if matches!(method, Method::GET | Method::POST) => {
-            super::exec::serve(&app, &namespace, &pod, &uri, &mut request)
+            // Kubernetes asks for `create` on pods/exec, over a websocket too.
+            let allowed = authorize(&app, request.headers(), |user| rbac::Request {
+                user,
+                verb: "create",
+                group: "",
+                resource: "pods/exec".into(),
+                namespace: Some(&namespace),
+                name: Some(&pod),
+            });
+            match allowed {
+                Ok(()) => super::exec::serve(&app, &namespace, &pod, &uri, &mut request),
+                Err(error) => Err(error),
+            }
         }
         _ => {
             let (parts, body) = request.into_parts();
@@ -147,7 +162,61 @@ fn route(
     let query = Query::<HashMap<String, String>>::try_from_uri(uri)
         .map(|Query(query)| query)
         .map_err(|err| ApiError::bad_request(format!("invalid query: {err}")))?;
+    let verb = match *method {
+        Method::GET if path.name.is_some() => "get",
+        Method::GET if truthy(&query, "watch") => "watch",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if path.name.is_some() => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "",
+    };
+    let info = app.store.schemas().catalog.get(path.resource);
+    let resource = match &path.subresource {
+        Some(sub) => format!("{}/{sub}", info.plural),
+        None => info.plural.clone(),
+    };
+    authorize(app, headers, |user| rbac::Request {
+        user,
+        verb,
+        group,
+        resource: resource.clone(),
+        namespace: path.namespace.as_deref(),
+        name: path.name.as_deref(),
+    })?;
     serve(app, method, &path, &query, headers, body)
+}
+
+/// Lets a request through when it carries no token (the admin's), or when RBAC allows what
+/// `request` describes for the token's user; 401 for an unknown token, 403 with Kubernetes'
+/// message otherwise.
+fn authorize<'a>(
+    app: &App,
+    headers: &HeaderMap,
+    request: impl FnOnce(String) -> rbac::Request<'a>,
+) -> Result<(), ApiError> {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return Ok(());
+    };
+    let user = app
+        .tokens
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(token)
+        .cloned()
+        .ok_or_else(ApiError::unauthorized)?;
+    let request = request(user);
+    if rbac::allows(&app.store, &request) {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(request.refusal()))
+    }
 }
 
 fn parse_resource_path(

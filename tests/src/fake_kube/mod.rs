@@ -27,6 +27,7 @@ mod exec;
 mod http;
 mod kubelet;
 mod patch;
+mod rbac;
 mod schema;
 mod selector;
 mod status;
@@ -158,6 +159,7 @@ impl FakeApiServer {
             exec_runner: RwLock::new(None),
             shutdown: shutdown_rx.clone(),
             address: address.to_string(),
+            tokens: RwLock::default(),
         });
         let router = http::router(app.clone());
         let mut stop = shutdown_rx;
@@ -188,6 +190,42 @@ impl FakeApiServer {
         })
     }
 
+    /// A client that acts as `user` (`system:serviceaccount:<namespace>:<name>` for a service
+    /// account): each of its requests is allowed only by the RBAC objects stored here, as a
+    /// real API server's authorizer would, and refused with 403 otherwise.
+    pub fn client_as(&self, user: &str) -> Result<kube::Client, FakeKubeError> {
+        let token = self.token_for(user);
+        let url = self.url();
+        let uri: axum::http::Uri = url.parse().map_err(|source| FakeKubeError::Url {
+            url: url.clone(),
+            source,
+        })?;
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = "default".to_string();
+        if let Ok(value) = axum::http::HeaderValue::from_str(&format!("Bearer {token}")) {
+            config
+                .headers
+                .push((axum::http::header::AUTHORIZATION, value));
+        }
+        crate::init_crypto();
+        kube::Client::try_from(config).map_err(|source| FakeKubeError::Client { url, source })
+    }
+
+    /// The bearer token this server takes for `user`, made on first use.
+    fn token_for(&self, user: &str) -> String {
+        let mut tokens = self
+            .app
+            .tokens
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((token, _)) = tokens.iter().find(|(_, u)| *u == user) {
+            return token.clone();
+        }
+        let token = format!("fake-token-{}", tokens.len() + 1);
+        tokens.insert(token.clone(), user.to_string());
+        token
+    }
+
     fn build_client(url: &str) -> Result<kube::Client, FakeKubeError> {
         let uri: axum::http::Uri = url.parse().map_err(|source| FakeKubeError::Url {
             url: url.to_string(),
@@ -214,6 +252,20 @@ impl FakeApiServer {
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
                  users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
+                 cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
+                self.url()
+            ),
+        )
+    }
+
+    /// [`Self::write_kubeconfig`] for a client acting as `user` (see [`Self::client_as`]).
+    pub fn write_kubeconfig_as(&self, path: &std::path::Path, user: &str) -> std::io::Result<()> {
+        let token = self.token_for(user);
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+                 users:\n- name: fake\n  user:\n    token: {token}\ncontexts:\n- name: fake\n  context:\n    \
                  cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
                 self.url()
             ),

@@ -137,6 +137,14 @@ impl ApiError {
         Self::new(422, "Invalid", message.to_string())
     }
 
+    pub(crate) fn forbidden(message: String) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized".to_string())
+    }
+
     pub(crate) fn bad_request(message: String) -> Self {
         Self::new(400, "BadRequest", message)
     }
