@@ -3,7 +3,9 @@
 //! A real API server rewrites every quantity of a built-in object to its canonical form (`0.5` →
 //! `500m`, `1.0Gi` → `1Gi`, `2000` → `2k`). A controller that compares what it would apply
 //! with what is stored must build the same form, or every resync of an unchanged notebook looks
-//! like a change. This follows `resource.Quantity`'s parsing and `CanonicalizeBytes` exactly.
+//! like a change. This follows `resource.Quantity`'s parsing, including the text it keeps as
+//! written when it already looks canonical (`+1`, `1.500`), and `CanonicalizeBytes`; amounts
+//! past what 128 bits hold are left as written.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -42,7 +44,61 @@ struct Parsed {
 /// The canonical text of `text`, as the API server would store it.
 pub fn canonical(text: &str) -> Result<String, QuantityError> {
     let parsed = parse(text)?;
+    if kept_as_written(text) {
+        return Ok(text.to_owned());
+    }
     format(parsed).ok_or_else(|| QuantityError::TooLarge(text.to_owned()))
+}
+
+/// Whether the API server keeps `text` (a valid quantity) as it was written: its parser's fast
+/// path does when the digits fit 64 bits, are exact to the nano, and already look canonical (an
+/// exponent that is a multiple of three, no leading zero and no trailing `000`; for a binary
+/// suffix, digits not divisible by eight).
+fn kept_as_written(text: &str) -> bool {
+    let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
+    let number_len = unsigned
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(number_len);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = format!("{whole}{fraction}");
+    let Ok(value) = digits.parse::<i64>() else {
+        return false;
+    };
+    let length = |text: &str| i64::try_from(text.len()).unwrap_or(i64::MAX);
+    let binary = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+        .iter()
+        .position(|s| *s == suffix)
+        .map(|p| 10 * (i64::try_from(p).unwrap_or(0) + 1));
+    if let Some(power_of_two) = binary {
+        let precision = 15 - length(whole) - power_of_two * 3 / 10 - 1;
+        return fraction.is_empty()
+            && precision >= 0
+            && value.checked_mul(1i64 << power_of_two).is_some()
+            && value & 7 != 0;
+    }
+    let power_of_ten = match suffix {
+        "n" => -9,
+        "u" => -6,
+        "m" => -3,
+        "" => 0,
+        "k" => 3,
+        "M" => 6,
+        "G" => 9,
+        "T" => 12,
+        "P" => 15,
+        "E" => 18,
+        exponent => match exponent.get(1..).map(str::parse::<i64>) {
+            Some(Ok(power)) => power,
+            _ => return false,
+        },
+    };
+    let scale = power_of_ten - length(fraction);
+    18 - length(&digits) >= 0
+        && scale >= -9
+        && scale % 3 == 0
+        && !digits.ends_with("000")
+        && !digits.starts_with('0')
 }
 
 /// The value of `text`, as a float (exact enough for comparing amounts and sizing limits).
@@ -156,23 +212,26 @@ fn format(q: Parsed) -> Option<String> {
     let below = exponent.rem_euclid(3);
     amount = amount.checked_mul(10u128.pow(u32::try_from(below).ok()?))?;
     exponent -= below;
+    let exponent_suffix = || match exponent {
+        0 => String::new(),
+        _ => format!("e{exponent}"),
+    };
     let suffix = match format {
-        Format::DecimalExponent if exponent == 0 => String::new(),
-        Format::DecimalExponent => format!("e{exponent}"),
+        Format::DecimalExponent => exponent_suffix(),
         _ => match exponent {
-            -9 => "n",
-            -6 => "u",
-            -3 => "m",
-            0 => "",
-            3 => "k",
-            6 => "M",
-            9 => "G",
-            12 => "T",
-            15 => "P",
-            18 => "E",
-            _ => return None,
-        }
-        .to_owned(),
+            -9 => "n".to_owned(),
+            -6 => "u".to_owned(),
+            -3 => "m".to_owned(),
+            0 => String::new(),
+            3 => "k".to_owned(),
+            6 => "M".to_owned(),
+            9 => "G".to_owned(),
+            12 => "T".to_owned(),
+            15 => "P".to_owned(),
+            18 => "E".to_owned(),
+            // Past the SI suffixes, an exponent.
+            _ => exponent_suffix(),
+        },
     };
     Some(format!("{sign}{amount}{suffix}"))
 }
@@ -197,11 +256,10 @@ fn remove_factors(mut value: u128, base: u128) -> (u128, usize) {
 }
 
 fn canonicalize_map(quantities: &mut Option<BTreeMap<String, Quantity>>) {
-    for quantity in quantities.iter_mut().flat_map(|map| map.values_mut()) {
-        if let Ok(text) = canonical(&quantity.0) {
-            quantity.0 = text;
-        }
-    }
+    quantities
+        .iter_mut()
+        .flat_map(|map| map.values_mut())
+        .for_each(canonicalize_one);
 }
 
 fn canonicalize_resources(resources: &mut Option<ResourceRequirements>) {
@@ -220,6 +278,17 @@ pub fn canonicalize_pod_spec(spec: &mut PodSpec) {
         .chain(spec.init_containers.iter_mut().flatten());
     for container in containers {
         canonicalize_resources(&mut container.resources);
+        let divisors = container.env.iter_mut().flatten().filter_map(|e| {
+            e.value_from
+                .as_mut()?
+                .resource_field_ref
+                .as_mut()?
+                .divisor
+                .as_mut()
+        });
+        for divisor in divisors {
+            canonicalize_one(divisor);
+        }
     }
     canonicalize_resources(&mut spec.resources);
     canonicalize_map(&mut spec.overhead);
@@ -228,10 +297,24 @@ pub fn canonicalize_pod_spec(spec: &mut PodSpec) {
             .empty_dir
             .as_mut()
             .and_then(|e| e.size_limit.as_mut())
-            && let Ok(text) = canonical(&size.0)
         {
-            size.0 = text;
+            canonicalize_one(size);
         }
+        let claim = volume
+            .ephemeral
+            .as_mut()
+            .and_then(|e| e.volume_claim_template.as_mut())
+            .and_then(|t| t.spec.resources.as_mut());
+        if let Some(resources) = claim {
+            canonicalize_map(&mut resources.limits);
+            canonicalize_map(&mut resources.requests);
+        }
+    }
+}
+
+fn canonicalize_one(quantity: &mut Quantity) {
+    if let Ok(text) = canonical(&quantity.0) {
+        quantity.0 = text;
     }
 }
 
@@ -259,17 +342,22 @@ mod tests {
             ("1.5Ki", "1536"),
             ("0.1Ki", "102400m"),
             ("1e3", "1e3"),
-            ("1E3", "1e3"),
-            ("1500e0", "1500"),
             ("1E", "1E"),
-            ("+1", "1"),
             ("01", "1"),
+            ("1000E", "1e21"),
+            ("3Gi", "3Gi"),
+            ("1024Mi", "1Gi"),
+            // Kept as written: the parser finds them canonical already.
+            ("+1", "+1"),
+            ("5.", "5."),
+            ("1E3", "1E3"),
+            ("1500e0", "1500e0"),
+            ("1.500", "1.500"),
             ("-0.5", "-500m"),
             ("0", "0"),
             ("0Gi", "0"),
             ("0.0", "0"),
             (".5", "500m"),
-            ("5.", "5"),
             ("0.0000000001", "1n"),
             ("1.0000000001", "1000000001n"),
             ("12e-1", "1200e-3"),

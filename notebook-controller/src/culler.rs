@@ -251,7 +251,13 @@ pub async fn cull_once(
 ) -> Result<(), kube::Error> {
     let notebooks: Api<Notebook> = Api::all(client.clone());
     for notebook in notebooks.list(&Default::default()).await? {
-        if notebook.is_stopped() || notebook.metadata.deletion_timestamp.is_some() {
+        // Only running notebooks have an idle clock: the controller clears the culling
+        // annotations of one without a ready pod (starting, or one the cluster cannot run).
+        let running = notebook
+            .status
+            .as_ref()
+            .is_some_and(|status| status.ready_replicas > 0);
+        if notebook.is_stopped() || notebook.metadata.deletion_timestamp.is_some() || !running {
             continue;
         }
         let now = Timestamp::now();

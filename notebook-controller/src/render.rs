@@ -40,21 +40,28 @@ pub fn parse_notebooks(text: &str, namespace: &str) -> Result<Vec<Notebook>, Ren
         if value.is_null() {
             continue;
         }
-        let api_version = value["apiVersion"].as_str().unwrap_or_default();
-        let kind = value["kind"].as_str().unwrap_or_default();
-        if kind != "Notebook" || !api_version.starts_with("kubeflow.org/") {
-            return Err(RenderError::NotANotebook {
-                index,
-                kind: format!("{api_version} {kind}").trim().to_owned(),
-            });
+        // `kubectl get notebooks -o yaml` writes a List (or a NotebookList) of them.
+        let items = match value["kind"].as_str() {
+            Some("List" | "NotebookList") => value["items"].as_array().cloned().unwrap_or_default(),
+            _ => vec![value],
+        };
+        for value in items {
+            let api_version = value["apiVersion"].as_str().unwrap_or_default();
+            let kind = value["kind"].as_str().unwrap_or_default();
+            if kind != "Notebook" || !api_version.starts_with("kubeflow.org/") {
+                return Err(RenderError::NotANotebook {
+                    index,
+                    kind: format!("{api_version} {kind}").trim().to_owned(),
+                });
+            }
+            let mut notebook: Notebook = serde_json::from_value(value)
+                .map_err(|source| RenderError::Invalid { index, source })?;
+            notebook
+                .metadata
+                .namespace
+                .get_or_insert_with(|| namespace.to_owned());
+            notebooks.push(notebook);
         }
-        let mut notebook: Notebook = serde_json::from_value(value)
-            .map_err(|source| RenderError::Invalid { index, source })?;
-        notebook
-            .metadata
-            .namespace
-            .get_or_insert_with(|| namespace.to_owned());
-        notebooks.push(notebook);
     }
     Ok(notebooks)
 }
@@ -102,6 +109,28 @@ mod tests {
         assert_eq!(yaml.matches("kind: StatefulSet").count(), 2);
         assert_eq!(yaml.matches("kind: VirtualService").count(), 2);
         assert!(yaml.contains("notebook-team-b"));
+    }
+
+    #[test]
+    fn a_list_from_kubectl_get_is_read_item_by_item() {
+        let text = "apiVersion: v1\nkind: List\nitems:\n\
+                    - apiVersion: kubeflow.org/v1\n  kind: Notebook\n  metadata: {name: a, namespace: alice}\n  \
+                    spec: {template: {spec: {containers: [{name: a, image: x}]}}}\n\
+                    - apiVersion: kubeflow.org/v1\n  kind: Notebook\n  metadata: {name: b, namespace: bob}\n  \
+                    spec: {template: {spec: {containers: [{name: b, image: x}]}}}\n";
+        let notebooks = parse_notebooks(text, "default").unwrap();
+        let names: Vec<_> = notebooks
+            .iter()
+            .map(|n| {
+                (
+                    n.metadata.namespace.as_deref().unwrap(),
+                    n.metadata.name.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(names, [("alice", "a"), ("bob", "b")]);
+        let mixed = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod}\n";
+        assert!(parse_notebooks(mixed, "default").is_err());
     }
 
     #[test]

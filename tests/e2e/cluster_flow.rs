@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use labforge_crds::VirtualService;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
 use labforge_notebook_controller::BuilderConfig;
@@ -163,8 +163,24 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
     )
     .await;
     assert_eq!(view["notebook"]["state"], "stopped", "{view}");
+    // An activity record from long ago, as a stop from elsewhere leaves it: the controller
+    // clears it while the notebook is stopped, so the start below begins a fresh idle clock.
+    let stale = json!({"metadata": {"annotations": {
+        "notebooks.kubeflow.org/last-activity": "2026-01-01T00:00:00Z"}}});
+    notebooks
+        .patch("lab", &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .unwrap();
+    eventually("the stale activity cleared", WAIT, || async {
+        let nb = notebooks.get("lab").await.ok()?;
+        nb.annotation("notebooks.kubeflow.org/last-activity")
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
-    // Start: running again, and not culled by the culler checking five times a second.
+    // Start: running again, and not culled by the culler checking five times a second (it
+    // would be at once, idle since January, had the record stayed).
     let (status, _) = call(
         &base,
         reqwest::Method::PATCH,
@@ -226,6 +242,21 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
     assert!(
         claims.get_opt("lab-workspace").await.unwrap().is_some(),
         "the workspace is kept"
+    );
+    let removals = server.removals();
+    let at = |what: &str| {
+        removals
+            .iter()
+            .position(|r| r == what)
+            .unwrap_or_else(|| panic!("{what} in {removals:?}"))
+    };
+    assert!(
+        at("Pod alice/lab-0") < at("StatefulSet alice/lab"),
+        "{removals:?}"
+    );
+    assert!(
+        at("StatefulSet alice/lab") < at("Notebook alice/lab"),
+        "{removals:?}"
     );
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
     serving.abort();

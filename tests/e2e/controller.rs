@@ -242,6 +242,13 @@ async fn notebook_lifecycle_create_stop_start_delete() {
         },
     )
     .await;
+    // In the foreground the children go first, the Notebook last.
+    let removals = server.removals();
+    assert_eq!(
+        removals.last().map(String::as_str),
+        Some("Notebook alice/lab"),
+        "{removals:?}"
+    );
 }
 
 #[tokio::test]

@@ -380,7 +380,7 @@ impl Backend for KubernetesBackend {
     /// As Kubeflow's web app: the Notebook and its new claims are first created as a dry run,
     /// so a refusal leaves nothing behind; then the claims (kept when the notebook is deleted,
     /// like Kubeflow's, and taken over when one of that name exists), then the Notebook. If the
-    /// Notebook still fails, the claims made for it are removed again.
+    /// API server then refuses the Notebook, the claims made for it are removed again.
     async fn create(&self, mut notebook: Notebook) -> Result<Notebook, BackendError> {
         let namespace = notebook.namespace().unwrap_or_default();
         let name = notebook.name_any();
@@ -420,15 +420,25 @@ impl Backend for KubernetesBackend {
                 }
             }
         }
-        let result = match result {
-            Ok(()) => self
+        let (result, refused) = match result {
+            Ok(()) => match self
                 .api(&namespace)
                 .create(&PostParams::default(), &notebook)
                 .await
-                .map_err(|e| kube_error(&namespace, &name, e)),
-            Err(err) => Err(err),
+            {
+                Ok(created) => (Ok(created), false),
+                // Removed only after a definite refusal: a timeout may hide a Notebook that was
+                // created, and a 409 one of that name that another request made, both of which
+                // use the claims.
+                Err(kube::Error::Api(status)) if status.code != 409 && status.code < 500 => (
+                    Err(kube_error(&namespace, &name, kube::Error::Api(status))),
+                    true,
+                ),
+                Err(err) => (Err(kube_error(&namespace, &name, err)), false),
+            },
+            Err(err) => (Err(err), true),
         };
-        if result.is_err() {
+        if refused {
             for claim in created {
                 if let Err(err) = claims_api.delete(&claim, &DeleteParams::default()).await {
                     tracing::warn!(error = %err, %namespace, claim, "removing a claim made for a notebook that was not created");

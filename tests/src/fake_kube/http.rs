@@ -186,7 +186,55 @@ fn route(
         namespace: path.namespace.as_deref(),
         name: path.name.as_deref(),
     })?;
+    if matches!(verb, "create" | "update" | "patch") {
+        authorize_blocking_owners(app, headers, &path, body)?;
+    }
     serve(app, method, &path, &query, headers, body)
+}
+
+/// The OwnerReferencesPermissionEnforcement admission plugin: an owner reference that blocks its
+/// owner's deletion may only be set by who may update the owner's finalizers.
+fn authorize_blocking_owners(
+    app: &App,
+    headers: &HeaderMap,
+    path: &ResourcePath,
+    body: &Bytes,
+) -> Result<(), ApiError> {
+    let Ok(object) = serde_json::from_slice::<Value>(body) else {
+        return Ok(());
+    };
+    let catalog = &app.store.schemas().catalog;
+    let owners = object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|owner| owner["blockOwnerDeletion"] == Value::Bool(true));
+    for owner in owners {
+        let api_version = owner["apiVersion"].as_str().unwrap_or_default();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let kind = owner["kind"].as_str().unwrap_or_default();
+        let Some(id) = catalog.by_kind(group, version, kind) else {
+            continue;
+        };
+        let plural = catalog.get(id).plural.clone();
+        authorize(app, headers, |user| rbac::Request {
+            user,
+            verb: "update",
+            group,
+            resource: format!("{plural}/finalizers"),
+            namespace: path.namespace.as_deref(),
+            name: owner["name"].as_str(),
+        })
+        .map_err(|refused| {
+            ApiError::forbidden(format!(
+                "cannot set blockOwnerDeletion if an ownerReference refers to a resource you \
+                 can't set finalizers on: {}",
+                refused.message
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// Lets a request through when it carries no token (the admin's), or when RBAC allows what

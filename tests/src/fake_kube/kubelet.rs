@@ -4,9 +4,9 @@
 //! - StatefulSets get a pod `<name>-<ordinal>` per replica, owned by the set (blocking owner
 //!   deletion), from the set's template; pods past `replicas` are deleted, and a pod whose
 //!   template no longer matches is replaced. The set's status counts its ready pods.
-//! - A pod is not created when a ResourceQuota of its namespace limits a resource that one of its
-//!   containers does not state and no LimitRange gives it a default (quota admission's rule); the
-//!   set gets a `FailedCreate` Warning event saying so, as the real controller's does.
+//! - A pod is not created when a ResourceQuota of its namespace limits CPU or memory that one of
+//!   its containers does not state and no LimitRange gives it a default (quota admission's
+//!   rule); the set gets a `FailedCreate` Warning event saying so, as the real controller's does.
 //! - The kubelet runs a pod whose claims all exist: Running and Ready, every container running.
 //!   A pod claiming a missing PersistentVolumeClaim stays Pending, `Unschedulable`, with the
 //!   scheduler's message.
@@ -126,6 +126,15 @@ async fn reconcile_set(client: &kube::Client, set: &StatefulSet) -> kube::Result
         if present.contains_key(&ordinal) {
             continue;
         }
+        // The set may have been deleted since it was listed: no pod for it then.
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
+        let current = sets.get_opt(&name).await?;
+        if current.is_none_or(|current| {
+            current.metadata.deletion_timestamp.is_some()
+                || current.metadata.uid != set.metadata.uid
+        }) {
+            return Ok(());
+        }
         let pod = pod_for(set, ordinal, &hash);
         if let Some(refusal) = quota_refusal(client, &namespace, &pod).await? {
             let message = format!(
@@ -180,8 +189,8 @@ fn pod_for(set: &StatefulSet, ordinal: i32, hash: &str) -> Pod {
     }
 }
 
-/// Quota admission's refusal of `pod`, if any: a ResourceQuota of the namespace limits a
-/// resource (`limits.cpu`, `requests.memory`, `cpu`, ...) that a container, init containers
+/// Quota admission's refusal of `pod`, if any: a ResourceQuota of the namespace limits CPU or
+/// memory (`limits.cpu`, `requests.memory`, `cpu`, ...) that a container, init containers
 /// included, does not state, and no LimitRange gives it a default.
 async fn quota_refusal(
     client: &kube::Client,
@@ -197,16 +206,16 @@ async fn quota_refusal(
     let ranges = Api::<LimitRange>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await?;
-    let defaulted = |kind: &str, resource: &str| {
+    // A LimitRange fills a container's limit from its `default` (else its `max`), and its
+    // request from `defaultRequest` (else the limit so filled).
+    let defaulted = |resource: &str| {
         ranges.items.iter().any(|range| {
             range.spec.as_ref().is_some_and(|spec| {
                 spec.limits.iter().any(|item| {
-                    let defaults = match kind {
-                        "limits" => &item.default,
-                        _ => &item.default_request,
-                    };
                     item.type_ == "Container"
-                        && defaults.as_ref().is_some_and(|d| d.contains_key(resource))
+                        && [&item.default, &item.default_request, &item.max]
+                            .iter()
+                            .any(|d| d.as_ref().is_some_and(|d| d.contains_key(resource)))
                 })
             })
         })
@@ -221,15 +230,15 @@ async fn quota_refusal(
     for quota in &quotas.items {
         let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
         for resource in hard.into_iter().flat_map(|h| h.keys()) {
-            let (kind, name) = match resource.split_once('.') {
-                Some(("limits", name)) => ("limits", name),
-                Some(("requests", name)) => ("requests", name),
-                None if resource == "cpu" || resource == "memory" => {
-                    ("requests", resource.as_str())
-                }
+            // Quota admission asks every container to state CPU and memory only.
+            let (kind, name) = match resource.as_str() {
+                "limits.cpu" => ("limits", "cpu"),
+                "limits.memory" => ("limits", "memory"),
+                "requests.cpu" | "cpu" => ("requests", "cpu"),
+                "requests.memory" | "memory" => ("requests", "memory"),
                 _ => continue,
             };
-            if defaulted(kind, name) {
+            if defaulted(name) {
                 continue;
             }
             let missing: Vec<&str> = containers

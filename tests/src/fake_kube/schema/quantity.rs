@@ -73,6 +73,9 @@ pub(crate) fn parse_quantity(text: &str) -> Result<f64, String> {
 /// would pass every test.
 pub(crate) fn canonical_quantity(text: &str) -> Option<String> {
     parse_quantity(text).ok()?;
+    if stored_as_written(text) {
+        return Some(text.to_string());
+    }
     let (negative, body) = match text.strip_prefix('-') {
         Some(body) => (true, body),
         None => (false, text.strip_prefix('+').unwrap_or(text)),
@@ -101,9 +104,16 @@ pub(crate) fn canonical_quantity(text: &str) -> Option<String> {
         (None, None) => scale += suffix[1..].parse::<i64>().ok()?,
     }
     // Exact to the nano: anything finer is rounded up.
-    while scale < -9 {
-        value = value / 10 + i128::from(value % 10 != 0);
-        scale += 1;
+    if scale < -9 {
+        // Exact to the nano: anything finer is rounded up, in one division.
+        let divisor = u32::try_from(-9 - scale)
+            .ok()
+            .and_then(|drop| 10i128.checked_pow(drop));
+        value = match divisor {
+            Some(divisor) => value / divisor + i128::from(value % divisor != 0),
+            None => i128::from(value != 0),
+        };
+        scale = -9;
     }
     if value == 0 {
         return Some("0".into());
@@ -141,11 +151,58 @@ pub(crate) fn canonical_quantity(text: &str) -> Option<String> {
             format!("e{scale}")
         }
     } else {
-        ["n", "u", "m", "", "k", "M", "G", "T", "P", "E"]
-            .get(usize::try_from(scale / 3 + 3).ok()?)?
-            .to_string()
+        match usize::try_from(scale / 3 + 3)
+            .ok()
+            .and_then(|i| ["n", "u", "m", "", "k", "M", "G", "T", "P", "E"].get(i))
+        {
+            Some(suffix) => suffix.to_string(),
+            None => format!("e{scale}"),
+        }
     };
     Some(format!("{sign}{value}{suffix}"))
+}
+
+/// `resource.ParseQuantity`'s fast path keeps the caller's text when its digits fit an int64 and
+/// it already reads as canonical: decimal, exact to the nano, an exponent that is a multiple of
+/// three, no leading zero, no trailing "000"; binary, a whole number not divisible by 8.
+fn stored_as_written(text: &str) -> bool {
+    let body = text.trim_start_matches(['+', '-']);
+    let end = body
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(body.len());
+    let (number, suffix) = body.split_at(end);
+    let (num, denom) = number.split_once('.').unwrap_or((number, ""));
+    let shifted = format!("{num}{denom}");
+    let Ok(value) = shifted.parse::<i64>() else {
+        return false;
+    };
+    let len = |s: &str| s.len() as i64;
+    if let Some(index) = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+        .iter()
+        .position(|s| *s == suffix)
+    {
+        let exponent = 10 * (index as i64 + 1);
+        return denom.is_empty()
+            && 15 - len(num) - exponent * 3 / 10 > 0
+            && value.checked_mul(1 << exponent).is_some()
+            && value % 8 != 0;
+    }
+    let exponent = match ["n", "u", "m", "", "k", "M", "G", "T", "P", "E"]
+        .iter()
+        .position(|s| *s == suffix)
+    {
+        Some(index) => (index as i64 - 3) * 3,
+        None => match suffix[1..].parse::<i64>() {
+            Ok(exponent) => exponent,
+            Err(_) => return false,
+        },
+    };
+    let scale = exponent - len(denom);
+    18 - len(&shifted) >= 0
+        && scale >= -9
+        && scale % 3 == 0
+        && !shifted.ends_with("000")
+        && !shifted.starts_with('0')
 }
 
 fn count_digits(bytes: &[u8]) -> usize {
@@ -170,7 +227,11 @@ mod tests {
             ("-0.5", "-500m"),
             ("0Gi", "0"),
             ("0.0000000001", "1n"),
-            ("+3k", "3k"),
+            ("+3k", "+3k"),
+            ("1.500", "1.500"),
+            ("1024Mi", "1Gi"),
+            ("1000E", "1e21"),
+            ("1e-2000000000", "1e-9"),
             ("1", "1"),
             ("100m", "100m"),
         ] {

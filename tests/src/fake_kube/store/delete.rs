@@ -114,12 +114,14 @@ impl Store {
         let uid = meta_str(&stored.object, "uid")
             .unwrap_or_default()
             .to_string();
-        if propagation == Propagation::Foreground {
+        let waiting = finalizers(&stored.object).iter().any(|f| f == FOREGROUND);
+        if propagation == Propagation::Foreground && !waiting {
             let dependents = Self::dependents(inner, &uid);
             if !dependents.is_empty() {
                 let marked = self.mark_deleted(inner, resource, key, Some(FOREGROUND));
                 // A dependent with dependents of its own goes in the foreground too, so the
-                // owner waits for the whole tree.
+                // owner waits for the whole tree; one already waiting is not walked again, which
+                // ends ownership cycles.
                 for (id, dependent, _) in dependents {
                     self.delete_object(inner, id, &dependent, Propagation::Foreground);
                 }
