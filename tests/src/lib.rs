@@ -8,7 +8,6 @@
 pub mod agent;
 pub mod browser;
 pub mod embedded;
-pub mod fake_kube;
 pub mod faulty;
 pub mod images;
 pub mod jupyter;
@@ -18,15 +17,15 @@ pub mod services;
 pub mod tools;
 
 pub use images::{cached_layout, push_layout};
+/// The fake Kubernetes API server, a crate of its own; here under its old path for the suites.
+pub use labforge_fake_kube as fake_kube;
 pub use podman::{Container, Podman};
 pub use services::{Registry, S3Server};
 pub use tools::{SupportError, locate};
 
 /// Installs the crypto provider the labforge binary uses (ring) for this test process; every HTTP
 /// client here, like the product's, relies on the process default.
-pub fn init_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use labforge_fake_kube::init_crypto;
 
 /// The repository root (the suites run scripts and write artifacts relative to it).
 pub fn repo_root() -> std::path::PathBuf {

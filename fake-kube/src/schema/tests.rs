@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use serde_json::{Value, json};
 
 use super::{FieldError, SchemaSet};
-use crate::fake_kube::FakeApiServerOptions;
+use crate::FakeApiServerOptions;
 
 fn schemas() -> &'static SchemaSet {
     static SCHEMAS: OnceLock<SchemaSet> = OnceLock::new();

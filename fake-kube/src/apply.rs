@@ -449,7 +449,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fake_kube::FakeApiServerOptions;
+    use crate::FakeApiServerOptions;
 
     fn schemas() -> SchemaSet {
         SchemaSet::load(&FakeApiServerOptions::default()).unwrap()

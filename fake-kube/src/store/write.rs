@@ -9,10 +9,10 @@ use super::{
     EventType, Inner, Key, Outcome, Part, PatchKind, SERVER_METADATA, Store, Stored, Target,
     WriteOptions, finalizers, meta_str, metadata_mut, now, spec_part, strip_nulls, tracked,
 };
-use crate::fake_kube::apply::{self, ApplyRequest, Managed};
-use crate::fake_kube::patch;
-use crate::fake_kube::schema::FieldError;
-use crate::fake_kube::status::ApiError;
+use crate::apply::{self, ApplyRequest, Managed};
+use crate::patch;
+use crate::schema::FieldError;
+use crate::status::ApiError;
 
 impl Store {
     /// POST: creates an object (`generateName` supported).

@@ -14,8 +14,8 @@ use super::names::{
 };
 use super::quantity::parse_quantity;
 use super::validate::{child_path, index_path, key_path};
-use crate::fake_kube::catalog::{NameRule, ResourceInfo};
-use crate::fake_kube::selector::label_selector_object_matches;
+use crate::catalog::{NameRule, ResourceInfo};
+use crate::selector::label_selector_object_matches;
 
 /// Maximum total size of annotations, as in apimachinery.
 const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;

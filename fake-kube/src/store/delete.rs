@@ -12,8 +12,8 @@ use super::{
 
 /// The finalizer a foreground deletion holds its object with.
 const FOREGROUND: &str = "foregroundDeletion";
-use crate::fake_kube::catalog::ResourceId;
-use crate::fake_kube::status::ApiError;
+use crate::catalog::ResourceId;
+use crate::status::ApiError;
 
 impl Store {
     /// DELETE of one object.

@@ -42,6 +42,20 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 pub use exec::ExecRequest;
 pub use schema::{FieldError, SchemaSet};
 
+/// Installs the crypto provider labforge uses (ring) for this process, if none is yet: kube's
+/// client needs one.
+pub fn init_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The repository root: `../shared/schemas` and `crds/` are found from it.
+fn repo_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
 /// Failures to start the fake server or load its schemas.
 #[derive(Debug, thiserror::Error)]
 pub enum FakeKubeError {
@@ -104,7 +118,7 @@ pub struct FakeApiServerOptions {
 impl Default for FakeApiServerOptions {
     fn default() -> Self {
         FakeApiServerOptions {
-            schemas_dir: crate::repo_root().join("../shared/schemas"),
+            schemas_dir: repo_root().join("../shared/schemas"),
             extra_crds: Vec::new(),
             watch_history: 1000,
             kubelet: false,
@@ -123,7 +137,7 @@ impl FakeApiServerOptions {
             std::os::unix::fs::symlink(defaults.schemas_dir.join(file), dir.path().join(file))?;
         }
         std::os::unix::fs::symlink(
-            crate::repo_root().join("crds/notebooks.kubeflow.org.yaml"),
+            repo_root().join("crds/notebooks.kubeflow.org.yaml"),
             dir.path().join("kubeflow.org_notebooks.yaml"),
         )?;
         let options = Self {
@@ -172,7 +186,7 @@ impl FakeApiServer {
             }
         });
         let url = format!("http://{address}");
-        crate::init_crypto();
+        init_crypto();
         let client = Self::build_client(&url)?;
         if options.kubelet {
             tokio::spawn(kubelet::run(
@@ -207,7 +221,7 @@ impl FakeApiServer {
                 .headers
                 .push((axum::http::header::AUTHORIZATION, value));
         }
-        crate::init_crypto();
+        init_crypto();
         kube::Client::try_from(config).map_err(|source| FakeKubeError::Client { url, source })
     }
 
@@ -274,7 +288,7 @@ impl FakeApiServer {
 
     /// A client for this server (default namespace `default`, no auth).
     pub fn client(&self) -> kube::Client {
-        crate::init_crypto();
+        init_crypto();
         self.client.clone()
     }
 
