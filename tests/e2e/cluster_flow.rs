@@ -41,8 +41,9 @@ async fn call(
     )
 }
 
-#[tokio::test]
-async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
+/// A fake cluster whose StatefulSets get pods, with a ResourceQuota of these `hard` limits in
+/// namespace `alice` and no LimitRange.
+async fn cluster_with_quota(hard: Value) -> FakeApiServer {
     crate::init_crypto();
     let server = FakeApiServer::start(FakeApiServerOptions {
         kubelet: true,
@@ -50,24 +51,28 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
     })
     .await
     .unwrap();
+    let quotas: Api<ResourceQuota> = Api::namespaced(server.client(), "alice");
+    let quota = json!({"metadata": {"name": "kf-resource-quota"}, "spec": {"hard": hard}});
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(quota).unwrap(),
+        )
+        .await
+        .unwrap();
+    server
+}
+
+#[tokio::test]
+async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
+    // A profile's quota: every container, init containers included, must state its limits.
+    let server = cluster_with_quota(json!({"limits.cpu": "8", "limits.memory": "16Gi",
+        "requests.cpu": "8", "requests.memory": "16Gi"}))
+    .await;
     let client = server.client();
     server.set_access_rule(|spec| {
         spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
     });
-    // A profile's quota: every container, init containers included, must state its limits.
-    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "alice");
-    quotas
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "kf-resource-quota"},
-                "spec": {"hard": {"limits.cpu": "8", "limits.memory": "16Gi",
-                                  "requests.cpu": "8", "requests.memory": "16Gi"}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
     let mut options = serve_options(
         CullingConfig {
             enabled: true,
@@ -80,10 +85,7 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         agent_image: Some("registry.example.com/labforge/labforge:1".into()),
         ..BuilderConfig::default()
     };
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        options,
-    );
+    let _controller = RunningController::deployed(&server, options).await;
     let app = labforge_web::cluster::router(
         crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
         TrustedHeader::default(),
@@ -268,30 +270,10 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
 /// scheduler's reason in the notebook's status.
 #[tokio::test]
 async fn a_notebook_the_cluster_cannot_run_says_why() {
-    crate::init_crypto();
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap();
+    let server = cluster_with_quota(json!({"limits.cpu": "8"})).await;
     let client = server.client();
-    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "alice");
-    quotas
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "kf-resource-quota"},
-                "spec": {"hard": {"limits.cpu": "8"}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
         .create(

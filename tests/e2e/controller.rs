@@ -45,6 +45,13 @@ pub fn serve_options(culling: CullingConfig, jupyter_base_url: Option<String>) -
 pub struct RunningController(JoinHandle<()>);
 
 impl RunningController {
+    /// The controller as `deploy/` runs it: under its ServiceAccount, with `deploy/`'s RBAC.
+    pub async fn deployed(server: &FakeApiServer, options: ServeOptions) -> Self {
+        let client =
+            crate::deploy::client_as_deployed(server, crate::deploy::CONTROLLER_USER).await;
+        Self::start(client, options)
+    }
+
     pub fn start(client: Client, options: ServeOptions) -> Self {
         RunningController(tokio::spawn(async move {
             if let Err(err) = serve(client, options).await {
@@ -91,10 +98,8 @@ async fn replicas(api: &Api<StatefulSet>, name: &str) -> Option<i32> {
 async fn notebook_lifecycle_create_stop_start_delete() {
     let server = fake_server().await;
     let client = server.client();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
     let services: Api<Service> = Api::namespaced(client.clone(), "alice");
@@ -255,10 +260,8 @@ async fn notebook_lifecycle_create_stop_start_delete() {
 async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
     let server = fake_server().await;
     let client = server.client();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
         .create(&PostParams::default(), &notebook("alice", "broken"))
@@ -343,10 +346,8 @@ async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
     // A controller restart does not repeat warnings an earlier instance already re-emitted.
     drop(_controller);
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let _restarted = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _restarted =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         count_reemitted().await,
@@ -359,10 +360,8 @@ async fn pod_failure_becomes_a_condition_and_an_event_on_the_notebook() {
 async fn notebook_without_containers_gets_a_condition_and_no_children() {
     let server = fake_server().await;
     let client = server.client();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let mut empty = notebook("alice", "empty");
     empty
@@ -411,10 +410,8 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
         )
         .await;
     }
-    let first = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let first =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "team");
     eventually("some StatefulSets", Duration::from_secs(10), || async {
         let n = stateful_sets
@@ -428,10 +425,8 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     .await;
     drop(first);
 
-    let _second = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _second =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let virtual_services: Api<VirtualService> = Api::namespaced(client.clone(), "team");
     eventually("all eight converged", Duration::from_secs(20), || async {
         let sts = stateful_sets
@@ -464,10 +459,8 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     let requests_before = server.write_requests();
     let writes_before = server.writes_by();
     drop(_second);
-    let _third = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _third =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         server.write_count(),
@@ -490,10 +483,7 @@ async fn admin_endpoints_serve_kubeflow_metrics_and_readiness() {
     let port = labforge_tests::tools::free_port().unwrap();
     let mut options = serve_options(CullingConfig::default(), None);
     options.admin_addr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        options,
-    );
+    let _controller = RunningController::deployed(&server, options).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
         .create(&PostParams::default(), &notebook("alice", "metered"))
@@ -596,10 +586,8 @@ async fn notebook_the_api_server_refuses_gets_a_condition_and_no_retry_loop() {
     let (options, _schemas) = FakeApiServerOptions::with_labforge_notebook_crd().unwrap();
     let server = FakeApiServer::start(options).await.unwrap();
     let client = server.client();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let mut bad = notebook("alice", "greedy");
     let limits = json!({"cpu": "1", "memory": "2GB"});
@@ -695,10 +683,8 @@ async fn set_container_state(
 async fn status_follows_the_pod_exactly_and_a_stop_from_kubectl_clears_the_idle_clock() {
     let server = fake_server().await;
     let client = server.client();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
@@ -842,10 +828,8 @@ async fn a_notebook_with_an_integer_gpu_limit_stops_no_other_from_being_reconcil
         .await;
     }
     create_raw(&client, &kubeflow_notebook("team", "gpu", Some(1))).await;
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        serve_options(CullingConfig::default(), None),
-    );
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "team");
     eventually("all 51 reconciled", Duration::from_secs(30), || async {
         let n = stateful_sets

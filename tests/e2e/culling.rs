@@ -48,10 +48,11 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
         idle_time: Duration::from_secs(4),
         check_period: Duration::from_millis(300),
     };
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
+    let _controller = RunningController::deployed(
+        &server,
         serve_options(culling, Some(notebook_server.origin())),
-    );
+    )
+    .await;
 
     // The kernel's own activity time (which predates the controller) is what the culler records;
     // without Jupyter's answer it would record the time of its first check instead.
@@ -161,10 +162,7 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
         Some(format!("http://{upstream}")),
     );
     options.proxy_activity_url = Some(format!("http://{}", proxy.admin_addr));
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        options,
-    );
+    let _controller = RunningController::deployed(&server, options).await;
 
     eventually("quiet culled", Duration::from_secs(15), || async {
         notebooks
@@ -369,10 +367,7 @@ async fn with_notebook_secrets_the_culler_reads_jupyter_with_the_notebooks_secre
         (variable == "LABFORGE_NOTEBOOK_SECRET_KEY").then(|| key.to_owned())
     })
     .unwrap();
-    let _controller = RunningController::start(
-        crate::deploy::client_as_deployed(&server, crate::deploy::CONTROLLER_USER).await,
-        options,
-    );
+    let _controller = RunningController::deployed(&server, options).await;
     eventually(
         "last-activity from the guarded Jupyter",
         Duration::from_secs(10),

@@ -187,17 +187,7 @@ impl Store {
         if object == stored.object {
             return false;
         }
-        Self::bump(inner, &mut object);
-        self.record(
-            inner,
-            resource,
-            EventType::Modified,
-            &object,
-            Some(stored.object),
-        );
-        if let Some(slot) = inner.objects[resource].get_mut(key) {
-            slot.object = object;
-        }
+        self.store_modified(inner, resource, key, stored.object, object);
         true
     }
 
@@ -251,17 +241,7 @@ impl Store {
             self.remove(inner, resource, object, false);
             return;
         }
-        Self::bump(inner, &mut object);
-        self.record(
-            inner,
-            resource,
-            EventType::Modified,
-            &object,
-            Some(stored.object),
-        );
-        if let Some(slot) = inner.objects[resource].get_mut(key) {
-            slot.object = object;
-        }
+        self.store_modified(inner, resource, key, stored.object, object);
     }
 
     /// Records the removal of an object already taken out of the map, then deletes (or orphans)
@@ -338,14 +318,21 @@ impl Store {
                 metadata.remove("ownerReferences");
             }
         }
+        self.store_modified(inner, resource, key, stored.object, object);
+    }
+
+    /// Stores `object` in place of `old` at `key`, with a new resourceVersion and a MODIFIED
+    /// event.
+    fn store_modified(
+        &self,
+        inner: &mut Inner,
+        resource: ResourceId,
+        key: &Key,
+        old: Value,
+        mut object: Value,
+    ) {
         Self::bump(inner, &mut object);
-        self.record(
-            inner,
-            resource,
-            EventType::Modified,
-            &object,
-            Some(stored.object),
-        );
+        self.record(inner, resource, EventType::Modified, &object, Some(old));
         if let Some(slot) = inner.objects[resource].get_mut(key) {
             slot.object = object;
         }
