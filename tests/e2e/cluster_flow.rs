@@ -12,7 +12,6 @@ use labforge_crds::VirtualService;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
-use labforge_proxy::authz::TrustedHeader;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -86,17 +85,8 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         ..BuilderConfig::default()
     };
     let _controller = RunningController::deployed(&server, options).await;
-    let app = labforge_web::cluster::router(
-        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
-        TrustedHeader::default(),
-        labforge_web::embedded::default_spawner("registry.example.com"),
-        None,
-        None,
-    )
-    .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let web = crate::web_cluster::WebApp::start(&server, None, None).await;
+    let base = web.base.clone();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
 
@@ -261,7 +251,6 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         "{removals:?}"
     );
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
-    serving.abort();
 }
 
 /// What users see when the cluster cannot run their notebook: a Notebook written by hand

@@ -21,6 +21,47 @@ struct Client {
     base: String,
 }
 
+/// `labforge web` in cluster mode on a loopback port, as `deploy/` runs it: under its
+/// ServiceAccount with `deploy/`'s RBAC, the default spawner catalog.
+pub struct WebApp {
+    pub base: String,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl WebApp {
+    pub async fn start(
+        server: &FakeApiServer,
+        save_registry: Option<&str>,
+        notebook_domain: Option<&str>,
+    ) -> WebApp {
+        let app = labforge_web::cluster::router(
+            crate::deploy::client_as_deployed(server, crate::deploy::WEB_USER).await,
+            TrustedHeader::default(),
+            labforge_web::embedded::default_spawner("registry.example.com"),
+            save_registry.map(str::to_owned),
+            notebook_domain.map(str::to_owned),
+        )
+        .await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        WebApp { base, serving }
+    }
+
+    fn client(&self) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            base: self.base.clone(),
+        }
+    }
+}
+
+impl Drop for WebApp {
+    fn drop(&mut self) {
+        self.serving.abort();
+    }
+}
+
 impl Client {
     async fn call(
         &self,
@@ -62,22 +103,8 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         let namespace = spec["resourceAttributes"]["namespace"].as_str();
         user == ROOT || (user == ALICE && namespace == Some("alice"))
     });
-    let spawner = labforge_web::embedded::default_spawner("registry.example.com");
-    let app = labforge_web::cluster::router(
-        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
-        TrustedHeader::default(),
-        spawner,
-        None,
-        Some("nb.example.com".into()),
-    )
-    .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let api = Client {
-        http: reqwest::Client::new(),
-        base,
-    };
+    let web = WebApp::start(&server, None, Some("nb.example.com")).await;
+    let api = web.client();
 
     assert_eq!(
         api.get(None, "/api/namespaces/alice/notebooks").await.0,
@@ -284,7 +311,6 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
             .then_some(())
     })
     .await;
-    serving.abort();
 }
 
 /// Saves in a cluster: the web app writes an ImageBuild (target under --save-registry, owned by
@@ -304,22 +330,8 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     server.set_access_rule(|spec| {
         spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
     });
-    let spawner = labforge_web::embedded::default_spawner("registry.example.com");
-    let app = labforge_web::cluster::router(
-        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
-        TrustedHeader::default(),
-        spawner,
-        Some("registry.example.com/saved/".into()),
-        None,
-    )
-    .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let api = Client {
-        http: reqwest::Client::new(),
-        base: base.clone(),
-    };
+    let web = WebApp::start(&server, Some("registry.example.com/saved/"), None).await;
+    let api = web.client();
     let post = |user, path: &'static str, body: Value| {
         let api = &api;
         async move {
@@ -362,7 +374,7 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
 
     // Follow it while the reconciler (played here by status writes) moves it along.
-    let follow = format!("{base}/api/namespaces/alice/saves/{id}");
+    let follow = format!("{}/api/namespaces/alice/saves/{id}", web.base);
     let stream = tokio::spawn(async move {
         reqwest::Client::new()
             .get(follow)
@@ -445,7 +457,6 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert_eq!(status, 200);
     let (status, answer) = post(ALICE, saves, json!({"tag": "v3"})).await;
     assert_eq!(status, 409, "{answer}");
-    serving.abort();
 }
 
 /// What Kubeflow's web app does on create, in a cluster: the new workspace and data volumes
@@ -472,21 +483,8 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
         )
         .await
         .unwrap();
-    let app = labforge_web::cluster::router(
-        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
-        TrustedHeader::default(),
-        labforge_web::embedded::default_spawner("registry.example.com"),
-        None,
-        None,
-    )
-    .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let api = Client {
-        http: reqwest::Client::new(),
-        base,
-    };
+    let web = WebApp::start(&server, None, None).await;
+    let api = web.client();
     let create = |namespace: &'static str, body: Value| {
         let api = &api;
         async move {
@@ -615,5 +613,4 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
     assert_eq!(names.len(), 3, "{names:?}");
     assert!(names.contains(&"gpu"), "{names:?}");
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
-    serving.abort();
 }
