@@ -253,7 +253,7 @@ pub const DEFAULT_EDITOR: &str = "default-editor";
 /// The claims a new notebook asks for: each volume with a size in its
 /// [`VOLUME_SIZES_ANNOTATION`] (volumes without one name existing claims), `ReadWriteOnce` on
 /// the cluster's default storage class, as Kubeflow's web app makes them.
-pub fn new_claims(notebook: &Notebook) -> Vec<PersistentVolumeClaim> {
+fn new_claims(notebook: &Notebook) -> Vec<PersistentVolumeClaim> {
     let sizes: BTreeMap<String, String> = notebook
         .annotation(VOLUME_SIZES_ANNOTATION)
         .and_then(|json| serde_json::from_str(json).ok())
