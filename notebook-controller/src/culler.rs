@@ -251,8 +251,9 @@ pub async fn cull_once(
 ) -> Result<(), kube::Error> {
     let notebooks: Api<Notebook> = Api::all(client.clone());
     for notebook in notebooks.list(&Default::default()).await? {
-        // Only running notebooks have an idle clock: the controller clears the culling
-        // annotations of one without a ready pod (starting, or one the cluster cannot run).
+        // Only a notebook with a ready pod is judged: the controller clears the culling
+        // annotations of one that is stopped or has no pod, and one still starting (or that the
+        // cluster cannot run) has had no chance to be used.
         let running = notebook
             .status
             .as_ref()
