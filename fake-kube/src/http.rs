@@ -25,6 +25,8 @@ use super::watch::{self, View, WatchRequest, WatchStart};
 
 /// The rule answering SubjectAccessReviews, given the review's `spec`.
 pub(crate) type AccessRule = dyn Fn(&Value) -> bool + Send + Sync;
+/// What a container has logged, by namespace, pod and container (the kubelet's part).
+pub(crate) type LogSource = dyn Fn(&str, &str, &str) -> Option<String> + Send + Sync;
 
 /// Counters tests read back.
 #[derive(Debug, Default)]
@@ -42,6 +44,7 @@ pub(crate) struct App {
     pub stats: Mutex<Stats>,
     pub access_rule: RwLock<Arc<AccessRule>>,
     pub exec_runner: RwLock<super::exec::SharedRunner>,
+    pub log_source: RwLock<Option<Arc<LogSource>>>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub address: String,
     /// Bearer tokens of [`super::FakeApiServer::client_as`]'s clients, and their users.
@@ -67,6 +70,14 @@ pub(crate) fn router(app: Arc<App>) -> Router {
 async fn handle(State(app): State<Arc<App>>, mut request: axum::extract::Request) -> Response {
     let method = request.method().clone();
     let uri = request.uri().clone();
+    if let Some((namespace, pod)) = log_target(&uri)
+        && method == Method::GET
+    {
+        return match pod_log(&app, request.headers(), &namespace, &pod, &uri) {
+            Ok(response) => response,
+            Err(error) => error.into_response(),
+        };
+    }
     let answer = match exec_target(&uri) {
         Some((namespace, pod)) if matches!(method, Method::GET | Method::POST) => {
             // Kubernetes asks for `create` on pods/exec, over a websocket too.
@@ -112,6 +123,89 @@ fn exec_target(uri: &Uri) -> Option<(String, String)> {
         }
         _ => None,
     }
+}
+
+/// `(namespace, pod)` of `/api/v1/namespaces/{namespace}/pods/{pod}/log`.
+fn log_target(uri: &Uri) -> Option<(String, String)> {
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    match segments.as_slice() {
+        ["api", "v1", "namespaces", namespace, "pods", pod, "log"] => {
+            Some((namespace.to_string(), pod.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// `pods/log`: the container's log from the test's log source (empty without one), its last
+/// `tailLines` lines when asked; the container must be named when the pod has several, as in
+/// Kubernetes. A followed log ends with what was logged.
+fn pod_log(
+    app: &App,
+    headers: &HeaderMap,
+    namespace: &str,
+    pod: &str,
+    uri: &Uri,
+) -> Result<Response, ApiError> {
+    authorize(app, headers, |user| rbac::Request {
+        user,
+        verb: "get",
+        group: "",
+        resource: "pods/log".into(),
+        namespace: Some(namespace),
+        name: Some(pod),
+    })?;
+    let catalog = &app.store.schemas().catalog;
+    let pods = catalog
+        .by_plural("", "v1", "pods")
+        .ok_or_else(ApiError::path_not_found)?;
+    let target = Target {
+        resource: pods,
+        version: "v1",
+        namespace: Some(namespace),
+    };
+    let object = app.store.get(target, pod)?;
+    let names: Vec<&str> = object
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let query = Query::<HashMap<String, String>>::try_from_uri(uri)
+        .map(|Query(query)| query)
+        .map_err(|err| ApiError::bad_request(format!("invalid query: {err}")))?;
+    let container = match query.get("container") {
+        Some(name) if names.contains(&name.as_str()) => name.clone(),
+        Some(name) => {
+            return Err(ApiError::bad_request(format!(
+                "container {name} is not valid for pod {pod}"
+            )));
+        }
+        None if names.len() == 1 => names[0].to_string(),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {pod}, choose one of: [{}]",
+                names.join(" ")
+            )));
+        }
+    };
+    let source = app
+        .log_source
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let text = source
+        .and_then(|source| source(namespace, pod, &container))
+        .unwrap_or_default();
+    let text = match query.get("tailLines").and_then(|n| n.parse::<usize>().ok()) {
+        Some(n) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let kept = &lines[lines.len().saturating_sub(n)..];
+            kept.iter().map(|line| format!("{line}\n")).collect()
+        }
+        None => text,
+    };
+    Ok(([(header::CONTENT_TYPE, "text/plain")], text).into_response())
 }
 
 fn json_response(code: StatusCode, value: &Value) -> Response {

@@ -8,7 +8,8 @@
 //! status subresources, finalizers, ownerReference cascades (background, orphan, and foreground
 //! waiting for `blockOwnerDeletion` dependents), label and field selectors, and
 //! Kubernetes `Status` errors, and `pods/<name>/exec` over remotecommand's websocket protocol with
-//! a runner the test sets standing in for the kubelet, and, when asked, a minimal StatefulSet
+//! a runner the test sets standing in for the kubelet, `pods/<name>/log` from a log source the test
+//! sets, and, when asked, a minimal StatefulSet
 //! controller and kubelet (`kubelet`). Validation is strict: a field the schema does not declare is an
 //! error, so a typo in an object builder fails a test instead of being pruned silently.
 //!
@@ -171,6 +172,7 @@ impl FakeApiServer {
             stats: Mutex::new(http::Stats::default()),
             access_rule: RwLock::new(Arc::new(|_: &serde_json::Value| true)),
             exec_runner: RwLock::new(None),
+            log_source: RwLock::new(None),
             shutdown: shutdown_rx.clone(),
             address: address.to_string(),
             tokens: RwLock::default(),
@@ -354,6 +356,19 @@ impl FakeApiServer {
         *self
             .app
             .exec_runner
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(f));
+    }
+
+    /// Sets what `pods/<name>/log` answers: `f` gets the namespace, pod and container and returns
+    /// what that container logged. Without a source, logs are empty. The pod must exist.
+    pub fn set_log_source(
+        &self,
+        f: impl Fn(&str, &str, &str) -> Option<String> + Send + Sync + 'static,
+    ) {
+        *self
+            .app
+            .log_source
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(f));
     }

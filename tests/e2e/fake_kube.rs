@@ -1208,3 +1208,47 @@ async fn fake_kube_rbac_allows_what_the_bindings_grant_and_nothing_else() {
         "the binding holds in its namespace only"
     );
 }
+
+/// `pods/<name>/log` as the kubelet answers it through the API server: the named container's
+/// log, its last lines when asked, and Kubernetes' refusals when the container is unnamed or
+/// unknown.
+#[tokio::test]
+async fn fake_kube_pod_logs_come_from_the_named_container() {
+    use kube::api::LogParams;
+    let server = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nb-0"},
+        "spec": {"containers": [{"name": "nb", "image": "jupyter:1"}, {"name": "sidecar", "image": "proxy:1"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    server.set_log_source(|_, _, container| Some(format!("one {container}\ntwo {container}\n")));
+    let of = |container: Option<&str>, tail_lines: Option<i64>| LogParams {
+        container: container.map(str::to_owned),
+        tail_lines,
+        ..LogParams::default()
+    };
+    assert_eq!(
+        pods.logs("nb-0", &of(Some("nb"), None)).await.unwrap(),
+        "one nb\ntwo nb\n"
+    );
+    assert_eq!(
+        pods.logs("nb-0", &of(Some("sidecar"), Some(1)))
+            .await
+            .unwrap(),
+        "two sidecar\n"
+    );
+    let unnamed = api_error(pods.logs("nb-0", &of(None, None)).await);
+    assert_eq!(unnamed.code, 400);
+    assert_eq!(
+        unnamed.message,
+        "a container name must be specified for pod nb-0, choose one of: [nb sidecar]"
+    );
+    let unknown = api_error(pods.logs("nb-0", &of(Some("other"), None)).await);
+    assert_eq!(unknown.message, "container other is not valid for pod nb-0");
+    assert_eq!(
+        api_error(pods.logs("gone-0", &of(Some("nb"), None)).await).code,
+        404
+    );
+}

@@ -243,6 +243,48 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
             .is_empty()
     );
 
+    // The notebook's logs are its pod's notebook container's, read through pods/log with the web
+    // app's own rights; before the pod exists, the answer says there are none yet.
+    let (status, answer) = api
+        .get(Some(ALICE), "/api/namespaces/alice/notebooks/lab/logs")
+        .await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(answer.to_string().contains("no logs yet"), "{answer}");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(server.client(), "alice");
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "lab-0"},
+            "spec": {"containers": [
+                {"name": "lab", "image": "registry.example.com/labforge/jupyterlab:latest"},
+                {"name": "istio-proxy", "image": "istio/proxyv2"}]}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    server.set_log_source(|namespace, pod, container| {
+        (namespace == "alice" && pod == "lab-0" && container == "lab")
+            .then(|| "starting\nJupyter Server is running\nkernel started\n".to_owned())
+    });
+    let (status, log) = api
+        .get(
+            Some(ALICE),
+            "/api/namespaces/alice/notebooks/lab/logs?tail=2",
+        )
+        .await;
+    assert_eq!(
+        (status, log),
+        (200, json!("Jupyter Server is running\nkernel started\n")),
+        "the notebook container's last two lines, not the sidecar's"
+    );
+    assert_eq!(
+        api.get(Some(BOB), "/api/namespaces/alice/notebooks/lab/logs")
+            .await
+            .0,
+        403
+    );
+
     // bob has no access to alice's namespace, nor to the admin listing.
     assert_eq!(
         api.get(Some(BOB), "/api/namespaces/alice/notebooks")
