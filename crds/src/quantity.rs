@@ -61,6 +61,8 @@ fn kept_as_written(text: &str) -> bool {
         .unwrap_or(unsigned.len());
     let (number, suffix) = unsigned.split_at(number_len);
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    // Its parser drops leading zeros first (`01` keeps its text, `0.5` does not).
+    let whole = whole.trim_start_matches('0');
     let digits = format!("{whole}{fraction}");
     let Ok(value) = digits.parse::<i64>() else {
         return false;
@@ -343,7 +345,7 @@ mod tests {
             ("0.1Ki", "102400m"),
             ("1e3", "1e3"),
             ("1E", "1E"),
-            ("01", "1"),
+            ("00", "0"),
             ("1000E", "1e21"),
             ("3Gi", "3Gi"),
             ("1024Mi", "1Gi"),
@@ -353,6 +355,9 @@ mod tests {
             ("1E3", "1E3"),
             ("1500e0", "1500e0"),
             ("1.500", "1.500"),
+            ("01", "01"),
+            ("0.500", "0.500"),
+            ("0100m", "0100m"),
             ("-0.5", "-500m"),
             ("0", "0"),
             ("0Gi", "0"),

@@ -80,14 +80,22 @@ async fn handle(State(app): State<Arc<App>>, mut request: axum::extract::Request
     }
     let answer = match exec_target(&uri) {
         Some((namespace, pod)) if matches!(method, Method::GET | Method::POST) => {
-            // Kubernetes asks for `create` on pods/exec, over a websocket too.
-            let allowed = authorize(&app, request.headers(), |user| rbac::Request {
-                user,
-                verb: "create",
-                group: "",
-                resource: "pods/exec".into(),
-                namespace: Some(&namespace),
-                name: Some(&pod),
+            // A websocket exec is a GET, which Kubernetes authorizes as `get` and, since the
+            // websocket upgrade permission check, as `create` too; both are asked here.
+            let verbs: &[&str] = if method == Method::GET {
+                &["get", "create"]
+            } else {
+                &["create"]
+            };
+            let allowed = verbs.iter().try_for_each(|verb| {
+                authorize(&app, request.headers(), |user| rbac::Request {
+                    user,
+                    verb,
+                    group: "",
+                    resource: "pods/exec".into(),
+                    namespace: Some(&namespace),
+                    name: Some(&pod),
+                })
             });
             match allowed {
                 Ok(()) => super::exec::serve(&app, &namespace, &pod, &uri, &mut request),
@@ -280,6 +288,31 @@ fn route(
         namespace: path.namespace.as_deref(),
         name: path.name.as_deref(),
     })?;
+    // A server-side apply that creates the object is a create too.
+    let applies = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/apply-patch"));
+    if verb == "patch"
+        && applies
+        && let Some(name) = &path.name
+    {
+        let target = Target {
+            resource: path.resource,
+            version: &path.version,
+            namespace: path.namespace.as_deref(),
+        };
+        if app.store.get(target, name).is_err() {
+            authorize(app, headers, |user| rbac::Request {
+                user,
+                verb: "create",
+                group,
+                resource: resource.clone(),
+                namespace: path.namespace.as_deref(),
+                name: Some(name),
+            })?;
+        }
+    }
     if matches!(verb, "create" | "update" | "patch") {
         authorize_blocking_owners(app, headers, &path, body)?;
     }

@@ -47,24 +47,33 @@ pub(crate) async fn run(
     }
 }
 
+/// One round over every set and pod; what fails for one (logged) does not hold the others.
 async fn pass(client: &kube::Client) -> kube::Result<()> {
+    let log = |what: &str, result: kube::Result<()>| {
+        if let Err(err) = result {
+            tracing::debug!(error = %err, what, "the fake kubelet");
+        }
+    };
     let sets = Api::<StatefulSet>::all(client.clone())
         .list(&ListParams::default())
         .await?;
     for set in &sets.items {
         if set.metadata.deletion_timestamp.is_none() {
-            reconcile_set(client, set).await?;
+            log("a StatefulSet's pods", reconcile_set(client, set).await);
         }
     }
     let pods = Api::<Pod>::all(client.clone())
         .list(&ListParams::default())
         .await?;
     for pod in &pods.items {
-        run_pod(client, pod).await?;
+        log("a pod's status", run_pod(client, pod).await);
     }
     for set in &sets.items {
         if set.metadata.deletion_timestamp.is_none() {
-            write_set_status(client, set, &pods.items).await?;
+            log(
+                "a StatefulSet's status",
+                write_set_status(client, set, &pods.items).await,
+            );
         }
     }
     Ok(())

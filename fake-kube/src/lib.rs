@@ -311,24 +311,10 @@ impl FakeApiServer {
         self.app.stats().writes_by.clone()
     }
 
-    /// Removed objects as `Kind namespace/name`, in the order they went (from the kept watch
-    /// history), to check the order a cascade takes.
+    /// Removed objects as `Kind namespace/name`, in the order they went, to check the order a
+    /// cascade takes.
     pub fn removals(&self) -> Vec<String> {
-        let (events, _) = self.app.store.events_after(0).unwrap_or_default();
-        let catalog = &self.app.store.schemas().catalog;
-        events
-            .iter()
-            .filter(|event| event.kind == store::EventType::Deleted)
-            .map(|event| {
-                let meta = &event.object["metadata"];
-                format!(
-                    "{} {}/{}",
-                    catalog.get(event.resource).kind,
-                    meta["namespace"].as_str().unwrap_or_default(),
-                    meta["name"].as_str().unwrap_or_default()
-                )
-            })
-            .collect()
+        self.app.store.removals()
     }
 
     /// Messages of every 400 and 422 answer so far (to assert nothing invalid was written).

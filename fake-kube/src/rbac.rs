@@ -33,14 +33,17 @@ pub(crate) struct Request<'a> {
 impl Request<'_> {
     /// Kubernetes' words for a refusal.
     pub(crate) fn refusal(&self) -> String {
-        let group = if self.group.is_empty() {
-            String::new()
+        let group = self.group;
+        // The object is named by its resource, group-qualified, without the subresource.
+        let base = self.resource.split('/').next().unwrap_or_default();
+        let qualified = if group.is_empty() {
+            base.to_string()
         } else {
-            self.group.to_string()
+            format!("{base}.{group}")
         };
         let target = match self.name {
-            Some(name) => format!("{} \"{name}\"", self.resource),
-            None => self.resource.clone(),
+            Some(name) => format!("{qualified} \"{name}\""),
+            None => qualified,
         };
         let scope = match self.namespace {
             Some(ns) => format!(" in the namespace \"{ns}\""),
@@ -86,6 +89,7 @@ fn binds(binding: &Value, user: &str, groups: &[String]) -> bool {
                 Some("ServiceAccount") => {
                     let namespace = subject["namespace"]
                         .as_str()
+                        .filter(|ns| !ns.is_empty())
                         .or(binding["metadata"]["namespace"].as_str())
                         .unwrap_or_default();
                     user == format!("system:serviceaccount:{namespace}:{name}")
@@ -105,11 +109,11 @@ fn rule_allows(rule: &Value, request: &Request<'_>) -> bool {
                 .split_once('/')
                 .is_some_and(|(_, sub)| r == format!("*/{sub}"))
     });
+    // A created object's name is not known when it is authorized (a subresource's parent's is).
     let names: Vec<&str> = strings(&rule["resourceNames"]).collect();
+    let creates_unnamed = request.verb == "create" && !request.resource.contains('/');
     let name_matches = names.is_empty()
-        || request
-            .name
-            .is_some_and(|name| names.contains(&name) && request.verb != "create");
+        || (!creates_unnamed && request.name.is_some_and(|name| names.contains(&name)));
     any("verbs", request.verb)
         && any("apiGroups", request.group)
         && resource_matches
@@ -213,10 +217,11 @@ mod tests {
         assert!(rule_allows(&rule, &request("get", "pods/status", None)));
         assert!(!rule_allows(&rule, &request("get", "pods/exec", None)));
         assert!(!rule_allows(&rule, &request("list", "pods", None)));
-        let named = json!({"apiGroups": [""], "resources": ["configmaps"],
+        let named = json!({"apiGroups": [""], "resources": ["configmaps", "pods/exec"],
             "resourceNames": ["x"], "verbs": ["get", "create"]});
         assert!(rule_allows(&named, &request("get", "configmaps", None)));
         assert!(!rule_allows(&named, &request("create", "configmaps", None)));
+        assert!(rule_allows(&named, &request("create", "pods/exec", None)));
     }
 
     #[test]
@@ -236,6 +241,13 @@ mod tests {
 
     #[test]
     fn a_refusal_reads_like_kubernetes() {
+        let mut log = request("get", "pods/log", Some("alice"));
+        log.name = Some("lab-0");
+        assert_eq!(
+            log.refusal(),
+            "pods \"lab-0\" is forbidden: User \"system:serviceaccount:kubeflow:web\" \
+             cannot get resource \"pods/log\" in API group \"\" in the namespace \"alice\""
+        );
         let mut refused = request("create", "persistentvolumeclaims", Some("alice"));
         refused.name = None;
         assert_eq!(

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -273,18 +274,21 @@ async fn apply_child<K>(
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let digest = applied_digest(desired);
+    let existing = api.get_opt(name).await.map_err(|source| Error::Read {
+        what: format!("{kind} {name}"),
+        source,
+    })?;
     let mut desired = desired.clone();
+    if let Some(existing) = &existing {
+        keep_owner_versions(desired.meta_mut(), existing.meta());
+    }
+    let digest = applied_digest(&desired);
     desired
         .meta_mut()
         .annotations
         .get_or_insert_with(Default::default)
         .insert(APPLIED_DIGEST_ANNOTATION.to_owned(), digest.clone());
     let desired = &desired;
-    let existing = api.get_opt(name).await.map_err(|source| Error::Read {
-        what: format!("{kind} {name}"),
-        source,
-    })?;
     if let Some(existing) = existing.as_ref()
         && existing
             .meta()
@@ -310,6 +314,22 @@ where
             source,
         })?;
     Ok((applied, existing.is_none()))
+}
+
+/// Keeps the apiVersion of an owner reference the live object already has for the same owner.
+/// Kubeflow's controller writes `kubeflow.org/v1beta1` there; rewriting it to `v1` would change
+/// the owner references, which clusters enforcing owner-reference permissions (OpenShift) allow
+/// only to who may delete the child.
+fn keep_owner_versions(desired: &mut ObjectMeta, live: &ObjectMeta) {
+    let live = live.owner_references.as_deref().unwrap_or_default();
+    for owner in desired.owner_references.iter_mut().flatten() {
+        if let Some(same) = live
+            .iter()
+            .find(|l| l.uid == owner.uid && l.kind == owner.kind)
+        {
+            owner.api_version.clone_from(&same.api_version);
+        }
+    }
 }
 
 /// A digest of the object as built (before the annotation is added).

@@ -235,11 +235,12 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         claims.get_opt("lab-workspace").await.unwrap().is_some(),
         "the workspace is kept"
     );
+    // The last removal of each: the stop removed the pod once already.
     let removals = server.removals();
     let at = |what: &str| {
         removals
             .iter()
-            .position(|r| r == what)
+            .rposition(|r| r == what)
             .unwrap_or_else(|| panic!("{what} in {removals:?}"))
     };
     assert!(

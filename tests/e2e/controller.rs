@@ -845,3 +845,62 @@ async fn a_notebook_with_an_integer_gpu_limit_stops_no_other_from_being_reconcil
     let listed = notebooks.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 51);
 }
+
+/// Taking over from Kubeflow's controller: children it made (owner references at
+/// `kubeflow.org/v1beta1`, its field manager) are brought in line without rewriting their owner
+/// references, which clusters enforcing owner-reference permissions allow only to who may delete
+/// the child.
+#[tokio::test]
+async fn children_kubeflow_made_are_taken_over_with_their_owner_references() {
+    let server = fake_server().await;
+    let client = server.client();
+    let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
+    let created = notebooks
+        .create(&PostParams::default(), &notebook("alice", "lab"))
+        .await
+        .unwrap();
+    let kubeflows_owner = json!([{"apiVersion": "kubeflow.org/v1beta1", "kind": "Notebook",
+        "name": "lab", "uid": created.metadata.uid.clone().unwrap(),
+        "controller": true, "blockOwnerDeletion": true}]);
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), "alice");
+    let as_kubeflow = PostParams {
+        field_manager: Some("manager".into()),
+        ..PostParams::default()
+    };
+    stateful_sets
+        .create(
+            &as_kubeflow,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "lab", "ownerReferences": kubeflows_owner},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"statefulset": "lab"}},
+                    "template": {"metadata": {"labels": {"statefulset": "lab"}},
+                        "spec": {"containers": [{"name": "lab", "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0"}]}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let _controller =
+        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
+    let taken_over = eventually(
+        "the StatefulSet brought in line",
+        Duration::from_secs(10),
+        || async {
+            let sts = stateful_sets.get("lab").await.ok()?;
+            let labels = sts
+                .spec
+                .as_ref()?
+                .template
+                .metadata
+                .as_ref()?
+                .labels
+                .clone()?;
+            labels.contains_key("notebook-name").then_some(sts)
+        },
+    )
+    .await;
+    let owners = taken_over.metadata.owner_references.unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].api_version, "kubeflow.org/v1beta1");
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+}

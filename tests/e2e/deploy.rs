@@ -757,6 +757,45 @@ fn rbac_is_least_privilege_everywhere() {
             .unwrap()
             .1
     };
+    let apply = ["get", "list", "watch", "create", "patch"].as_slice();
+    assert_eq!(
+        rule_set(role("labforge-notebook-controller")),
+        rules(&[
+            (
+                "kubeflow.org",
+                "notebooks",
+                &["get", "list", "watch", "patch"]
+            ),
+            ("kubeflow.org", "notebooks/status", &["get", "patch"]),
+            ("kubeflow.org", "notebooks/finalizers", &["update"]),
+            ("apps", "statefulsets", apply),
+            ("", "services", apply),
+            ("", "pods", &["get", "list", "watch"]),
+            ("", "events", &["list"]),
+            ("events.k8s.io", "events", &["create", "patch"]),
+            ("discovery.k8s.io", "endpointslices", &["list"]),
+            ("networking.istio.io", "virtualservices", apply),
+            ("networking.k8s.io", "networkpolicies", apply),
+        ]),
+        "the controller: Notebooks and their status, its children, pods and their warnings, the \
+         proxy's replicas, blockOwnerDeletion on its children"
+    );
+    let leader = roles
+        .iter()
+        .find(|(_, r)| {
+            r["kind"] == "Role" && r["metadata"]["name"] == "labforge-notebook-controller-leader"
+        })
+        .map(|(_, r)| r)
+        .unwrap();
+    assert_eq!(
+        rule_set(leader),
+        rules(&[(
+            "coordination.k8s.io",
+            "leases",
+            &["get", "create", "update"]
+        )]),
+        "leader election: its Lease only"
+    );
     assert_eq!(
         rule_set(role("labforge-proxy")),
         rules(&[

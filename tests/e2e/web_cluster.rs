@@ -574,8 +574,8 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
         Some("Always")
     );
 
-    // Refused: the name is taken (caught by the dry run), a data volume without a size names no
-    // claim of the namespace, a pull policy Kubernetes does not have. No claim is left behind.
+    // Refused before any claim is made: the name is taken (caught by the dry run), a data volume
+    // without a size names no claim of the namespace, a pull policy Kubernetes does not have.
     let (status, answer) = create(
         "alice",
         json!({"name": "lab", "dataVolumes": [{"name": "fresh", "size": "1Gi", "mountPath": "/fresh"}]}),

@@ -683,10 +683,18 @@ async fn logs(
                 ..Default::default()
             };
             // The StatefulSet's one pod.
-            let reader = pods
-                .log_stream(&format!("{name}-0"), &params)
-                .await
-                .map_err(|e| Failure::new(StatusCode::CONFLICT, format!("no logs yet: {e}")))?;
+            let pod = format!("{name}-0");
+            let reader = pods.log_stream(&pod, &params).await.map_err(|e| match e {
+                // No pod yet, or its container not started: a state that passes.
+                kube::Error::Api(status) if matches!(status.code, 400 | 404) => Failure::new(
+                    StatusCode::CONFLICT,
+                    format!("no logs yet: {}", status.message),
+                ),
+                e => Failure::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("reading the logs of pod {ns}/{pod}: {e}"),
+                ),
+            })?;
             tokio_util::io::ReaderStream::new(reader.compat()).boxed()
         }
     };

@@ -172,6 +172,8 @@ fn stored_as_written(text: &str) -> bool {
         .unwrap_or(body.len());
     let (number, suffix) = body.split_at(end);
     let (num, denom) = number.split_once('.').unwrap_or((number, ""));
+    // Leading zeros are dropped before the test (`01` is kept as written, `0.5` is not).
+    let num = num.trim_start_matches('0');
     let shifted = format!("{num}{denom}");
     let Ok(value) = shifted.parse::<i64>() else {
         return false;
@@ -229,6 +231,9 @@ mod tests {
             ("0.0000000001", "1n"),
             ("+3k", "+3k"),
             ("1.500", "1.500"),
+            ("01", "01"),
+            ("0.500", "0.500"),
+            ("00", "0"),
             ("1024Mi", "1Gi"),
             ("1000E", "1e21"),
             ("1e-2000000000", "1e-9"),

@@ -120,8 +120,9 @@ impl Store {
             if !dependents.is_empty() {
                 let marked = self.mark_deleted(inner, resource, key, Some(FOREGROUND));
                 // A dependent with dependents of its own goes in the foreground too, so the
-                // owner waits for the whole tree; one already waiting is not walked again, which
-                // ends ownership cycles.
+                // owner waits for the whole tree; one already waiting is not walked again, so a
+                // walk over an ownership cycle ends (the cycle itself stays waiting: this fake
+                // has no garbage collector to break it).
                 for (id, dependent, _) in dependents {
                     self.delete_object(inner, id, &dependent, Propagation::Foreground);
                 }
@@ -256,6 +257,12 @@ impl Store {
     ) -> Value {
         Self::bump(inner, &mut object);
         self.record(inner, resource, EventType::Deleted, &object, None);
+        inner.removals.push(format!(
+            "{} {}/{}",
+            self.resource(resource).kind,
+            meta_str(&object, "namespace").unwrap_or_default(),
+            meta_str(&object, "name").unwrap_or_default()
+        ));
         let uid = meta_str(&object, "uid").unwrap_or_default().to_string();
         let info = self.resource(resource);
         let namespace_removed = (!info.custom && info.group.is_empty() && info.kind == "Namespace")

@@ -144,6 +144,9 @@ struct Inner {
     /// Events with a resourceVersion up to this one are no longer kept.
     compacted: u64,
     random: u64,
+    /// Every removal as `Kind namespace/name`, in order (kept apart from the watch history,
+    /// which is compacted).
+    removals: Vec<String>,
 }
 
 /// Which part of an object a field manager's set covers.
@@ -269,10 +272,16 @@ impl Store {
                 history: VecDeque::new(),
                 compacted: 0,
                 random: seed,
+                removals: Vec::new(),
             }),
             history_limit: history_limit.max(1),
             notify,
         }
+    }
+
+    /// Removed objects as `Kind namespace/name`, in the order they went.
+    pub(crate) fn removals(&self) -> Vec<String> {
+        self.lock().removals.clone()
     }
 
     pub(crate) fn schemas(&self) -> &SchemaSet {
