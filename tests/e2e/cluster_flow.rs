@@ -19,27 +19,6 @@ use std::time::Duration;
 const ALICE: &str = "alice@example.com";
 const WAIT: Duration = Duration::from_secs(20);
 
-async fn call(
-    base: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .request(method, format!("{base}{path}"))
-        .header("kubeflow-userid", ALICE);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let text = response.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
 /// A fake cluster whose StatefulSets get pods, with a ResourceQuota of these `hard` limits in
 /// namespace `alice` and no LimitRange.
 async fn cluster_with_quota(hard: Value) -> FakeApiServer {
@@ -86,18 +65,19 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
     };
     let _controller = RunningController::deployed(&server, options).await;
     let web = crate::web_cluster::WebApp::start(&server, None, None).await;
-    let base = web.base.clone();
+    let api = web.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
 
     // The default form: a new workspace.
-    let (status, created) = call(
-        &base,
-        reqwest::Method::POST,
-        "/api/namespaces/alice/notebooks",
-        Some(json!({"name": "lab"})),
-    )
-    .await;
+    let (status, created) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::POST,
+            "/api/namespaces/alice/notebooks",
+            Some(json!({"name": "lab"})),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "alice");
     assert!(claims.get_opt("lab-workspace").await.unwrap().is_some());
@@ -117,23 +97,25 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         init.name, "labforge-agent-install",
         "the agent's init container ran"
     );
-    let (_, view) = call(
-        &base,
-        reqwest::Method::GET,
-        "/api/namespaces/alice/notebooks/lab",
-        None,
-    )
-    .await;
+    let (_, view) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::GET,
+            "/api/namespaces/alice/notebooks/lab",
+            None,
+        )
+        .await;
     assert_eq!(view["notebook"]["state"], "ready", "{view}");
 
     // Stop: the pod goes and the status keeps nothing of the run.
-    let (status, _) = call(
-        &base,
-        reqwest::Method::PATCH,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(json!({"stopped": true})),
-    )
-    .await;
+    let (status, _) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::PATCH,
+            "/api/namespaces/alice/notebooks/lab",
+            Some(json!({"stopped": true})),
+        )
+        .await;
     assert_eq!(status, 200);
     let stopped = eventually("stopped, pod gone", WAIT, || async {
         let nb = notebooks.get("lab").await.ok()?;
@@ -147,13 +129,14 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         Default::default(),
         "no stale container state"
     );
-    let (_, view) = call(
-        &base,
-        reqwest::Method::GET,
-        "/api/namespaces/alice/notebooks/lab",
-        None,
-    )
-    .await;
+    let (_, view) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::GET,
+            "/api/namespaces/alice/notebooks/lab",
+            None,
+        )
+        .await;
     assert_eq!(view["notebook"]["state"], "stopped", "{view}");
     // An activity record from long ago, as a stop from elsewhere leaves it: the controller
     // clears it while the notebook is stopped, so the start below begins a fresh idle clock.
@@ -173,13 +156,14 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
 
     // Start: running again, and not culled by the culler checking five times a second (it
     // would be at once, idle since January, had the record stayed).
-    let (status, _) = call(
-        &base,
-        reqwest::Method::PATCH,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(json!({"stopped": false})),
-    )
-    .await;
+    let (status, _) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::PATCH,
+            "/api/namespaces/alice/notebooks/lab",
+            Some(json!({"stopped": false})),
+        )
+        .await;
     assert_eq!(status, 200);
     eventually("running again", WAIT, || async {
         let status = notebooks.get("lab").await.ok()?.status?;
@@ -195,13 +179,14 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
     );
 
     // Delete, in the foreground: the children first, then the Notebook; the workspace stays.
-    let (status, _) = call(
-        &base,
-        reqwest::Method::DELETE,
-        "/api/namespaces/alice/notebooks/lab",
-        None,
-    )
-    .await;
+    let (status, _) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::DELETE,
+            "/api/namespaces/alice/notebooks/lab",
+            None,
+        )
+        .await;
     assert_eq!(status, 204);
     eventually("everything gone", WAIT, || async {
         let gone = [

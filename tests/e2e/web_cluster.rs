@@ -16,7 +16,7 @@ const ALICE: &str = "alice@example.com";
 const BOB: &str = "bob@example.com";
 const ROOT: &str = "root@example.com";
 
-struct Client {
+pub struct Client {
     http: reqwest::Client,
     base: String,
 }
@@ -48,7 +48,7 @@ impl WebApp {
         WebApp { base, serving }
     }
 
-    fn client(&self) -> Client {
+    pub fn client(&self) -> Client {
         Client {
             http: reqwest::Client::new(),
             base: self.base.clone(),
@@ -63,7 +63,7 @@ impl Drop for WebApp {
 }
 
 impl Client {
-    async fn call(
+    pub async fn call(
         &self,
         user: Option<&str>,
         method: reqwest::Method,
