@@ -12,7 +12,7 @@ use labforge_crds::VirtualService;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
-use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use labforge_tests::fake_kube::FakeApiServer;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -22,13 +22,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// A fake cluster whose StatefulSets get pods, with a ResourceQuota of these `hard` limits in
 /// namespace `alice` and no LimitRange.
 async fn cluster_with_quota(hard: Value) -> FakeApiServer {
-    crate::init_crypto();
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap();
+    let server = crate::controller::fake_cluster().await;
     let quotas: Api<ResourceQuota> = Api::namespaced(server.client(), "alice");
     let quota = json!({"metadata": {"name": "kf-resource-quota"}, "spec": {"hard": hard}});
     quotas

@@ -90,6 +90,17 @@ async fn fake_server() -> FakeApiServer {
         .unwrap()
 }
 
+/// A fake cluster whose StatefulSets get pods that run (the fake's kubelet).
+pub async fn fake_cluster() -> FakeApiServer {
+    init_crypto();
+    FakeApiServer::start(FakeApiServerOptions {
+        kubelet: true,
+        ..FakeApiServerOptions::default()
+    })
+    .await
+    .unwrap()
+}
+
 async fn replicas(api: &Api<StatefulSet>, name: &str) -> Option<i32> {
     api.get_opt(name).await.ok().flatten()?.spec?.replicas
 }

@@ -11,7 +11,6 @@ use labforge_crds::Notebook;
 use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_tests::Registry;
-use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use labforge_tests::notebook::JupyterLab;
 use std::time::Duration;
 
@@ -31,12 +30,7 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
     let kernel_url = format!("{base}/api/kernels/{}", kernel["id"].as_str().unwrap());
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap();
+    let server = crate::controller::fake_cluster().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
@@ -124,12 +118,7 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
     ]);
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap();
+    let server = crate::controller::fake_cluster().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     for name in ["busy", "quiet"] {
@@ -216,12 +205,7 @@ async fn proxy_activity_is_read_from_every_replica_of_the_proxy_service() {
     .await;
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap();
+    let server = crate::controller::fake_cluster().await;
     let client = server.client();
     let service: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "labforge-proxy", "namespace": "kubeflow"},
@@ -345,12 +329,7 @@ async fn with_notebook_secrets_the_culler_reads_jupyter_with_the_notebooks_secre
     let _jupyter = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap();
+    let server = crate::controller::fake_cluster().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
