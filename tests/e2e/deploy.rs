@@ -607,73 +607,120 @@ fn rules(entries: &[(&str, &str, &[&str])]) -> BTreeMap<(String, String), BTreeS
         .collect()
 }
 
-/// What a ClusterRole grants once aggregated as the API server does: its own rules, or, with an
-/// `aggregationRule`, those of every ClusterRole its selectors match (aggregated in turn).
-fn aggregated(roles: &[&Value], role: &Value) -> BTreeMap<(String, String), BTreeSet<String>> {
-    let Some(selectors) = role["aggregationRule"]["clusterRoleSelectors"].as_array() else {
-        return rule_set(role);
-    };
-    let mut set: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for candidate in roles {
-        let labels = &candidate["metadata"]["labels"];
-        let selected = selectors.iter().any(|selector| {
-            selector["matchLabels"]
-                .as_object()
-                .is_some_and(|want| want.iter().all(|(k, v)| &labels[k] == v))
-        });
-        if selected {
-            for (key, verbs) in aggregated(roles, candidate) {
-                set.entry(key).or_default().extend(verbs);
-            }
-        }
-    }
-    set
-}
-
-#[test]
-fn profile_owners_contributors_and_viewers_reach_notebooks_through_kubeflows_roles() {
+/// Profiles bind their owner, contributors and viewers to Kubeflow's `kubeflow-admin`,
+/// `kubeflow-edit` and `kubeflow-view`, which aggregate labelled ClusterRoles: with `deploy/`'s
+/// RBAC in the fake API server, which aggregates and evaluates as Kubernetes does, each may do
+/// with Notebooks what Kubeflow's own roles let them, and nothing else through labforge's roles.
+#[tokio::test]
+async fn profile_owners_contributors_and_viewers_reach_notebooks_through_kubeflows_roles() {
+    use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+    use labforge_crds::Notebook;
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    load_deploy_rbac(&server).await;
     let base = build(&deploy_dir());
-    let cluster_roles: Vec<&Value> = base.iter().filter(|o| o["kind"] == "ClusterRole").collect();
-    // Kubeflow's own aggregate roles, which profiles bind their owners, contributors and viewers to.
-    let kubeflow_role = |name: &str| {
-        serde_json::json!({"metadata": {"name": format!("kubeflow-{name}")}, "aggregationRule": {
-            "clusterRoleSelectors": [{"matchLabels": {
-                format!("rbac.authorization.kubeflow.org/aggregate-to-kubeflow-{name}"): "true"}}]}})
-    };
-    let notebooks = |name: &str| {
-        let set = aggregated(&cluster_roles, &kubeflow_role(name));
-        let of = |resource: &str| {
-            set.get(&("kubeflow.org".to_owned(), resource.to_owned()))
-                .cloned()
-                .unwrap_or_default()
-        };
-        assert_eq!(of("notebooks"), of("notebooks/status"), "{name}");
-        assert_eq!(
-            set.keys()
-                .filter(|(group, _)| group != "kubeflow.org")
-                .count(),
-            0,
-            "{name} gets only Notebooks from labforge: {set:?}"
-        );
-        of("notebooks").into_iter().collect::<Vec<_>>()
-    };
-    let every = [
-        "create",
-        "delete",
-        "deletecollection",
-        "get",
-        "list",
-        "patch",
-        "update",
-        "watch",
-    ];
-    assert_eq!(notebooks("admin"), every);
-    assert_eq!(notebooks("edit"), every);
-    assert_eq!(notebooks("view"), ["get", "list", "watch"]);
     for name in ["admin", "edit", "view"] {
         assert!(
             find(&base, "ClusterRole", &format!("kubeflow-notebooks-{name}")).is_some(),
             "Kubeflow's kubeflow-notebooks-{name}, under its name"
+        );
+    }
+    let rbac = |kind: &str| {
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "rbac.authorization.k8s.io",
+            "v1",
+            kind,
+        ))
+    };
+    let cluster_roles: Api<DynamicObject> = Api::all_with(server.client(), &rbac("ClusterRole"));
+    let bindings: Api<DynamicObject> =
+        Api::namespaced_with(server.client(), "team", &rbac("RoleBinding"));
+    for (role, user) in [
+        ("admin", "owner"),
+        ("edit", "contributor"),
+        ("view", "viewer"),
+    ] {
+        let aggregate = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": format!("kubeflow-{role}")},
+            "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {
+                format!("rbac.authorization.kubeflow.org/aggregate-to-kubeflow-{role}"): "true"}}]},
+            "rules": []});
+        let binding = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": user, "namespace": "team"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": format!("kubeflow-{role}")},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
+        for (api, object) in [(&cluster_roles, aggregate), (&bindings, binding)] {
+            api.create(
+                &PostParams::default(),
+                &serde_json::from_value(object).unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let notebook = |name: &str| -> Notebook {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "Notebook",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"template": {"spec": {"containers": [{"name": name, "image": "jupyter"}]}}}
+        }))
+        .unwrap()
+    };
+    Api::<Notebook>::namespaced(server.client(), "team")
+        .create(&PostParams::default(), &notebook("shared"))
+        .await
+        .unwrap();
+    let refused = |result: Result<(), kube::Error>| matches!(result, Err(kube::Error::Api(status)) if status.code == 403);
+    let label = Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "ml"}}}));
+    let status = Patch::Merge(serde_json::json!({"status": {"readyReplicas": 0,
+        "conditions": [], "containerState": {}}}));
+    for user in ["owner", "contributor", "viewer"] {
+        let client = server.client_as(user).unwrap();
+        let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "team");
+        let writes = user != "viewer";
+        assert!(notebooks.get("shared").await.is_ok(), "{user} gets");
+        assert!(
+            notebooks.list(&ListParams::default()).await.is_ok(),
+            "{user} lists"
+        );
+        let own = format!("{user}-lab");
+        let results = [
+            notebooks
+                .create(&PostParams::default(), &notebook(&own))
+                .await
+                .map(drop),
+            notebooks
+                .patch("shared", &PatchParams::default(), &label)
+                .await
+                .map(drop),
+            notebooks
+                .patch_status("shared", &PatchParams::default(), &status)
+                .await
+                .map(drop),
+            notebooks
+                .delete(&own, &DeleteParams::default())
+                .await
+                .map(drop),
+        ];
+        for (verb, result) in ["create", "patch", "patch status", "delete"]
+            .iter()
+            .zip(results)
+        {
+            if writes {
+                assert!(result.is_ok(), "{user} may {verb}: {result:?}");
+            } else {
+                assert!(refused(result), "{user} may not {verb}");
+            }
+        }
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "team");
+        let pods = pods.list(&ListParams::default()).await.map(drop);
+        assert!(
+            refused(pods),
+            "labforge's roles give {user} nothing but Notebooks"
         );
     }
 }
