@@ -189,7 +189,7 @@ impl FakeApiServer {
         });
         let url = format!("http://{address}");
         init_crypto();
-        let client = Self::build_client(&url)?;
+        let client = Self::build_client(&url, None)?;
         if options.kubelet {
             tokio::spawn(kubelet::run(
                 client.clone(),
@@ -211,20 +211,8 @@ impl FakeApiServer {
     /// real API server's authorizer would, and refused with 403 otherwise.
     pub fn client_as(&self, user: &str) -> Result<kube::Client, FakeKubeError> {
         let token = self.token_for(user);
-        let url = self.url();
-        let uri: axum::http::Uri = url.parse().map_err(|source| FakeKubeError::Url {
-            url: url.clone(),
-            source,
-        })?;
-        let mut config = kube::Config::new(uri);
-        config.default_namespace = "default".to_string();
-        if let Ok(value) = axum::http::HeaderValue::from_str(&format!("Bearer {token}")) {
-            config
-                .headers
-                .push((axum::http::header::AUTHORIZATION, value));
-        }
         init_crypto();
-        kube::Client::try_from(config).map_err(|source| FakeKubeError::Client { url, source })
+        Self::build_client(&self.url(), Some(&token))
     }
 
     /// The bearer token this server takes for `user`, made on first use.
@@ -242,13 +230,21 @@ impl FakeApiServer {
         token
     }
 
-    fn build_client(url: &str) -> Result<kube::Client, FakeKubeError> {
+    /// A client for `url`, presenting `token` when given (default namespace `default`).
+    fn build_client(url: &str, token: Option<&str>) -> Result<kube::Client, FakeKubeError> {
         let uri: axum::http::Uri = url.parse().map_err(|source| FakeKubeError::Url {
             url: url.to_string(),
             source,
         })?;
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".to_string();
+        if let Some(Ok(value)) =
+            token.map(|token| axum::http::HeaderValue::from_str(&format!("Bearer {token}")))
+        {
+            config
+                .headers
+                .push((axum::http::header::AUTHORIZATION, value));
+        }
         kube::Client::try_from(config).map_err(|source| FakeKubeError::Client {
             url: url.to_string(),
             source,
@@ -263,25 +259,26 @@ impl FakeApiServer {
     /// Writes a kubeconfig for this server (no auth, namespace `default`) to `path`, for the
     /// real `labforge` binary started with `KUBECONFIG`.
     pub fn write_kubeconfig(&self, path: &std::path::Path) -> std::io::Result<()> {
-        std::fs::write(
-            path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-                 users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
-                 cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
-                self.url()
-            ),
-        )
+        self.write_kubeconfig_with(path, "{}")
     }
 
     /// [`Self::write_kubeconfig`] for a client acting as `user` (see [`Self::client_as`]).
     pub fn write_kubeconfig_as(&self, path: &std::path::Path, user: &str) -> std::io::Result<()> {
         let token = self.token_for(user);
+        self.write_kubeconfig_with(path, &format!("{{token: {token}}}"))
+    }
+
+    /// A kubeconfig for this server whose user entry is `credentials` (YAML flow mapping).
+    fn write_kubeconfig_with(
+        &self,
+        path: &std::path::Path,
+        credentials: &str,
+    ) -> std::io::Result<()> {
         std::fs::write(
             path,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-                 users:\n- name: fake\n  user:\n    token: {token}\ncontexts:\n- name: fake\n  context:\n    \
+                 users:\n- name: fake\n  user: {credentials}\ncontexts:\n- name: fake\n  context:\n    \
                  cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
                 self.url()
             ),

@@ -248,7 +248,7 @@ fn kube_error(namespace: &str, name: &str, err: kube::Error) -> BackendError {
 }
 
 /// Kubeflow's service account for notebook pods, made in each profile namespace.
-pub const DEFAULT_EDITOR: &str = "default-editor";
+const DEFAULT_EDITOR: &str = "default-editor";
 
 /// The claims a new notebook asks for: each volume with a size in its
 /// [`VOLUME_SIZES_ANNOTATION`] (volumes without one name existing claims), `ReadWriteOnce` on
