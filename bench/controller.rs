@@ -4,6 +4,7 @@
 //! validates every object against the official schemas), and reports:
 //! - time until every Notebook has its StatefulSet, Service, VirtualService and status;
 //! - the controller's peak RSS;
+//! - requests sent by a periodic resync with nothing changed (0: reads come from watch caches);
 //! - writes made by a full resync with nothing changed (a fresh controller re-reconciling all).
 //!
 //!   cargo bench --bench controller [-- COUNT]
@@ -14,6 +15,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use labforge_crds::{Notebook, VirtualService};
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,12 +33,17 @@ fn notebook(i: usize) -> Notebook {
     .expect("notebook fixture")
 }
 
+/// Seconds between periodic resyncs in this bench (the default is minutes).
+const RESYNC_SECONDS: u64 = 10;
+
 fn start_controller(kubeconfig: &std::path::Path, admin_port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_labforge"))
         .args([
             "controller",
             "--admin-addr",
             &format!("127.0.0.1:{admin_port}"),
+            "--resync-seconds",
+            &RESYNC_SECONDS.to_string(),
         ])
         .env("KUBECONFIG", kubeconfig)
         .env("LABFORGE_LOG", "error")
@@ -142,6 +149,27 @@ async fn main() {
     let converge_time = started.elapsed();
     let converge_writes = server.write_count() - writes_after_create;
     let rss_first = peak_rss_kb(controller.id());
+
+    // The periodic resync of every (unchanged) notebook: only watches may stay open.
+    let requests_before = server.requests_by();
+    let reconciles_before = reconciles_done(admin_port).await;
+    let started = Instant::now();
+    while reconciles_done(admin_port).await < reconciles_before + count as u64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "periodic resync did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let idle_requests: BTreeMap<String, u64> = server
+        .requests_by()
+        .into_iter()
+        .filter(|(key, _)| !key.starts_with("watch "))
+        .filter_map(|(key, n)| {
+            let sent = n - requests_before.get(&key).copied().unwrap_or(0);
+            (sent > 0).then_some((key, sent))
+        })
+        .collect();
     let _ = controller.kill();
     let _ = controller.wait();
 
@@ -186,7 +214,11 @@ async fn main() {
         rss_first as f64 / 1024.0
     );
     println!(
-        "| full resync of {count} unchanged notebooks | {:.2} s |",
+        "| requests sent by a periodic resync of {count} unchanged notebooks (watches aside) | {} {idle_requests:?} |",
+        idle_requests.values().sum::<u64>()
+    );
+    println!(
+        "| full resync of {count} unchanged notebooks by a fresh controller | {:.2} s |",
         resync_time.as_secs_f64()
     );
     println!(

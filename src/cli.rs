@@ -425,6 +425,9 @@ pub struct ControllerArgs {
     /// by their traffic. A URL naming a Service is read from every ready replica behind it.
     #[arg(long, env = "PROXY_ACTIVITY_URL")]
     pub proxy_activity_url: Option<String>,
+    /// Seconds between checks of an unchanged Notebook (they are served from watch caches).
+    #[arg(long, default_value_t = labforge_notebook_controller::controller::DEFAULT_RESYNC.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_seconds: u64,
 }
 
 #[derive(Debug, Args)]
@@ -809,6 +812,7 @@ impl TryFrom<&ControllerArgs> for ServeOptions {
             }),
             jupyter_base_url: args.jupyter_base_url.clone(),
             proxy_activity_url: args.proxy_activity_url.clone(),
+            resync: Duration::from_secs(args.resync_seconds),
         })
     }
 }

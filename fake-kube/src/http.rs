@@ -35,6 +35,8 @@ pub(crate) struct Stats {
     pub writes_by: BTreeMap<String, u64>,
     /// Successful mutating requests, including no-ops that changed nothing.
     pub write_requests: u64,
+    /// Every resource request by verb and resource (`get pods`, `patch notebooks/status`).
+    pub requests_by: BTreeMap<String, u64>,
     pub rejected: Vec<String>,
 }
 
@@ -280,6 +282,10 @@ fn route(
         Some(sub) => format!("{}/{sub}", info.plural),
         None => info.plural.clone(),
     };
+    *app.stats()
+        .requests_by
+        .entry(format!("{verb} {resource}"))
+        .or_default() += 1;
     authorize(app, headers, |user| rbac::Request {
         user,
         verb,

@@ -308,6 +308,12 @@ impl FakeApiServer {
         self.app.stats().writes_by.clone()
     }
 
+    /// Every request for a resource so far, by verb and resource (`list pods`, `watch events`,
+    /// `patch notebooks/status`), refused ones included: what clients cost the API server.
+    pub fn requests_by(&self) -> BTreeMap<String, u64> {
+        self.app.stats().requests_by.clone()
+    }
+
     /// Removed objects as `Kind namespace/name`, in the order they went, to check the order a
     /// cascade takes.
     pub fn removals(&self) -> Vec<String> {

@@ -233,10 +233,16 @@ fn identity(notebook: &Notebook) -> Result<Identity<'_>, BuildError> {
     })
 }
 
+/// Every child carries the `notebook-name` label so the controller watches (and caches) only
+/// its own objects, not every StatefulSet or Service of the cluster.
 fn child_meta(id: &Identity<'_>, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: Some(id.namespace.to_owned()),
+        labels: Some(BTreeMap::from([(
+            NOTEBOOK_NAME_LABEL.to_owned(),
+            id.name.to_owned(),
+        )])),
         owner_references: id.owner.clone().map(|o| vec![o]),
         ..Default::default()
     }
@@ -813,7 +819,9 @@ mod tests {
             json!({
                 "apiVersion": "networking.istio.io/v1beta1",
                 "kind": "VirtualService",
-                "metadata": { "name": "notebook-alice-lab", "namespace": "alice" },
+                // Kubeflow's metadata, plus the label the controller's watches select on.
+                "metadata": { "name": "notebook-alice-lab", "namespace": "alice",
+                    "labels": { "notebook-name": "lab" } },
                 "spec": {
                     "hosts": ["*"],
                     "gateways": ["kubeflow/kubeflow-gateway"],

@@ -1,10 +1,12 @@
 //! The Kubernetes reconcile loop: Notebook → applied children → mirrored status.
 //!
-//! Children are applied with server-side apply under one field manager, so the API server (not
-//! us) decides whether anything changed: an unchanged apply is free. Status is written only when
-//! the computed status differs from the stored one, so a resync of an idle cluster writes nothing.
+//! Children are applied with server-side apply under one field manager, and only when the live
+//! object differs from what was last applied; status is written only when the computed status
+//! differs from the stored one. Reads come from watch caches ([`crate::cache`]), so a resync of
+//! an idle cluster sends no request.
 
 use crate::builders::{BuilderConfig, build_children};
+use crate::cache::{self, CacheWriters, Caches, Feeds};
 use crate::metrics::{ErrorLabels, Metrics, NamespaceLabels};
 use crate::status::{invalid_spec_status, notebook_status};
 use futures::StreamExt;
@@ -15,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use labforge_crds::notebook::{
@@ -71,12 +73,20 @@ impl Error {
     }
 }
 
+/// How often an unchanged Notebook is checked again by default: an edit the watches missed is
+/// repaired within this time, and a check costs no request while the caches serve it.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
     pub config: BuilderConfig,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// What reconciles read instead of asking the API server.
+    pub caches: Caches,
+    /// How often an unchanged Notebook is reconciled again.
+    pub resync: Duration,
     /// Warning events already re-emitted on their Notebook (by event uid).
     reemitted: Mutex<HashSet<String>>,
     /// Consecutive reconcile failures per Notebook, for exponential backoff.
@@ -86,12 +96,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// `instance` names this replica in the events it publishes (the pod name in a cluster).
+    /// `instance` names this replica in the events it publishes (the pod name in a cluster);
+    /// `caches` are filled by the watches [`run`] starts.
     pub fn new(
         client: Client,
         config: BuilderConfig,
         metrics: Arc<Metrics>,
         instance: Option<String>,
+        caches: Caches,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
@@ -102,6 +114,8 @@ impl Context {
             client,
             config,
             metrics,
+            caches,
+            resync: DEFAULT_RESYNC,
             reemitted: Mutex::new(HashSet::new()),
             failures: Mutex::new(HashMap::new()),
             started: jiff::Timestamp::now(),
@@ -138,14 +152,16 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
     // Before the pod exists: it never runs unguarded.
     if let Some(policy) = &children.network_policy {
         let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
-        apply_child(&policies, &policy.name_any(), policy, "NetworkPolicy").await?;
+        let cache = &ctx.caches.network_policies;
+        apply_child(&policies, cache, policy, "NetworkPolicy").await?;
     }
     let ns_labels = NamespaceLabels {
         namespace: namespace.clone(),
     };
     let stateful_sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &namespace);
+    let cache = &ctx.caches.stateful_sets;
     let stateful_set =
-        match apply_child(&stateful_sets, &name, &children.stateful_set, "StatefulSet").await {
+        match apply_child(&stateful_sets, cache, &children.stateful_set, "StatefulSet").await {
             Ok((sts, created)) => {
                 if created {
                     ctx.metrics.created.get_or_create(&ns_labels).inc();
@@ -180,21 +196,31 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
             }
         };
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    apply_child(&services, &name, &children.service, "Service").await?;
+    apply_child(
+        &services,
+        &ctx.caches.services,
+        &children.service,
+        "Service",
+    )
+    .await?;
     if let Some(vs) = &children.virtual_service {
         let virtual_services: Api<VirtualService> = Api::namespaced(ctx.client.clone(), &namespace);
-        apply_child(&virtual_services, &vs.name_any(), vs, "VirtualService").await?;
+        let cache = &ctx.caches.virtual_services;
+        apply_child(&virtual_services, cache, vs, "VirtualService").await?;
     }
 
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let pod_name = format!("{name}-0");
-    let pod = pods
-        .get_opt(&pod_name)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("Pod {pod_name}"),
-            source,
-        })?;
+    let pod = if cache::is_ready(&ctx.caches.pods) {
+        cache::cached(&ctx.caches.pods, &namespace, &pod_name).map(|pod| (*pod).clone())
+    } else {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        pods.get_opt(&pod_name)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("Pod {pod_name}"),
+                source,
+            })?
+    };
     forget_activity_when_not_running(&notebooks, notebook, pod.is_some()).await?;
     let status = notebook_status(notebook, Some(&stateful_set), pod.as_ref());
     ctx.metrics
@@ -207,7 +233,7 @@ async fn reconcile_notebook(notebook: &Notebook, ctx: &Context) -> Result<Action
         &[(&pod_name, "Pod"), (&name, "StatefulSet")],
     )
     .await;
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(ctx.resync))
 }
 
 /// Clears the culler's annotations while a notebook is stopped or has no pod, as Kubeflow does:
@@ -263,21 +289,31 @@ pub const APPLIED_DIGEST_ANNOTATION: &str = "labforge.dev/applied-digest";
 
 /// Applies `desired` unless the live object is exactly what was last applied (same digest of the
 /// desired object, so removed fields are noticed) and still carries every field of it (so edits
-/// by others are repaired). A resync of unchanged notebooks thus sends no write at all. Returns
-/// the live object and whether it was created.
+/// by others are repaired). The live object comes from `cache`; one it lacks is read from the
+/// server, as the cache may not have caught up with a write yet. A resync of unchanged notebooks
+/// thus sends no request at all. Returns the live object and whether it was created.
 async fn apply_child<K>(
     api: &Api<K>,
-    name: &str,
+    cache: &Store<K>,
     desired: &K,
     kind: &'static str,
 ) -> Result<(K, bool), Error>
 where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
 {
-    let existing = api.get_opt(name).await.map_err(|source| Error::Read {
-        what: format!("{kind} {name}"),
-        source,
-    })?;
+    let name = desired.meta().name.as_deref().unwrap_or_default();
+    let namespace = desired.meta().namespace.as_deref().unwrap_or_default();
+    let existing = match cache::cached(cache, namespace, name) {
+        Some(cached) => Some((*cached).clone()),
+        None => api.get_opt(name).await.map_err(|source| Error::Read {
+            what: format!("{kind} {name}"),
+            source,
+        })?,
+    };
     let mut desired = desired.clone();
     if let Some(existing) = &existing {
         keep_owner_versions(desired.meta_mut(), existing.meta());
@@ -417,14 +453,22 @@ async fn reemit_warnings(
     namespace: &str,
     objects: &[(&str, &str)],
 ) {
-    let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
     for (name, kind) in objects {
-        let selector =
-            format!("involvedObject.name={name},involvedObject.kind={kind},type=Warning");
-        let Ok(list) = events.list(&ListParams::default().fields(&selector)).await else {
-            continue;
-        };
-        for event in list.items {
+        let events: Vec<CoreEvent> =
+            match cache::warnings_about(&ctx.caches.warnings, namespace, kind, name) {
+                Some(cached) => cached.iter().map(|event| (**event).clone()).collect(),
+                None => {
+                    let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
+                    let selector = format!(
+                        "involvedObject.name={name},involvedObject.kind={kind},type=Warning"
+                    );
+                    match events.list(&ListParams::default().fields(&selector)).await {
+                        Ok(list) => list.items,
+                        Err(_) => continue,
+                    }
+                }
+            };
+        for event in events {
             let Some(uid) = event.metadata.uid.clone() else {
                 continue;
             };
@@ -493,43 +537,37 @@ pub fn error_policy(notebook: Arc<Notebook>, error: &Error, ctx: Arc<Context>) -
     Action::requeue(backoff(failures))
 }
 
-/// Runs the controller until the stream ends (the process is shutting down).
-pub async fn run(ctx: Arc<Context>) {
+/// Runs the controller until the stream ends (the process is shutting down); its watches fill
+/// the context's caches through `writers`.
+pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
     let client = ctx.client.clone();
     let notebooks: Api<Notebook> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
+    let feeds = Feeds::new(&client, writers);
     let mut controller = Controller::new(notebooks, watcher::Config::default())
-        .owns(
-            Api::<StatefulSet>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-        );
+        .owns_stream(feeds.stateful_sets)
+        .owns_stream(feeds.services);
     if ctx.config.virtual_service {
         // An edited or deleted VirtualService is repaired at once, not at the next resync.
-        controller = controller.owns(
-            Api::<VirtualService>::all(client.clone()),
-            watcher::Config::default(),
-        );
+        controller = controller.owns_stream(feeds.virtual_services);
     }
     if ctx.config.network_policy_from.is_some() {
-        controller = controller.owns(
-            Api::<NetworkPolicy>::all(client.clone()),
-            watcher::Config::default(),
-        );
+        controller = controller.owns_stream(feeds.network_policies);
     }
     let forget = ctx.clone();
     controller
-        .watches(
-            pods,
-            watcher::Config::default().labels(NOTEBOOK_NAME_LABEL),
-            |pod| {
-                let name = pod.labels().get(NOTEBOOK_NAME_LABEL)?.clone();
-                Some(ObjectRef::<Notebook>::new(&name).within(&pod.namespace()?))
-            },
-        )
+        .watches_stream(feeds.pods, |pod| {
+            let name = pod.labels().get(NOTEBOOK_NAME_LABEL)?.clone();
+            Some(ObjectRef::<Notebook>::new(&name).within(&pod.namespace()?))
+        })
+        .watches_stream(feeds.warnings, |event| {
+            let about = &event.involved_object;
+            let name = match about.kind.as_deref()? {
+                "StatefulSet" => about.name.clone()?,
+                "Pod" => about.name.as_deref()?.strip_suffix("-0")?.to_owned(),
+                _ => return None,
+            };
+            Some(ObjectRef::<Notebook>::new(&name).within(&event.namespace()?))
+        })
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(move |result| {

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod builders;
+pub mod cache;
 pub mod controller;
 pub mod culler;
 #[cfg(test)]

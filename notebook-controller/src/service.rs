@@ -39,6 +39,8 @@ pub struct ServeOptions {
     /// The labforge proxy's admin URL; when set, its per-route activity is a culling source too
     /// (the only one for notebooks without Jupyter's API).
     pub proxy_activity_url: Option<String>,
+    /// How often an unchanged Notebook is reconciled again.
+    pub resync: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -119,7 +121,10 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
     });
 
     let instance = options.leader_election.as_ref().map(|e| e.identity.clone());
-    let ctx = Arc::new(Context::new(client, options.builder, metrics, instance));
+    let (caches, cache_writers) = crate::cache::caches();
+    let mut ctx = Context::new(client, options.builder, metrics, instance, caches);
+    ctx.resync = options.resync;
+    let ctx = Arc::new(ctx);
     let lease_lost = async {
         match &elector {
             Some(elector) => elector.hold(Duration::from_secs(5)).await,
@@ -127,7 +132,7 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
         }
     };
     tokio::select! {
-        () = controller::run(ctx) => tracing::info!("controller stopped"),
+        () = controller::run(ctx, cache_writers) => tracing::info!("controller stopped"),
         () = lease_lost => tracing::warn!("lost the leader lease; exiting so another replica leads"),
     }
     if let Some(culler) = culler {

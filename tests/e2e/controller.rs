@@ -38,6 +38,7 @@ pub fn serve_options(culling: CullingConfig, jupyter_base_url: Option<String>) -
         leader_election: None,
         jupyter_base_url,
         proxy_activity_url: None,
+        resync: labforge_notebook_controller::controller::DEFAULT_RESYNC,
     }
 }
 
@@ -409,7 +410,7 @@ async fn notebook_without_containers_gets_a_condition_and_no_children() {
 }
 
 #[tokio::test]
-async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_nothing() {
+async fn restart_mid_way_converges_without_duplicates_and_idle_resync_sends_nothing() {
     let server = fake_server().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "team");
@@ -470,8 +471,11 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
     let requests_before = server.write_requests();
     let writes_before = server.writes_by();
     drop(_second);
-    let _third =
-        RunningController::deployed(&server, serve_options(CullingConfig::default(), None)).await;
+    let port = labforge_tests::tools::free_port().unwrap();
+    let mut options = serve_options(CullingConfig::default(), None);
+    options.admin_addr = format!("127.0.0.1:{port}").parse().unwrap();
+    options.resync = Duration::from_secs(1);
+    let _third = RunningController::deployed(&server, options).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         server.write_count(),
@@ -485,6 +489,36 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_writes_not
         "resync sent write requests that changed nothing (no-op applies or status patches)"
     );
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
+
+    // Later resyncs are served from the watch caches: not even a read reaches the server.
+    let requests_before = server.requests_by();
+    let reconciles_before = reconciles_done(port).await;
+    eventually(
+        "two more resyncs of all eight",
+        Duration::from_secs(10),
+        || async { (reconciles_done(port).await >= reconciles_before + 16).then_some(()) },
+    )
+    .await;
+    let sent: Vec<String> = server
+        .requests_by()
+        .into_iter()
+        .filter(|(key, count)| requests_before.get(key) != Some(count))
+        .map(|(key, _)| key)
+        .filter(|key| !key.starts_with("watch "))
+        .collect();
+    assert!(sent.is_empty(), "an idle resync sent {sent:?}");
+}
+
+/// Reconciles the controller has finished, from its metrics.
+async fn reconciles_done(admin_port: u16) -> u64 {
+    let Ok(response) = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics")).await else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("labforge_notebook_reconcile_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]

@@ -818,7 +818,7 @@ fn rbac_is_least_privilege_everywhere() {
             ("apps", "statefulsets", apply),
             ("", "services", apply),
             ("", "pods", &["get", "list", "watch"]),
-            ("", "events", &["list"]),
+            ("", "events", &["list", "watch"]),
             ("events.k8s.io", "events", &["create", "patch"]),
             ("discovery.k8s.io", "endpointslices", &["list"]),
             ("networking.istio.io", "virtualservices", apply),
