@@ -7,7 +7,7 @@ SHELL := /bin/bash
 EXTRA_CA ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 CARGO ?= cargo
 
-.PHONY: up test setup images build agent lint unit drills help
+.PHONY: up test setup images image build agent lint unit drills help
 
 help:
 	@echo "make up    - set up this machine, build, start labforge"
@@ -28,6 +28,19 @@ setup:
 images: setup
 	images/build jupyterlab $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))
 	images/build codeserver $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))
+
+## The image every workload of deploy/ runs, pushed as $(REGISTRY)/labforge:<version>.
+## LABFORGE_BINARIES=DIR (labforge, labforge-proxy) and LABFORGE_AGENT=FILE pack binaries built
+## elsewhere instead of building the release ones; PUSH_FLAGS go to skopeo copy.
+VERSION := $(shell awk -F'"' '/^\[package\]/ { p = 1 } p && /^version = / { print $$2; exit }' Cargo.toml)
+image:
+	@test -n "$(REGISTRY)" || { echo "make image: set REGISTRY to where the image goes, e.g. make image REGISTRY=ghcr.io/labforge" >&2; exit 2; }
+	@command -v skopeo >/dev/null || { echo "make image: skopeo is missing: run make setup" >&2; exit 2; }
+	$(if $(LABFORGE_BINARIES),,$(CARGO) build --release --bin labforge --bin labforge-proxy)
+	$(if $(LABFORGE_AGENT),,$(MAKE) agent)
+	layout=$$(images/build labforge | tail -1) && \
+	  skopeo copy -q $(PUSH_FLAGS) "oci:$$layout:latest" "docker://$(REGISTRY)/labforge:$(VERSION)"
+	@echo "pushed $(REGISTRY)/labforge:$(VERSION); to deploy it: cd deploy && kustomize edit set image labforge=$(REGISTRY)/labforge:$(VERSION)"
 
 build: agent
 	$(CARGO) build --bin labforge

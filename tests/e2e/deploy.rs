@@ -181,6 +181,59 @@ struct Kustomization {
     kind: String,
     resources: Vec<String>,
     components: Vec<String>,
+    /// `images:` entries: name → (newName, newTag).
+    images: Vec<ImageRule>,
+}
+
+/// One entry of a kustomization's `images:` (the fields deploy/ uses).
+struct ImageRule {
+    name: String,
+    new_name: Option<String>,
+    new_tag: Option<String>,
+}
+
+/// An image reference split into name and tag, as kustomize matches it (a registry's port is not
+/// a tag).
+fn split_image(image: &str) -> (&str, Option<&str>) {
+    match image.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, Some(tag)),
+        _ => (image, None),
+    }
+}
+
+/// Every container image field of `object` (workloads and bare pods).
+fn container_images(object: &mut Value) -> Vec<&mut Value> {
+    let object_kind = object["kind"].as_str().unwrap_or_default().to_owned();
+    let spec = if object_kind == "Pod" {
+        object.get_mut("spec")
+    } else {
+        object.pointer_mut("/spec/template/spec")
+    };
+    let Some(spec) = spec.and_then(Value::as_object_mut) else {
+        return Vec::new();
+    };
+    spec.iter_mut()
+        .filter(|(key, _)| *key == "containers" || *key == "initContainers")
+        .flat_map(|(_, list)| list.as_array_mut().into_iter().flatten())
+        .filter_map(|container| container.get_mut("image"))
+        .collect()
+}
+
+/// kustomize's images transformer.
+fn set_images(rules: &[ImageRule], objects: &mut [Value]) {
+    for object in objects {
+        for image in container_images(object) {
+            let current = image.as_str().unwrap_or_default().to_owned();
+            let (name, tag) = split_image(&current);
+            if let Some(rule) = rules.iter().find(|rule| rule.name == name) {
+                let name = rule.new_name.as_deref().unwrap_or(name);
+                *image = Value::String(match rule.new_tag.as_deref().or(tag) {
+                    Some(tag) => format!("{name}:{tag}"),
+                    None => name.to_owned(),
+                });
+            }
+        }
+    }
 }
 
 fn kustomization(dir: &Path) -> Kustomization {
@@ -195,7 +248,7 @@ fn kustomization(dir: &Path) -> Kustomization {
     let doc = &docs[0];
     for key in doc.as_object().unwrap().keys() {
         assert!(
-            ["apiVersion", "kind", "resources", "components"].contains(&key.as_str()),
+            ["apiVersion", "kind", "resources", "components", "images"].contains(&key.as_str()),
             "{}: `{key}` is not understood by this test's kustomize build; teach build() about it",
             relative(&path)
         );
@@ -212,6 +265,25 @@ fn kustomization(dir: &Path) -> Kustomization {
         kind,
         resources: strings(&doc["resources"]),
         components: strings(&doc["components"]),
+        images: doc["images"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|rule| {
+                for key in rule.as_object().unwrap().keys() {
+                    assert!(
+                        ["name", "newName", "newTag"].contains(&key.as_str()),
+                        "{}: images.{key} is not understood by this test's kustomize build",
+                        relative(&path)
+                    );
+                }
+                ImageRule {
+                    name: rule["name"].as_str().unwrap().to_owned(),
+                    new_name: rule["newName"].as_str().map(str::to_owned),
+                    new_tag: rule["newTag"].as_str().map(str::to_owned),
+                }
+            })
+            .collect(),
     }
 }
 
@@ -264,6 +336,7 @@ fn build(dir: &Path) -> Vec<Value> {
         assert!(component.components.is_empty(), "nested components");
         add_resources(&component, &mut out);
     }
+    set_images(&k.images, &mut out);
     let mut seen = BTreeSet::new();
     for object in &out {
         assert!(
@@ -376,6 +449,85 @@ fn the_no_istio_virtualservice_crd_matches_istios() {
         (true, false),
         "the controller writes v1beta1"
     );
+}
+
+/// Every image a build of deploy/ names: its containers' and the spawner form's.
+fn images_named(objects: &mut [Value]) -> BTreeSet<String> {
+    fn under_image_keys(value: &Value, out: &mut BTreeSet<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    match value.as_str() {
+                        Some(image) if key == "image" => {
+                            out.insert(image.to_owned());
+                        }
+                        _ => under_image_keys(value, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| under_image_keys(item, out)),
+            _ => {}
+        }
+    }
+    let mut images = BTreeSet::new();
+    for object in objects {
+        if object["kind"] == "ConfigMap" {
+            for text in object["data"].as_object().into_iter().flatten() {
+                if let Ok(config) = serde_json::from_str::<Value>(text.1.as_str().unwrap_or("")) {
+                    under_image_keys(&config, &mut images);
+                }
+            }
+        }
+        for image in container_images(object) {
+            images.insert(image.as_str().unwrap().to_owned());
+        }
+    }
+    images
+}
+
+#[test]
+fn every_image_deploy_names_is_built_here_or_a_documented_third_party() {
+    let readme = std::fs::read_to_string(deploy_dir().join("README.md")).unwrap();
+    let (built_here, third_party) = readme
+        .split_once("Third-party images")
+        .expect("deploy/README.md has a `Third-party images` section");
+    let version = env!("CARGO_PKG_VERSION");
+    for dir in ["", "overlays/istio", "overlays/no-istio"] {
+        let mut objects = build(&deploy_dir().join(dir));
+        let images = images_named(&mut objects);
+        assert!(!images.is_empty(), "deploy/{dir}: no images");
+        for image in images {
+            let (name, tag) = split_image(&image);
+            if name == "ghcr.io/labforge/labforge" {
+                // The workloads' image is this release's, built by `make image`.
+                assert_eq!(tag, Some(version), "deploy/{dir}: {image}");
+                assert!(
+                    built_here.contains(&format!("`{name}`")),
+                    "{name} undocumented"
+                );
+                assert!(
+                    labforge_tests::repo_root()
+                        .join("images/labforge/recipe")
+                        .is_file()
+                );
+                continue;
+            }
+            assert!(
+                third_party.contains(&format!("`{name}`")),
+                "deploy/{dir} names {image}, which this repository does not build and deploy/README.md does not list as a third-party image"
+            );
+        }
+    }
+    // Every workload is retargeted by the one `images:` entry.
+    for (file, object) in deployments() {
+        let mut object = object.clone();
+        for image in container_images(&mut object) {
+            assert_eq!(
+                image, "labforge",
+                "{file}: name the image through kustomization.yaml's images:"
+            );
+        }
+    }
 }
 
 #[test]

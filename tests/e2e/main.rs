@@ -12,6 +12,7 @@ mod cluster_flow;
 mod controller;
 mod culling;
 mod deploy;
+mod deploy_image;
 mod embedded;
 mod fake_kube;
 mod gpus;
