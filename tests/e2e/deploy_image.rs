@@ -83,14 +83,14 @@ async fn make_image_pushes_an_image_that_runs_every_component_as_a_non_root_user
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
         .collect::<Vec<_>>();
     assert!(
-        installed.iter().any(|name| name.starts_with("labforge-agent")),
+        installed
+            .iter()
+            .any(|name| name.starts_with("labforge-agent")),
         "{installed:?}"
     );
 
-    let inspected: serde_json::Value = serde_json::from_str(&need(run(podman
-        .command()
-        .args(["image", "inspect", &id]))))
-    .unwrap();
+    let inspected: serde_json::Value =
+        serde_json::from_str(&need(run(podman.command().args(["image", "inspect", &id])))).unwrap();
     let config = &inspected[0]["Config"];
     assert_eq!(config["User"], "65532:65532");
     let labels = &config["Labels"];

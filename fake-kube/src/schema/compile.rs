@@ -1,6 +1,7 @@
 //! Turns Swagger 2.0 definitions and CRD OpenAPI v3 schemas into one arena of typed nodes, once.
 //!
-//! Both dialects land in the same [`Node`] shape so one walker validates every kind. The
+//! Both dialects land in the same [`Node`] shape, from which one JSON Schema per kind is written
+//! for the checks (`json_schema`) and by which apply and patches merge. The
 //! difference that matters is what an object without `properties` means: in the built-in Swagger
 //! document it is an opaque value (`RawExtension`, `FieldsV1`), in a structural CRD schema it is an
 //! object whose every field would be pruned, so unknown fields there are rejected.

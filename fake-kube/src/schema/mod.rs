@@ -6,6 +6,7 @@
 
 pub(crate) mod checks;
 pub(crate) mod compile;
+pub(crate) mod json_schema;
 pub(crate) mod names;
 pub(crate) mod quantity;
 pub(crate) mod validate;
@@ -150,6 +151,7 @@ impl FieldError {
 pub struct SchemaSet {
     arena: Arena,
     pub(crate) catalog: Catalog,
+    validators: json_schema::Validators,
 }
 
 fn read(path: &Path) -> Result<String, FakeKubeError> {
@@ -235,7 +237,15 @@ impl SchemaSet {
                 catalog.insert(info);
             }
         }
-        Ok(SchemaSet { arena, catalog })
+        let roots = catalog.resources.iter().flat_map(|r| r.schemas.values());
+        let strict = roots.clone().map(|root| root.node).collect();
+        let loose = roots.filter_map(|root| root.crd_metadata).collect();
+        let validators = json_schema::Validators::build(&strict, &loose);
+        Ok(SchemaSet {
+            arena,
+            catalog,
+            validators,
+        })
     }
 
     /// Validates `object` as the API server does before storing it: `apiVersion`/`kind` must name
@@ -303,19 +313,21 @@ impl SchemaSet {
         old: Option<&Value>,
     ) -> Vec<FieldError> {
         let resource = self.catalog.get(id);
-        let mut walker = validate::Walker::new(&self.arena);
+        let mut errors = Vec::new();
         if let Some(root) = resource.schemas.get(version) {
-            walker.check(root.node, object, "");
+            errors = self.validators.check(&self.arena, root.node, object, "");
             if let (Some(crd_metadata), Some(metadata)) =
                 (root.crd_metadata, object.get("metadata"))
             {
                 // Only the CRD's extra rules (name patterns); ObjectMeta already judged the fields.
-                let mut loose = validate::Walker::allowing_unknown(&self.arena);
-                loose.check(crd_metadata, metadata, "metadata");
-                walker.errors.extend(loose.errors);
+                errors.extend(self.validators.check_loose(
+                    &self.arena,
+                    crd_metadata,
+                    metadata,
+                    "metadata",
+                ));
             }
         }
-        let mut errors = walker.errors;
         checks::check_object(resource, object, old, &mut errors);
         errors
     }

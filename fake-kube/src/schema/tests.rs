@@ -351,3 +351,47 @@ fn unknown_kinds_are_rejected() {
             .is_err()
     );
 }
+
+#[test]
+fn what_json_schema_alone_would_let_through_is_refused() {
+    // Go decodes integers only from integers.
+    let mut object = statefulset();
+    object["spec"]["replicas"] = json!(1.0);
+    let error = assert_rejected_at("apps/v1", "StatefulSet", &object, "spec.replicas");
+    assert_eq!(error.reason, "FieldValueTypeInvalid", "{error}");
+
+    // An int32 field and int-or-string's integer hold 32 bits.
+    let mut object = statefulset();
+    object["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] =
+        json!(1_u64 << 33);
+    let error = assert_rejected_at(
+        "apps/v1",
+        "StatefulSet",
+        &object,
+        "spec.template.spec.containers[0].ports[0].containerPort",
+    );
+    assert!(error.message.contains("32-bit"), "{error}");
+
+    // Items of a list-map differ in their keys: two containers with one name.
+    let mut object = statefulset();
+    let container = object["spec"]["template"]["spec"]["containers"][0].clone();
+    object["spec"]["template"]["spec"]["containers"] = json!([container.clone(), container]);
+    let error = assert_rejected_at(
+        "apps/v1",
+        "StatefulSet",
+        &object,
+        "spec.template.spec.containers[1]",
+    );
+    assert_eq!(error.reason, "FieldValueDuplicate", "{error}");
+
+    // `byte` strings are base64; a null where the field cannot hold one is dropped, not refused.
+    let mut secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s", "namespace": "team-a", "labels": null},
+        "data": {"token": "bm90IGEgc2VjcmV0"},
+    });
+    assert_eq!(errors("v1", "Secret", &secret), vec![]);
+    secret["data"]["token"] = json!("not base64!");
+    let error = assert_rejected_at("v1", "Secret", &secret, "data[token]");
+    assert!(error.message.contains("base64"), "{error}");
+}
