@@ -990,9 +990,8 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
         CacheOutcome::Disabled => String::new(),
         CacheOutcome::Hit => "; cache hit".to_owned(),
         CacheOutcome::Stored => "; cached".to_owned(),
-        CacheOutcome::Unavailable(reason) => {
-            format!("; saved uncached, cache unavailable: {reason}")
-        }
+        // Why is the warning's to tell, on a line of its own.
+        CacheOutcome::Unavailable(_) => "; saved uncached, the cache was unavailable".to_owned(),
     };
     match &saved.layer {
         Some(layer) => {

@@ -53,7 +53,8 @@ where
     match runtime.block_on(work()) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("{program}: error: {err:#}");
+            let message = labforge_builder::save::error_chain(err.as_ref());
+            eprintln!("{program}: error: {message}");
             if err.is::<cli::UsageError>() {
                 ExitCode::from(cli::EXIT_USAGE)
             } else {

@@ -6,9 +6,11 @@
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use aws_smithy_runtime_api::http::Response as HttpResponse;
 use std::path::{Path, PathBuf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -17,12 +19,12 @@ pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    #[error("S3 {operation} of {key:?} in bucket {bucket:?} failed: {message}")]
+    #[error("S3 {operation} in bucket {bucket:?} failed: {failure}")]
     S3 {
         operation: &'static str,
         bucket: String,
         key: String,
-        message: String,
+        failure: S3Failure,
     },
     #[error("local file {path}")]
     File {
@@ -30,6 +32,130 @@ pub enum CacheError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why S3 refused or failed a request, as a person reads it: what happened, what to do, and
+/// S3's own code and message as the cause (never the SDK's whole error structure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum S3Failure {
+    /// The bucket does not exist.
+    NoSuchBucket { code: String, message: String },
+    /// The credentials were refused (unknown key, wrong secret, no permission).
+    Refused {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// Any other answer from S3.
+    Answered {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// No answer: the endpoint could not be reached, or did not answer in time.
+    Unreachable { endpoint: String, detail: String },
+    /// A body broke off part-way.
+    Interrupted { detail: String },
+}
+
+impl S3Failure {
+    fn of<E: ProvideErrorMetadata>(
+        err: &SdkError<E, HttpResponse>,
+        endpoint: Option<&str>,
+    ) -> Self {
+        let endpoint = endpoint.unwrap_or("AWS S3").to_owned();
+        match err {
+            SdkError::ServiceError(service) => {
+                let status = service.raw().status().as_u16();
+                let code = service.err().code().unwrap_or_default().to_owned();
+                let message = service.err().message().unwrap_or_default().to_owned();
+                match (status, code.as_str()) {
+                    (_, "NoSuchBucket") => S3Failure::NoSuchBucket { code, message },
+                    (401 | 403, _)
+                    | (_, "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied") => {
+                        S3Failure::Refused {
+                            status,
+                            code,
+                            message,
+                        }
+                    }
+                    _ => S3Failure::Answered {
+                        status,
+                        code,
+                        message,
+                    },
+                }
+            }
+            SdkError::DispatchFailure(failure) => S3Failure::Unreachable {
+                endpoint,
+                detail: if failure.is_timeout() {
+                    "timed out connecting".into()
+                } else {
+                    // The connector's own error, without the SDK's wrapping.
+                    failure
+                        .as_connector_error()
+                        .and_then(std::error::Error::source)
+                        .map_or_else(|| "could not connect".into(), ToString::to_string)
+                },
+            },
+            SdkError::TimeoutError(_) => S3Failure::Unreachable {
+                endpoint,
+                detail: "no answer in time".into(),
+            },
+            other => S3Failure::Answered {
+                status: other.raw_response().map_or(0, |r| r.status().as_u16()),
+                code: String::new(),
+                message: "unreadable answer".into(),
+            },
+        }
+    }
+}
+
+/// `code: message`, or whichever of them S3 sent (the message's first line, cut short).
+fn s3_cause(code: &str, message: &str) -> String {
+    let message: String = message
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(120)
+        .collect();
+    match (code.is_empty(), message.is_empty()) {
+        (false, false) => format!("{code}: {message}"),
+        (false, true) => code.to_owned(),
+        (true, false) => message,
+        (true, true) => "no detail".to_owned(),
+    }
+}
+
+impl std::fmt::Display for S3Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // S3's code is the cause where the hint already says what its message would.
+            S3Failure::NoSuchBucket { code, .. } => write!(
+                f,
+                "the bucket does not exist; create it or name another in --cache-s3; caused by: {code}"
+            ),
+            S3Failure::Refused { status, code, .. } => write!(
+                f,
+                "credentials refused (HTTP {status}); check AWS_ACCESS_KEY_ID, \
+                 AWS_SECRET_ACCESS_KEY and the key's rights; caused by: {code}"
+            ),
+            S3Failure::Answered {
+                status,
+                code,
+                message,
+            } => write!(f, "HTTP {status}; caused by: {}", s3_cause(code, message)),
+            S3Failure::Interrupted { detail } => {
+                write!(f, "the transfer broke off; caused by: {detail}")
+            }
+            S3Failure::Unreachable { endpoint, detail } => write!(
+                f,
+                "{endpoint} is unreachable; check that it runs and the endpoint is right; \
+                 caused by: {detail}"
+            ),
+        }
+    }
 }
 
 /// Where the S3 cache lives and how to sign requests to it.
@@ -64,6 +190,8 @@ impl std::fmt::Debug for S3CacheConfig {
 #[derive(Clone)]
 pub struct S3Cache {
     client: Client,
+    /// The endpoint as configured (AWS's when `None`), for messages.
+    endpoint: Option<String>,
     bucket: String,
     prefix: String,
     part_size: usize,
@@ -95,11 +223,12 @@ impl S3Cache {
             .response_checksum_validation(
                 aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
             );
-        if let Some(endpoint) = config.endpoint {
+        if let Some(endpoint) = &config.endpoint {
             builder = builder.endpoint_url(endpoint);
         }
         Self {
             client: Client::from_conf(builder.build()),
+            endpoint: config.endpoint,
             bucket: config.bucket,
             prefix: config.prefix,
             part_size: config.part_size.max(MIN_PART_SIZE),
@@ -110,12 +239,38 @@ impl S3Cache {
         format!("{}{key}", self.prefix)
     }
 
-    fn error(&self, operation: &'static str, key: &str, err: impl std::error::Error) -> CacheError {
+    /// A body that broke off while streaming (to or from S3).
+    fn stream_error(
+        &self,
+        operation: &'static str,
+        key: &str,
+        err: &dyn std::error::Error,
+    ) -> CacheError {
+        let mut detail = err.to_string();
+        let mut source = err.source();
+        while let Some(cause) = source {
+            detail = format!("{detail}; caused by: {cause}");
+            source = cause.source();
+        }
         CacheError::S3 {
             operation,
             bucket: self.bucket.clone(),
             key: self.object_key(key),
-            message: aws_sdk_s3::error::DisplayErrorContext(err).to_string(),
+            failure: S3Failure::Interrupted { detail },
+        }
+    }
+
+    fn error<E: ProvideErrorMetadata>(
+        &self,
+        operation: &'static str,
+        key: &str,
+        err: SdkError<E, HttpResponse>,
+    ) -> CacheError {
+        CacheError::S3 {
+            operation,
+            bucket: self.bucket.clone(),
+            key: self.object_key(key),
+            failure: S3Failure::of(&err, self.endpoint.as_deref()),
         }
     }
 
@@ -166,7 +321,7 @@ impl S3Cache {
         if size <= self.part_size as u64 {
             let body = ByteStream::from_path(path)
                 .await
-                .map_err(|e| self.error("read for put", key, e))?;
+                .map_err(|e| self.stream_error("read for put", key, &e))?;
             self.client
                 .put_object()
                 .bucket(&self.bucket)
@@ -299,7 +454,7 @@ impl S3Cache {
         while let Some(chunk) = body
             .try_next()
             .await
-            .map_err(|e| self.error("read body", key, e))?
+            .map_err(|e| self.stream_error("read body", key, &e))?
         {
             file.write_all(&chunk).await.map_err(file_error)?;
         }

@@ -14,6 +14,7 @@ use futures::{StreamExt, TryStreamExt};
 use http::HeaderValue;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
+use oci_client::errors::OciErrorCode;
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
@@ -52,16 +53,40 @@ pub enum RegistryError {
         registry: String,
         operation: &'static str,
         #[source]
-        source: OciDistributionError,
+        source: RegistryAnswer,
     },
     /// No connection (refused, unreachable, timed out): the registry is down or the address is
     /// wrong, whatever the step was.
-    #[error("registry {registry} is unreachable ({operation})")]
+    #[error(
+        "registry {registry} is unreachable ({operation}); check that it runs and the address is right"
+    )]
     Unreachable {
         registry: String,
         operation: &'static str,
         #[source]
-        source: OciDistributionError,
+        source: RegistryAnswer,
+    },
+    /// The registry wants other credentials than it was given (or some, when it had none).
+    #[error(
+        "registry {registry} refused access ({operation}); set LABFORGE_REGISTRY_USER and \
+         LABFORGE_REGISTRY_PASSWORD for an account with access"
+    )]
+    Refused {
+        registry: String,
+        operation: &'static str,
+        #[source]
+        source: RegistryAnswer,
+    },
+    /// The image (or its repository) is not in the registry.
+    #[error(
+        "image {reference} is not in registry {registry} ({operation}); check its name and tag"
+    )]
+    NotFound {
+        reference: String,
+        registry: String,
+        operation: &'static str,
+        #[source]
+        source: RegistryAnswer,
     },
     /// Connected, but then silent (or no longer taking an upload's bytes) for the stall timeout.
     #[error("registry {registry} stopped answering ({operation})")]
@@ -84,15 +109,47 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
-    /// `operation` on `registry` failed with `source`: [`RegistryError::Unreachable`] when no
-    /// connection was made.
-    fn failed(registry: String, operation: &'static str, source: OciDistributionError) -> Self {
+    /// `operation` on `registry` (for `reference`) failed with `source`, sorted by what a person
+    /// can do about it.
+    fn failed(
+        registry: String,
+        reference: String,
+        operation: &'static str,
+        source: OciDistributionError,
+    ) -> Self {
+        let status = answer_status(&source);
         let unreachable = matches!(
             &source,
             OciDistributionError::RequestError(e) if e.is_connect() || e.is_timeout()
         );
+        let refused = matches!(
+            &source,
+            OciDistributionError::AuthenticationFailure(_)
+                | OciDistributionError::UnauthorizedError { .. }
+        ) || matches!(status, Some(401 | 403))
+            || has_code(&source, &[OciErrorCode::Unauthorized, OciErrorCode::Denied]);
+        let not_found = matches!(source, OciDistributionError::ImageManifestNotFoundError(_))
+            || (status == Some(404) && operation_reads_the_image(operation))
+            || has_code(
+                &source,
+                &[OciErrorCode::ManifestUnknown, OciErrorCode::NameUnknown],
+            );
+        let source = RegistryAnswer(source);
         if unreachable {
             RegistryError::Unreachable {
+                registry,
+                operation,
+                source,
+            }
+        } else if refused {
+            RegistryError::Refused {
+                registry,
+                operation,
+                source,
+            }
+        } else if not_found {
+            RegistryError::NotFound {
+                reference,
                 registry,
                 operation,
                 source,
@@ -103,6 +160,90 @@ impl RegistryError {
                 operation,
                 source,
             }
+        }
+    }
+}
+
+/// Steps whose 404 means the image is missing (elsewhere a 404 is a blob the registry lacks).
+fn operation_reads_the_image(operation: &str) -> bool {
+    operation.contains("manifest")
+}
+
+/// The HTTP status the registry answered with, when the error carries one.
+fn answer_status(err: &OciDistributionError) -> Option<u16> {
+    match err {
+        OciDistributionError::ServerError { code, .. } => Some(*code),
+        OciDistributionError::UnauthorizedError { .. } => Some(401),
+        OciDistributionError::RequestError(e) => e.status().map(|s| s.as_u16()),
+        _ => None,
+    }
+}
+
+fn has_code(err: &OciDistributionError, codes: &[OciErrorCode]) -> bool {
+    matches!(err, OciDistributionError::RegistryError { envelope, .. }
+        if envelope.errors.iter().any(|e| codes.contains(&e.code)))
+}
+
+/// What a registry answered, on one line: its error codes and messages, or the HTTP status, or
+/// the transport's error (whose causes follow as the error's sources).
+#[derive(Debug)]
+pub struct RegistryAnswer(pub OciDistributionError);
+
+impl std::fmt::Display for RegistryAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let first_line = |text: &str| -> String {
+            let line = text.lines().next().unwrap_or_default().trim();
+            line.chars().take(160).collect()
+        };
+        match &self.0 {
+            OciDistributionError::RegistryError { envelope, .. } => {
+                let errors: Vec<String> = envelope
+                    .errors
+                    .iter()
+                    .map(|e| {
+                        let code = serde_json::to_value(&e.code)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default();
+                        format!("{code}: {}", first_line(&e.message))
+                    })
+                    .collect();
+                f.write_str(&errors.join(", "))
+            }
+            OciDistributionError::ServerError { code, message, .. } => {
+                write!(f, "HTTP {code}: {}", first_line(message))
+            }
+            OciDistributionError::UnauthorizedError { .. } => f.write_str("HTTP 401"),
+            OciDistributionError::AuthenticationFailure(detail) => {
+                write!(f, "authentication failed: {}", first_line(detail))
+            }
+            OciDistributionError::GenericError(detail) => {
+                f.write_str(&first_line(detail.as_deref().unwrap_or("no detail")))
+            }
+            // The status, not reqwest's "HTTP status client error (...) for url (...)".
+            OciDistributionError::RequestError(e) => match e.status() {
+                Some(status) => write!(f, "HTTP {status}"),
+                None => {
+                    let text = e.to_string();
+                    f.write_str(&first_line(
+                        text.split(" for url (").next().unwrap_or(&text),
+                    ))
+                }
+            },
+            other => f.write_str(&first_line(&other.to_string())),
+        }
+    }
+}
+
+impl std::error::Error for RegistryAnswer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            // "error sending request" alone does not say what went wrong: its causes do.
+            OciDistributionError::RequestError(e) if e.status().is_none() => {
+                std::error::Error::source(e)
+            }
+            OciDistributionError::IoError(e) => std::error::Error::source(e),
+            _ => None,
         }
     }
 }
@@ -262,7 +403,14 @@ impl RegistryClient {
             .connect_timeout(CONNECT_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|err| RegistryError::failed(registry.to_owned(), "signing in", err.into()))?;
+            .map_err(|err| {
+                RegistryError::failed(
+                    registry.to_owned(),
+                    reference.whole(),
+                    "signing in",
+                    err.into(),
+                )
+            })?;
         let answer = self
             .exchange(
                 reference,
@@ -865,9 +1013,11 @@ fn failure(
 ) -> impl Fn(&'static str) -> Box<dyn FnOnce(OciDistributionError) -> RegistryError + Send> + use<>
 {
     let registry = reference.resolve_registry().to_owned();
+    let whole = reference.whole();
     move |operation| {
         let registry = registry.clone();
-        Box::new(move |source| RegistryError::failed(registry, operation, source))
+        let whole = whole.clone();
+        Box::new(move |source| RegistryError::failed(registry, whole, operation, source))
     }
 }
 

@@ -459,7 +459,7 @@ impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
         match result {
             Ok(value) => Some(value),
             Err(err) => {
-                let reason = err.to_string();
+                let reason = error_chain(&err);
                 tracing::warn!("cache unavailable, saving without it: {reason}");
                 (self.progress)(SaveProgress::CacheUnavailable(reason.clone()));
                 if let Ok(mut failure) = self.failure.lock() {
@@ -729,16 +729,16 @@ fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// An error and its causes as one line, each cause once (a message that already quotes its cause
-/// does not repeat it): how a failed save reads in an event, the web app and an ImageBuild's
-/// status.
+/// An error and its causes as one line, `what failed; caused by: why; caused by: ...`, each
+/// cause once (a message that already quotes its cause does not repeat it): how every failure
+/// reads wherever a person sees it (the CLI, events, the web app, an ImageBuild's status, logs).
 pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
         let cause_text = cause.to_string();
         if !text.contains(&cause_text) {
-            text.push_str(": ");
+            text.push_str("; caused by: ");
             text.push_str(&cause_text);
         }
         source = cause.source();
@@ -763,7 +763,7 @@ mod tests {
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
         assert_eq!(
             error_chain(&Saving(Uploading(refused))),
-            "saving failed: upload failed: connection refused"
+            "saving failed; caused by: upload failed: connection refused"
         );
     }
 }

@@ -45,6 +45,11 @@ pub enum SourceError {
     Scan(#[from] ScanError),
     #[error(transparent)]
     Write(#[from] WriteError),
+    /// The container engine is not there to ask (web and CLI users meet this first).
+    #[error(
+        "{program} is not installed or not on PATH; install it, or name the engine with --engine"
+    )]
+    EngineMissing { program: String },
     #[error("starting {program}: {source}")]
     Spawn {
         program: String,
@@ -554,9 +559,13 @@ fn start_agent(
     // The command owns our copy of the pipe's writing end: dropped, the pipe ends when the agent
     // (and the engine's processes that inherited it) are done.
     drop(command);
-    let mut child = spawned.map_err(|source| SourceError::Spawn {
-        program: engine.display().to_string(),
-        source,
+    let mut child = spawned.map_err(|source| {
+        let program = engine.display().to_string();
+        if source.kind() == io::ErrorKind::NotFound {
+            SourceError::EngineMissing { program }
+        } else {
+            SourceError::Spawn { program, source }
+        }
     })?;
     let mut stderr_pipe = child.stderr.take();
     let stderr = std::thread::spawn(move || stderr_pipe.take().map(read_tail).unwrap_or_default());

@@ -19,6 +19,7 @@ mod gpus;
 mod image_builds;
 mod isolation;
 mod memory_soak;
+mod messages;
 mod notebook_image;
 mod proxy;
 mod s3_cache;

@@ -87,3 +87,39 @@ async fn s3_down_is_an_error_naming_bucket_and_operation() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_missing_bucket_or_server_is_told_in_one_line_with_what_to_do() {
+    init_crypto();
+    let mut server = need(S3Server::start().await);
+    let cache = cache_for(&server, "no-such-bucket");
+    let dir = tempfile::tempdir().unwrap();
+    let blob = dir.path().join("blob");
+    fs::write(&blob, b"layer").unwrap();
+    let missing = cache
+        .put_file("blobs/sha256/abc", &blob)
+        .await
+        .unwrap_err()
+        .to_string();
+    for what in [
+        "bucket \"no-such-bucket\"",
+        "does not exist; create it",
+        "caused by: NoSuchBucket",
+    ] {
+        assert!(missing.contains(what), "{what:?} missing from: {missing}");
+    }
+
+    server.stop();
+    let gone =
+        labforge_builder::save::error_chain(&cache.contains("blobs/sha256/abc").await.unwrap_err());
+    assert!(
+        gone.contains(&format!("{} is unreachable", server.endpoint())),
+        "{gone}"
+    );
+    for message in [&missing, &gone] {
+        assert!(
+            message.chars().count() <= 300 && !message.contains("{ ") && !message.contains('\n'),
+            "{message}"
+        );
+    }
+}

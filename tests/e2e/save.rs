@@ -664,7 +664,7 @@ async fn s3_down_still_saves_uncached_and_says_so() {
     let out = with_s3(&format!("{host}/e2e/s3:down"));
     let stdout = succeeded(&out);
     assert!(
-        stdout.contains("saved uncached, cache unavailable"),
+        stdout.contains("saved uncached, the cache was unavailable"),
         "{stdout}"
     );
     let everything = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));

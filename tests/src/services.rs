@@ -206,32 +206,61 @@ pub struct Registry {
     process: ServiceProcess,
 }
 
+/// The account of [`Registry::start_requiring_login`].
+pub const REGISTRY_USER: &str = "labforge";
+pub const REGISTRY_PASSWORD: &str = "labforge-registry-test";
+/// bcrypt of [`REGISTRY_PASSWORD`] (cost 5), as docker-registry's htpasswd file wants it.
+const REGISTRY_PASSWORD_BCRYPT: &str =
+    "$2b$05$tZXeikZC3h4rOndWRHGj2uXp1Yx8HGgZKLuq3InzTOWNeLBabqIaW";
+
 impl Registry {
     pub async fn start() -> Result<Self, SupportError> {
-        on_a_free_port(Self::start_once).await
+        on_a_free_port(|| Self::start_once(false)).await
     }
 
-    async fn start_once() -> Result<Self, SupportError> {
+    /// A registry that answers only [`REGISTRY_USER`] with [`REGISTRY_PASSWORD`] (Basic auth).
+    pub async fn start_requiring_login() -> Result<Self, SupportError> {
+        on_a_free_port(|| Self::start_once(true)).await
+    }
+
+    async fn start_once(login: bool) -> Result<Self, SupportError> {
         let binary = locate("docker-registry")?;
         let state = state_dir("registry")?;
         let port = free_port()?;
         let config = state.path().join("config.yml");
-        std::fs::write(
-            &config,
+        let htpasswd = state.path().join("htpasswd");
+        let auth = if login {
             format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
-                 delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                state.path().join("storage").display()
-            ),
+                "auth:\n  htpasswd:\n    realm: labforge-test\n    path: {}\n",
+                htpasswd.display()
+            )
+        } else {
+            String::new()
+        };
+        let written = std::fs::write(
+            &htpasswd,
+            format!("{REGISTRY_USER}:{REGISTRY_PASSWORD_BCRYPT}\n"),
         )
-        .map_err(|source| SupportError::Io {
+        .and_then(|()| {
+            std::fs::write(
+                &config,
+                format!(
+                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
+                     delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+                    state.path().join("storage").display()
+                ),
+            )
+        });
+        written.map_err(|source| SupportError::Io {
             doing: "writing the registry config".into(),
             source,
         })?;
         let mut command = Command::new(binary);
         command.arg("serve").arg(&config);
         let mut process = ServiceProcess::spawn("docker-registry", &mut command, port, state)?;
-        process.wait_ready("/v2/", 200).await?;
+        process
+            .wait_ready("/v2/", if login { 401 } else { 200 })
+            .await?;
         Ok(Self { process })
     }
 
@@ -251,6 +280,8 @@ impl Registry {
                 "application/vnd.oci.image.manifest.v1+json, \
                  application/vnd.docker.distribution.manifest.v2+json",
             )
+            // The account of a registry that requires one; others ignore it.
+            .basic_auth(REGISTRY_USER, Some(REGISTRY_PASSWORD))
             .send()
             .await
             .unwrap_or_else(|e| panic!("GET {url}: {e}"))
@@ -276,10 +307,16 @@ pub struct S3Server {
 
 impl S3Server {
     pub async fn start() -> Result<Self, SupportError> {
-        on_a_free_port(Self::start_once).await
+        on_a_free_port(|| Self::start_once(false)).await
     }
 
-    async fn start_once() -> Result<Self, SupportError> {
+    /// A server that checks request signatures: keys it does not know are refused, as S3
+    /// refuses wrong credentials.
+    pub async fn start_checking_credentials() -> Result<Self, SupportError> {
+        on_a_free_port(|| Self::start_once(true)).await
+    }
+
+    async fn start_once(checking: bool) -> Result<Self, SupportError> {
         let binary = std::env::var_os("LABFORGE_MOTO_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(MOTO_SERVER));
@@ -297,6 +334,9 @@ impl S3Server {
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("AWS_ACCESS_KEY_ID", "labforge-test")
             .env("AWS_SECRET_ACCESS_KEY", "labforge-test-secret");
+        if checking {
+            command.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
         let mut process = ServiceProcess::spawn("moto S3 server", &mut command, port, state)?;
         process.wait_ready("/moto-api/", 200).await?;
         Ok(Self { process })
