@@ -892,3 +892,95 @@ async fn notebook_sign_in_holds(
     );
     assert_eq!(status_with(visit).await.unwrap().status(), 200);
 }
+
+/// A message a person reads: one line, short, no Debug dump.
+#[track_caller]
+fn assert_one_readable_line(message: &str) {
+    assert!(
+        message.chars().count() <= 300 && !message.contains('\n') && !message.contains("{ "),
+        "not one readable line: {message}"
+    );
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_and_a_missing_engine_are_told_in_one_line() {
+    crate::init_crypto();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
+    let agent = need(labforge_tests::agent::agent_binary());
+
+    // Without its engine, `labforge up` stops at once and says what to do.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(binary)
+        .args([
+            "up",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+        ])
+        .args(["--engine", "/nonexistent/podman", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("labforge: error:"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        error.contains("/nonexistent/podman is not installed") && error.contains("--engine"),
+        "{error}"
+    );
+    assert_one_readable_line(error);
+
+    // An image its registry does not have: the notebook says which, and what to check.
+    let alice = format!("alice-pull-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
+    let up = need(LabforgeUp::start(binary, &dir.path().join("data"), &agent).await);
+    let password = need(up.add_user(&alice));
+    let a = Session::sign_in(&up, &alice, &password).await;
+    let image = format!("{}/e2e/no-such-image:1", up.registry);
+    let (status, answer) = a
+        .post(
+            &format!("/api/namespaces/{alice}/notebooks"),
+            json!({"name": "ghost", "image": image}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let body = a
+        .wait_state(&alice, "ghost", "error", Duration::from_secs(60))
+        .await;
+    let reason = body["notebook"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!(
+            "cannot pull image {image}; check its name and tag"
+        )) && reason.contains("caused by: "),
+        "{body}"
+    );
+    assert_one_readable_line(reason);
+    let (_, events) = a
+        .get(&format!("/api/namespaces/{alice}/notebooks/ghost/events"))
+        .await;
+    let warning = events["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["reason"] == "ErrImagePull")
+        .unwrap_or_else(|| panic!("{events}"));
+    assert_one_readable_line(warning["message"].as_str().unwrap_or_default());
+
+    // The UI shows the same line: in the list's badge and on the notebook's page.
+    let shown: Value = serde_json::from_str(&need(labforge_tests::browser::run_script(
+        "failure.mjs",
+        &[&up.url, &alice, &password, &alice, "ghost"],
+    )))
+    .unwrap();
+    assert_eq!(shown["listTitle"], reason, "{shown}");
+    assert_eq!(shown["pageReason"], reason, "{shown}");
+
+    // And so does its log, at every level a person reads.
+    for line in up.log().lines() {
+        if [" INFO ", " WARN ", " ERROR "].iter().any(|level| line.contains(level)) {
+            let message = line.split_once(": ").map_or(line, |(_, message)| message);
+            assert_one_readable_line(message);
+        }
+    }
+}

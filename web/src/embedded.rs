@@ -58,6 +58,10 @@ pub enum UpError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{program} is not installed or not on PATH; install it (make setup does), or name another engine with --engine"
+    )]
+    EngineMissing { program: String },
     #[error("serving the web app: {0}")]
     Web(#[source] std::io::Error),
     #[error("starting the proxy: {0}")]
@@ -120,6 +124,18 @@ fn data_dir(path: &Path) -> Result<PathBuf, UpError> {
     path.canonicalize().map_err(|source| UpError::DataDir {
         path: path.to_owned(),
         source,
+    })
+}
+
+/// The engine's path: as given when it names a file, else found on PATH.
+fn which_engine(engine: &Path) -> Option<PathBuf> {
+    if engine.components().count() > 1 {
+        return engine.is_file().then(|| engine.to_owned());
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(engine))
+            .find(|candidate| candidate.is_file())
     })
 }
 
@@ -212,6 +228,13 @@ pub fn default_spawner(registry: &str) -> SpawnerConfig {
 
 /// Starts everything; returns once the URL answers.
 pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
+    // Checked first: without the engine no notebook could ever start, and every reconcile
+    // would say so again.
+    if which_engine(&options.engine).is_none() {
+        return Err(UpError::EngineMissing {
+            program: options.engine.display().to_string(),
+        });
+    }
     let dir = data_dir(&options.data_dir)?;
     let users = Users::open(&dir)?;
     let created_admin = users.ensure_admin()?;

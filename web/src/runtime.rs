@@ -365,10 +365,36 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{command} failed: {stderr}")]
+    #[error("{command} failed; caused by: {}", last_error_line(stderr))]
     Failed { command: String, stderr: String },
+    #[error(
+        "cannot pull image {image}; check its name and tag, and that its registry is reachable; caused by: {}",
+        last_error_line(stderr)
+    )]
+    Pull { image: String, stderr: String },
     #[error("{0}")]
     Output(String),
+}
+
+/// The engine's own reason on one line: its last `Error:` line (podman and docker print progress
+/// before it), else its last line, cut short.
+fn last_error_line(stderr: &str) -> String {
+    let lines = stderr.lines().map(str::trim).filter(|l| !l.is_empty());
+    let line = lines
+        .clone()
+        .filter_map(|l| {
+            l.strip_prefix("Error: ")
+                .or_else(|| l.strip_prefix("Error response from daemon: "))
+        })
+        .last()
+        .or_else(|| lines.last())
+        .unwrap_or("no message");
+    let cut: String = line.chars().take(200).collect();
+    if cut.len() < line.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
 }
 
 /// podman or docker, through its CLI.
@@ -464,7 +490,14 @@ impl Engine {
             args.push("--tls-verify=false".into());
         }
         args.push(image.into());
-        self.run(&args).await.map(|_| ())
+        match self.run(&args).await {
+            Ok(_) => Ok(()),
+            Err(EngineError::Failed { stderr, .. }) => Err(EngineError::Pull {
+                image: image.to_owned(),
+                stderr,
+            }),
+            Err(other) => Err(other),
+        }
     }
 
     /// Creates the network `name` unless it exists: isolated, so that its containers reach no
