@@ -379,15 +379,15 @@ pub enum EngineError {
 /// The engine's own reason on one line: its last `Error:` line (podman and docker print progress
 /// before it), else its last line, cut short.
 fn last_error_line(stderr: &str) -> String {
-    let lines = stderr.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut lines = stderr.lines().map(str::trim).filter(|l| !l.is_empty());
     let line = lines
         .clone()
-        .filter_map(|l| {
+        .rev()
+        .find_map(|l| {
             l.strip_prefix("Error: ")
                 .or_else(|| l.strip_prefix("Error response from daemon: "))
         })
-        .last()
-        .or_else(|| lines.last())
+        .or_else(|| lines.next_back())
         .unwrap_or("no message");
     let cut: String = line.chars().take(200).collect();
     if cut.len() < line.len() {
