@@ -38,7 +38,7 @@ image:
 	@command -v skopeo >/dev/null || { echo "make image: skopeo is missing: run make setup" >&2; exit 2; }
 	$(if $(LABFORGE_BINARIES),,$(CARGO) build --release --bin labforge --bin labforge-proxy)
 	$(if $(LABFORGE_AGENT),,$(MAKE) agent)
-	layout=$$(images/build labforge | tail -1) && \
+	set -o pipefail; layout=$$(images/build labforge | tail -1) && \
 	  skopeo copy -q $(PUSH_FLAGS) "oci:$$layout:latest" "docker://$(REGISTRY)/labforge:$(VERSION)"
 	@echo "pushed $(REGISTRY)/labforge:$(VERSION); to deploy it: cd deploy && kustomize edit set image labforge=$(REGISTRY)/labforge:$(VERSION)"
 

@@ -53,7 +53,7 @@ where
     match runtime.block_on(work()) {
         Ok(code) => code,
         Err(err) => {
-            let message = labforge_builder::save::error_chain(err.as_ref());
+            let message = labforge_messages::error_chain(err.as_ref());
             eprintln!("{program}: error: {message}");
             if err.is::<cli::UsageError>() {
                 ExitCode::from(cli::EXIT_USAGE)

@@ -56,10 +56,12 @@ pub enum S3Failure {
     Unreachable { endpoint: String, detail: String },
     /// A body broke off part-way.
     Interrupted { detail: String },
+    /// The request could not be made (a malformed endpoint, say).
+    Request { detail: String },
 }
 
 impl S3Failure {
-    fn of<E: ProvideErrorMetadata>(
+    fn of<E: ProvideErrorMetadata + std::error::Error + 'static>(
         err: &SdkError<E, HttpResponse>,
         endpoint: Option<&str>,
     ) -> Self {
@@ -91,23 +93,39 @@ impl S3Failure {
                 detail: if failure.is_timeout() {
                     "timed out connecting".into()
                 } else {
-                    // The connector's own error, without the SDK's wrapping.
+                    // The connector's causes down to the system's ("Connection refused"),
+                    // without the SDK's wrapping.
                     failure
                         .as_connector_error()
                         .and_then(std::error::Error::source)
-                        .map_or_else(|| "could not connect".into(), ToString::to_string)
+                        .map_or_else(
+                            || "could not connect".into(),
+                            labforge_messages::error_chain,
+                        )
                 },
             },
             SdkError::TimeoutError(_) => S3Failure::Unreachable {
                 endpoint,
                 detail: "no answer in time".into(),
             },
-            other => S3Failure::Answered {
-                status: other.raw_response().map_or(0, |r| r.status().as_u16()),
+            SdkError::ResponseError(response) => S3Failure::Answered {
+                status: response.raw().status().as_u16(),
                 code: String::new(),
                 message: "unreadable answer".into(),
             },
+            other => S3Failure::Request {
+                detail: labforge_messages::error_chain(other),
+            },
         }
+    }
+}
+
+/// S3's code where the hint already says what its message would, else what it sent.
+fn known_cause(code: &str, message: &str) -> String {
+    if code.is_empty() {
+        s3_cause(code, message)
+    } else {
+        code.to_owned()
     }
 }
 
@@ -132,20 +150,30 @@ impl std::fmt::Display for S3Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             // S3's code is the cause where the hint already says what its message would.
-            S3Failure::NoSuchBucket { code, .. } => write!(
+            S3Failure::NoSuchBucket { code, message } => write!(
                 f,
-                "the bucket does not exist; create it or name another in --cache-s3; caused by: {code}"
+                "the bucket does not exist; create it or name another in --cache-s3; caused by: {}",
+                known_cause(code, message)
             ),
-            S3Failure::Refused { status, code, .. } => write!(
+            S3Failure::Refused {
+                status,
+                code,
+                message,
+            } => write!(
                 f,
                 "credentials refused (HTTP {status}); check AWS_ACCESS_KEY_ID, \
-                 AWS_SECRET_ACCESS_KEY and the key's rights; caused by: {code}"
+                 AWS_SECRET_ACCESS_KEY and the key's rights; caused by: {}",
+                known_cause(code, message)
             ),
             S3Failure::Answered {
                 status,
                 code,
                 message,
             } => write!(f, "HTTP {status}; caused by: {}", s3_cause(code, message)),
+            S3Failure::Request { detail } => write!(
+                f,
+                "the request could not be made; check --s3-endpoint and --cache-s3; caused by: {detail}"
+            ),
             S3Failure::Interrupted { detail } => {
                 write!(f, "the transfer broke off; caused by: {detail}")
             }
@@ -260,7 +288,7 @@ impl S3Cache {
         }
     }
 
-    fn error<E: ProvideErrorMetadata>(
+    fn error<E: ProvideErrorMetadata + std::error::Error + 'static>(
         &self,
         operation: &'static str,
         key: &str,

@@ -67,9 +67,10 @@ pub enum RegistryError {
         source: RegistryAnswer,
     },
     /// The registry wants other credentials than it was given (or some, when it had none).
+    /// Registries answer a repository that does not exist this way too when asked anonymously.
     #[error(
-        "registry {registry} refused access ({operation}); set LABFORGE_REGISTRY_USER and \
-         LABFORGE_REGISTRY_PASSWORD for an account with access"
+        "registry {registry} refused access ({operation}); check the image's name or set \
+         LABFORGE_REGISTRY_USER and LABFORGE_REGISTRY_PASSWORD"
     )]
     Refused {
         registry: String,
@@ -164,9 +165,10 @@ impl RegistryError {
     }
 }
 
-/// Steps whose 404 means the image is missing (elsewhere a 404 is a blob the registry lacks).
+/// Steps whose 404 means the image is missing (elsewhere a 404 is a blob the registry lacks, or
+/// a push it refused).
 fn operation_reads_the_image(operation: &str) -> bool {
-    operation.contains("manifest")
+    operation.contains("manifest") && !operation.contains("writing") && !operation.contains("push")
 }
 
 /// The HTTP status the registry answered with, when the error carries one.
@@ -1034,7 +1036,7 @@ where
             Ok(value) => return Ok(value),
             Err(err) if attempt < ATTEMPTS && is_transient(&err) => {
                 // With its causes: "error sending request" alone does not say what went wrong.
-                let error = crate::save::error_chain(&err);
+                let error = labforge_messages::error_chain(&err);
                 tracing::warn!(attempt, "registry request failed, retrying: {error}");
                 tokio::time::sleep(Duration::from_millis(300 * 2u64.pow(attempt))).await;
                 attempt += 1;

@@ -459,7 +459,7 @@ impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
         match result {
             Ok(value) => Some(value),
             Err(err) => {
-                let reason = error_chain(&err);
+                let reason = labforge_messages::error_chain(&err);
                 tracing::warn!("cache unavailable, saving without it: {reason}");
                 (self.progress)(SaveProgress::CacheUnavailable(reason.clone()));
                 if let Ok(mut failure) = self.failure.lock() {
@@ -727,43 +727,4 @@ impl<R: Read + ?Sized, W: Write, F: FnMut(u64)> Read for Tee<'_, R, W, F> {
 
 fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// An error and its causes as one line, `what failed; caused by: why; caused by: ...`, each
-/// cause once (a message that already quotes its cause does not repeat it): how every failure
-/// reads wherever a person sees it (the CLI, events, the web app, an ImageBuild's status, logs).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str("; caused by: ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("saving failed")]
-    struct Saving(#[source] Uploading);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("upload failed: connection refused")]
-    struct Uploading(#[source] io::Error);
-
-    #[test]
-    fn each_cause_is_told_once() {
-        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
-        assert_eq!(
-            error_chain(&Saving(Uploading(refused))),
-            "saving failed; caused by: upload failed: connection refused"
-        );
-    }
 }

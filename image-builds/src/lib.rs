@@ -20,12 +20,13 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use labforge_builder::layer::Compression;
-use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, Saved, error_chain, save};
+use labforge_builder::save::{CacheOutcome, SaveOptions, SaveProgress, Saved, save};
 use labforge_builder::source::{AGENT_PATH, ChangeSource, PodContainer};
 use labforge_crds::Notebook;
 use labforge_crds::imagebuild::{
     ImageBuild, ImageBuildPhase, ImageBuildProgress, ImageBuildStatus, LayerCompression,
 };
+use labforge_messages::error_chain;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

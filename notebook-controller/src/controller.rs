@@ -527,7 +527,7 @@ pub fn error_policy(notebook: Arc<Notebook>, error: &Error, ctx: Arc<Context>) -
         *count = count.saturating_add(1);
         *count
     });
-    tracing::warn!(error = %error, source = ?std::error::Error::source(error), failures, "reconcile failed");
+    tracing::warn!(error = %labforge_messages::error_chain(error), failures, "reconcile failed");
     ctx.metrics
         .reconcile_errors
         .get_or_create(&ErrorLabels {
@@ -554,19 +554,30 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters) {
         controller = controller.owns_stream(feeds.network_policies);
     }
     let forget = ctx.clone();
+    let caches = ctx.caches.clone();
     controller
         .watches_stream(feeds.pods, |pod| {
             let name = pod.labels().get(NOTEBOOK_NAME_LABEL)?.clone();
             Some(ObjectRef::<Notebook>::new(&name).within(&pod.namespace()?))
         })
-        .watches_stream(feeds.warnings, |event| {
+        .watches_stream(feeds.warnings, move |event| {
+            // Only events about a notebook's own pod or StatefulSet (the caches hold only those),
+            // not every Warning of the cluster.
             let about = &event.involved_object;
+            let namespace = event.namespace()?;
+            let object = about.name.as_deref()?;
             let name = match about.kind.as_deref()? {
-                "StatefulSet" => about.name.clone()?,
-                "Pod" => about.name.as_deref()?.strip_suffix("-0")?.to_owned(),
+                "StatefulSet" => cache::cached(&caches.stateful_sets, &namespace, object)?
+                    .labels()
+                    .get(NOTEBOOK_NAME_LABEL)?
+                    .clone(),
+                "Pod" => cache::cached(&caches.pods, &namespace, object)?
+                    .labels()
+                    .get(NOTEBOOK_NAME_LABEL)?
+                    .clone(),
                 _ => return None,
             };
-            Some(ObjectRef::<Notebook>::new(&name).within(&event.namespace()?))
+            Some(ObjectRef::<Notebook>::new(&name).within(&namespace))
         })
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)

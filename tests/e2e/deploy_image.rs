@@ -17,7 +17,9 @@ fn make_image(registry: Option<&str>) -> std::process::Output {
     make.current_dir(labforge_tests::repo_root())
         .args(["-s", "image", "PUSH_FLAGS=--dest-tls-verify=false"])
         .env("LABFORGE_BINARIES", binaries)
-        .env("LABFORGE_AGENT", agent);
+        .env("LABFORGE_AGENT", agent)
+        // A cache of its own: the debug binaries' image must not replace a release one.
+        .env("LABFORGE_IMAGE_CACHE", "/var/cache/labforge/test-images");
     if let Some(registry) = registry {
         make.arg(format!("REGISTRY={registry}"));
     }

@@ -111,7 +111,7 @@ async fn a_missing_bucket_or_server_is_told_in_one_line_with_what_to_do() {
 
     server.stop();
     let gone =
-        labforge_builder::save::error_chain(&cache.contains("blobs/sha256/abc").await.unwrap_err());
+        labforge_messages::error_chain(&cache.contains("blobs/sha256/abc").await.unwrap_err());
     assert!(
         gone.contains(&format!("{} is unreachable", server.endpoint())),
         "{gone}"

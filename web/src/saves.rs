@@ -5,10 +5,11 @@
 use crate::model::SavedImage;
 use crate::runtime::container_name;
 use crate::store::Store;
-use labforge_builder::save::{SaveOptions, SaveProgress, error_chain, save};
+use labforge_builder::save::{SaveOptions, SaveProgress, save};
 use labforge_builder::source::ChangeSource;
 use labforge_builder::summary::ChangeSummary;
 use labforge_crds::notebook::Notebook;
+use labforge_messages::error_chain;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;

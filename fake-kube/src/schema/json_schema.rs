@@ -204,6 +204,10 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     match node.special {
         Special::IntOrString => {
             schema.insert(INT32.into(), Value::Bool(true));
+            schema.insert(GO_INTEGER.into(), Value::Bool(true));
+        }
+        Special::IntOrStringAny => {
+            schema.insert(GO_INTEGER.into(), Value::Bool(true));
         }
         Special::Quantity => {
             schema.insert("format".into(), json!("quantity"));
@@ -335,7 +339,8 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     (schema, reached)
 }
 
-/// Go decodes integer fields from integers only: `1.0` is refused.
+/// Go decodes integer fields from integers only: `1.0`, which JSON Schema counts as an integer,
+/// is refused (`1.5` is refused by `type` already).
 struct GoInteger;
 
 impl<'i> Keyword<'i> for GoInteger {
@@ -348,9 +353,9 @@ impl<'i> Keyword<'i> for GoInteger {
     }
 
     fn is_valid(&self, instance: &'i Value) -> bool {
-        instance
-            .as_number()
-            .is_none_or(|n| n.is_i64() || n.is_u64())
+        instance.as_number().is_none_or(|n| {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() != 0.0)
+        })
     }
 }
 
@@ -369,7 +374,8 @@ impl<'i> Keyword<'i> for Int32 {
     fn is_valid(&self, instance: &'i Value) -> bool {
         instance
             .as_number()
-            .is_none_or(|n| n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()))
+            // A float is the type's or GoInteger's to refuse.
+            .is_none_or(|n| n.is_f64() || n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()))
     }
 }
 
@@ -448,6 +454,14 @@ fn field_path(
         }
     }
     (field, node)
+}
+
+/// A schema's limit as written: `0`, not the `0.0` it was stored as.
+fn number(limit: &Value) -> String {
+    match limit.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+        _ => limit.to_string(),
+    }
 }
 
 fn expected(kind: &TypeKind) -> String {
@@ -543,12 +557,13 @@ fn field_errors(
             )]
         }
         ValidationErrorKind::Minimum { limit }
-        | ValidationErrorKind::ExclusiveMinimum { limit } => {
-            invalid(&format!("must be greater than or equal to {limit}"))
-        }
+        | ValidationErrorKind::ExclusiveMinimum { limit } => invalid(&format!(
+            "must be greater than or equal to {}",
+            number(limit)
+        )),
         ValidationErrorKind::Maximum { limit }
         | ValidationErrorKind::ExclusiveMaximum { limit } => {
-            invalid(&format!("must be less than or equal to {limit}"))
+            invalid(&format!("must be less than or equal to {}", number(limit)))
         }
         ValidationErrorKind::MultipleOf { multiple_of } => {
             invalid(&format!("must be a multiple of {multiple_of}"))
