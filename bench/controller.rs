@@ -15,6 +15,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use labforge_crds::{Notebook, VirtualService};
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use labforge_tests::tools::reconciles_done;
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -59,17 +60,6 @@ fn peak_rss_kb(pid: u32) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-async fn reconciles_done(admin_port: u16) -> u64 {
-    let Ok(response) = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics")).await else {
-        return 0;
-    };
-    let text = response.text().await.unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("labforge_notebook_reconcile_duration_seconds_count "))
-        .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
 

@@ -11,6 +11,7 @@ use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_notebook_controller::service::{ServeOptions, serve};
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+use labforge_tests::tools::reconciles_done;
 use serde_json::json;
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -507,18 +508,6 @@ async fn restart_mid_way_converges_without_duplicates_and_idle_resync_sends_noth
         .filter(|key| !key.starts_with("watch "))
         .collect();
     assert!(sent.is_empty(), "an idle resync sent {sent:?}");
-}
-
-/// Reconciles the controller has finished, from its metrics.
-async fn reconciles_done(admin_port: u16) -> u64 {
-    let Ok(response) = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics")).await else {
-        return 0;
-    };
-    let text = response.text().await.unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("labforge_notebook_reconcile_duration_seconds_count "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]

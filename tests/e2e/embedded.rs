@@ -970,7 +970,14 @@ async fn an_image_that_cannot_be_pulled_and_a_missing_engine_are_told_in_one_lin
     // The UI shows the same line: in the list's badge and on the notebook's page.
     let shown: Value = serde_json::from_str(&need(labforge_tests::browser::run_script(
         "failure.mjs",
-        &[&up.url, &alice, &password, &alice, "ghost", "cannot pull image"],
+        &[
+            &up.url,
+            &alice,
+            &password,
+            &alice,
+            "ghost",
+            "cannot pull image",
+        ],
     )))
     .unwrap();
     assert_eq!(shown["listTitle"], reason, "{shown}");

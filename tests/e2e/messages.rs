@@ -5,6 +5,7 @@
 
 use crate::labforge;
 use crate::need;
+use crate::save::save_command;
 use labforge_tests::services::{REGISTRY_PASSWORD, REGISTRY_USER};
 use labforge_tests::{Registry, S3Server};
 use std::process::Output;
@@ -16,18 +17,11 @@ const MAX_LINE: usize = 300;
 fn commit(registry: &str, target: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let tree = tempfile::tempdir().unwrap();
     std::fs::write(tree.path().join("notes.txt"), "hello").unwrap();
-    let mut command = labforge();
-    command
-        .args([
-            "build",
-            "commit",
-            "--quiet",
-            "--insecure-registry",
-            registry,
-        ])
-        .args(["--root", tree.path().to_str().unwrap(), "--target", target])
-        .args(extra)
-        .env("LABFORGE_LOG", "info");
+    let mut command = save_command(
+        &["--root", tree.path().to_str().unwrap(), "--target", target],
+        registry,
+    );
+    command.args(extra).env("LABFORGE_LOG", "info");
     for (key, value) in env {
         command.env(key, value);
     }

@@ -23,7 +23,7 @@ fn write(root: &Path, rel: &str, body: impl AsRef<[u8]>) {
 }
 
 /// `labforge build commit --quiet --insecure-registry REGISTRY ARGS...`, not yet run.
-fn save_command(args: &[&str], registry: &str) -> Command {
+pub(crate) fn save_command(args: &[&str], registry: &str) -> Command {
     let mut command = labforge();
     command
         .args([

@@ -118,6 +118,19 @@ pub fn self_signed_certificate(dir: &Path) -> Result<(PathBuf, PathBuf), Support
     Ok((cert, key))
 }
 
+/// Reconciles `labforge controller` has finished, read from its metrics at `admin_port` (0 while
+/// it does not answer).
+pub async fn reconciles_done(admin_port: u16) -> u64 {
+    let Ok(response) = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics")).await else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("labforge_notebook_reconcile_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
