@@ -65,11 +65,10 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
 
     // The default form: a new workspace.
     let (status, created) = api
-        .call(
+        .post(
             Some(ALICE),
-            reqwest::Method::POST,
             "/api/namespaces/alice/notebooks",
-            Some(json!({"name": "lab"})),
+            json!({"name": "lab"}),
         )
         .await;
     assert_eq!(status, 201, "{created}");
@@ -92,22 +91,16 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         "the agent's init container ran"
     );
     let (_, view) = api
-        .call(
-            Some(ALICE),
-            reqwest::Method::GET,
-            "/api/namespaces/alice/notebooks/lab",
-            None,
-        )
+        .get(Some(ALICE), "/api/namespaces/alice/notebooks/lab")
         .await;
     assert_eq!(view["notebook"]["state"], "ready", "{view}");
 
     // Stop: the pod goes and the status keeps nothing of the run.
     let (status, _) = api
-        .call(
+        .patch(
             Some(ALICE),
-            reqwest::Method::PATCH,
             "/api/namespaces/alice/notebooks/lab",
-            Some(json!({"stopped": true})),
+            json!({"stopped": true}),
         )
         .await;
     assert_eq!(status, 200);
@@ -124,12 +117,7 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         "no stale container state"
     );
     let (_, view) = api
-        .call(
-            Some(ALICE),
-            reqwest::Method::GET,
-            "/api/namespaces/alice/notebooks/lab",
-            None,
-        )
+        .get(Some(ALICE), "/api/namespaces/alice/notebooks/lab")
         .await;
     assert_eq!(view["notebook"]["state"], "stopped", "{view}");
     // An activity record from long ago, as a stop from elsewhere leaves it: the controller
@@ -151,11 +139,10 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
     // Start: running again, and not culled by the culler checking five times a second (it
     // would be at once, idle since January, had the record stayed).
     let (status, _) = api
-        .call(
+        .patch(
             Some(ALICE),
-            reqwest::Method::PATCH,
             "/api/namespaces/alice/notebooks/lab",
-            Some(json!({"stopped": false})),
+            json!({"stopped": false}),
         )
         .await;
     assert_eq!(status, 200);

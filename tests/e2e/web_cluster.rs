@@ -86,8 +86,18 @@ impl Client {
         )
     }
 
-    async fn get(&self, user: Option<&str>, path: &str) -> (u16, Value) {
+    pub async fn get(&self, user: Option<&str>, path: &str) -> (u16, Value) {
         self.call(user, reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, user: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+        self.call(user, reqwest::Method::POST, path, Some(body))
+            .await
+    }
+
+    pub async fn patch(&self, user: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+        self.call(user, reqwest::Method::PATCH, path, Some(body))
+            .await
     }
 }
 
@@ -124,11 +134,10 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
     // Bad input is refused before anything reaches the API server.
     let writes = server.write_requests();
     let (status, answer) = api
-        .call(
+        .post(
             Some(ALICE),
-            reqwest::Method::POST,
             "/api/namespaces/alice/notebooks",
-            Some(json!({"name": "lab", "memory": "lots"})),
+            json!({"name": "lab", "memory": "lots"}),
         )
         .await;
     assert_eq!((status, answer["field"].as_str()), (422, Some("memory")));
@@ -136,11 +145,10 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
 
     // alice creates a notebook: a Notebook CR that Kubeflow's CRD accepts, with its event.
     let (status, created) = api
-        .call(
+        .post(
             Some(ALICE),
-            reqwest::Method::POST,
             "/api/namespaces/alice/notebooks",
-            Some(json!({"name": "lab", "cpuLimit": "1"})),
+            json!({"name": "lab", "cpuLimit": "1"}),
         )
         .await;
     assert_eq!(status, 201, "{created}");
@@ -169,14 +177,7 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         )
         .await
         .unwrap();
-    let (status, volumes) = api
-        .call(
-            Some(ALICE),
-            reqwest::Method::GET,
-            "/api/namespaces/alice/volumes",
-            None,
-        )
-        .await;
+    let (status, volumes) = api.get(Some(ALICE), "/api/namespaces/alice/volumes").await;
     assert_eq!(status, 200, "{volumes}");
     assert_eq!(
         volumes["volumes"],
@@ -184,11 +185,10 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         "the new notebook's workspace claim, and the one made by hand"
     );
     let (status, refused) = api
-        .call(
+        .post(
             Some(ALICE),
-            reqwest::Method::POST,
             "/api/namespaces/alice/notebooks",
-            Some(json!({"name": "other", "workspace": {"existing": {"name": "bobs-workspace"}}})),
+            json!({"name": "other", "workspace": {"existing": {"name": "bobs-workspace"}}}),
         )
         .await;
     assert_eq!(
@@ -209,11 +209,10 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         Some(ALICE)
     );
     let (status, again) = api
-        .call(
+        .post(
             Some(ALICE),
-            reqwest::Method::POST,
             "/api/namespaces/alice/notebooks",
-            Some(json!({"name": "lab"})),
+            json!({"name": "lab"}),
         )
         .await;
     assert_eq!((status, again["field"].as_str()), (409, Some("name")));
@@ -305,11 +304,10 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
 
     // Stop: Kubeflow's annotation on the CR, which the controller turns into replicas 0.
     let (status, stopped) = api
-        .call(
+        .patch(
             Some(ALICE),
-            reqwest::Method::PATCH,
             "/api/namespaces/alice/notebooks/lab",
-            Some(json!({"stopped": true})),
+            json!({"stopped": true}),
         )
         .await;
     assert_eq!(status, 200, "{stopped}");
@@ -325,11 +323,10 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
 
     // Without a registry to save to, saving is not offered: a clear answer, not a hang.
     let (status, answer) = api
-        .call(
+        .post(
             Some(ALICE),
-            reqwest::Method::POST,
             "/api/namespaces/alice/notebooks/lab/saves",
-            Some(json!({})),
+            json!({}),
         )
         .await;
     assert_eq!(status, 501, "{answer}");
@@ -376,10 +373,7 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     let api = web.client();
     let post = |user, path: &'static str, body: Value| {
         let api = &api;
-        async move {
-            api.call(Some(user), reqwest::Method::POST, path, Some(body))
-                .await
-        }
+        async move { api.post(Some(user), path, body).await }
     };
     let (status, _) = post(
         ALICE,
@@ -489,11 +483,10 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
 
     // A stopped notebook cannot be saved.
     let (status, _) = api
-        .call(
+        .patch(
             Some(ALICE),
-            reqwest::Method::PATCH,
             "/api/namespaces/alice/notebooks/lab",
-            Some(json!({"stopped": true})),
+            json!({"stopped": true}),
         )
         .await;
     assert_eq!(status, 200);
@@ -530,11 +523,10 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
     let create = |namespace: &'static str, body: Value| {
         let api = &api;
         async move {
-            api.call(
+            api.post(
                 Some(ALICE),
-                reqwest::Method::POST,
                 &format!("/api/namespaces/{namespace}/notebooks"),
-                Some(body),
+                body,
             )
             .await
         }
