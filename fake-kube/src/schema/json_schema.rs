@@ -81,8 +81,18 @@ impl Validators {
                     .decode(text)
                     .is_ok()
             })
-            .with_keyword(GO_INTEGER, |_, _, _| Ok(Box::new(GoInteger)))
-            .with_keyword(INT32, |_, _, _| Ok(Box::new(Int32)))
+            .with_keyword(GO_INTEGER, |_, _, _| {
+                Ok(Box::new(Rule {
+                    holds: go_integer,
+                    message: "must be of type integer",
+                }))
+            })
+            .with_keyword(INT32, |_, _, _| {
+                Ok(Box::new(Rule {
+                    holds: int32,
+                    message: "must fit in a 32-bit integer",
+                }))
+            })
             .with_keyword(LIST_MAP_KEYS, |_, keys, _| {
                 Ok(Box::new(ListMapKeys(
                     keys.as_array()
@@ -339,44 +349,40 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     (schema, reached)
 }
 
-/// Go decodes integer fields from integers only: `1.0`, which JSON Schema counts as an integer,
-/// is refused (`1.5` is refused by `type` already).
-struct GoInteger;
+/// A check JSON Schema has no keyword for: a test of the value and what its failure says.
+struct Rule {
+    holds: fn(&Value) -> bool,
+    message: &'static str,
+}
 
-impl<'i> Keyword<'i> for GoInteger {
+impl<'i> Keyword<'i> for Rule {
     fn validate(&self, instance: &'i Value) -> Result<(), ValidationError<'i>> {
-        if self.is_valid(instance) {
+        if (self.holds)(instance) {
             Ok(())
         } else {
-            Err(ValidationError::custom("must be of type integer"))
+            Err(ValidationError::custom(self.message))
         }
     }
 
     fn is_valid(&self, instance: &'i Value) -> bool {
-        instance.as_number().is_none_or(|n| {
-            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() != 0.0)
-        })
+        (self.holds)(instance)
     }
 }
 
-/// An int32 field (or int-or-string's integer) must fit in 32 bits.
-struct Int32;
+/// Go decodes integer fields from integers only: `1.0`, which JSON Schema counts as an integer,
+/// is refused (`1.5` is refused by `type` already).
+fn go_integer(value: &Value) -> bool {
+    value
+        .as_number()
+        .is_none_or(|n| n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() != 0.0))
+}
 
-impl<'i> Keyword<'i> for Int32 {
-    fn validate(&self, instance: &'i Value) -> Result<(), ValidationError<'i>> {
-        if self.is_valid(instance) {
-            Ok(())
-        } else {
-            Err(ValidationError::custom("must fit in a 32-bit integer"))
-        }
-    }
-
-    fn is_valid(&self, instance: &'i Value) -> bool {
-        instance
-            .as_number()
-            // A float is the type's or GoInteger's to refuse.
-            .is_none_or(|n| n.is_f64() || n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()))
-    }
+/// An int32 field (or int-or-string's integer) must fit in 32 bits; a float is the type's or
+/// [`go_integer`]'s to refuse.
+fn int32(value: &Value) -> bool {
+    value
+        .as_number()
+        .is_none_or(|n| n.is_f64() || n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()))
 }
 
 /// Items of a list-map must differ in their keys.
