@@ -274,17 +274,13 @@ impl S3Cache {
         key: &str,
         err: &dyn std::error::Error,
     ) -> CacheError {
-        let mut detail = err.to_string();
-        let mut source = err.source();
-        while let Some(cause) = source {
-            detail = format!("{detail}; caused by: {cause}");
-            source = cause.source();
-        }
         CacheError::S3 {
             operation,
             bucket: self.bucket.clone(),
             key: self.object_key(key),
-            failure: S3Failure::Interrupted { detail },
+            failure: S3Failure::Interrupted {
+                detail: labforge_messages::error_chain(err),
+            },
         }
     }
 
