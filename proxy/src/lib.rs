@@ -103,6 +103,11 @@ pub struct ProxyOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyStartError {
+    #[error("{addr} is in use by another program; stop it, or give {what} another address")]
+    AddressInUse {
+        what: &'static str,
+        addr: SocketAddr,
+    },
     #[error("binding {what} on {addr}")]
     Bind {
         what: &'static str,
@@ -145,6 +150,14 @@ impl Drop for RunningProxy {
     }
 }
 
+/// Binds `addr` once without SO_REUSEPORT, to learn whether another program listens there: the
+/// listeners below share their port with anyone else who sets SO_REUSEPORT, and the kernel would
+/// split connections between them and that program without a word. Returns the address with the
+/// port the kernel chose when `addr` asks for any.
+fn claim(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind(addr)?.local_addr()
+}
+
 /// Binds `addr` with SO_REUSEPORT, so one listener per serving thread shares the port and the
 /// kernel spreads connections over them.
 fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
@@ -169,8 +182,14 @@ pub async fn start(
     routes_from: RoutesFrom,
 ) -> Result<RunningProxy, ProxyStartError> {
     let tls = options.tls.as_ref().map(server::tls_acceptor).transpose()?;
-    let bind_error = |what, addr| move |source| ProxyStartError::Bind { what, addr, source };
-    let first = bind_shared(options.listen).map_err(bind_error("the proxy", options.listen))?;
+    let bind_error = |what, addr| {
+        move |source: std::io::Error| match source.kind() {
+            std::io::ErrorKind::AddrInUse => ProxyStartError::AddressInUse { what, addr },
+            _ => ProxyStartError::Bind { what, addr, source },
+        }
+    };
+    let claimed = claim(options.listen).map_err(bind_error("the proxy", options.listen))?;
+    let first = bind_shared(claimed).map_err(bind_error("the proxy", claimed))?;
     let addr = first
         .local_addr()
         .map_err(bind_error("the proxy", options.listen))?;

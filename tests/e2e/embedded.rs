@@ -999,3 +999,98 @@ async fn an_image_that_cannot_be_pulled_and_a_missing_engine_are_told_in_one_lin
         assert_one_readable_line(message);
     }
 }
+
+/// Runs `labforge up` with `args` until it exits; the error line it printed.
+fn failed_up(binary: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(binary).arg("up").args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "labforge up {args:?} started: {stderr}"
+    );
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("labforge: error:"))
+        .unwrap_or_else(|| panic!("{stderr}"))
+        .to_owned();
+    assert_one_readable_line(&error);
+    error
+}
+
+#[tokio::test]
+async fn one_instance_per_data_dir_and_an_address_held_by_another_program_is_an_error() {
+    crate::init_crypto();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
+    let agent = need(labforge_tests::agent::agent_binary());
+    let registry = need(labforge_tests::tools::locate("docker-registry"));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = need(LabforgeUp::start(binary, &data, &agent).await);
+    let users_before = std::fs::read(data.join("users.json")).unwrap();
+
+    // A second start on the same data dir, on ports of its own: refused before it touches
+    // anything, naming the running one.
+    let port = || labforge_tests::tools::free_port().unwrap();
+    let error = failed_up(
+        binary,
+        &[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{}", port()),
+            "--registry-listen",
+            &format!("127.0.0.1:{}", port()),
+            "--registry-program",
+            registry.to_str().unwrap(),
+        ],
+    );
+    let canonical = data.canonicalize().unwrap();
+    let expected = format!(
+        "labforge is already running with {} (pid {}, {}/)",
+        canonical.display(),
+        first.pid(),
+        first.url
+    );
+    assert!(error.contains(&expected), "{error}\nexpected: {expected}");
+    assert_eq!(
+        std::fs::read(data.join("users.json")).unwrap(),
+        users_before
+    );
+    let health = reqwest::get(format!("{}/login", first.url)).await.unwrap();
+    assert_eq!(health.status(), 200, "the first instance serves on");
+
+    // An address another program listens on: an error naming it, not a port shared with it,
+    // and no admin made whose password nobody saw.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = held.local_addr().unwrap().to_string();
+    let fresh = dir.path().join("fresh");
+    let error = failed_up(
+        binary,
+        &[
+            "--data-dir",
+            fresh.to_str().unwrap(),
+            "--listen",
+            &address,
+            "--registry-listen",
+            &format!("127.0.0.1:{}", port()),
+            "--registry-program",
+            registry.to_str().unwrap(),
+            "--agent",
+            agent.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        error.contains(&format!("{address} is in use by another program")),
+        "{error}"
+    );
+    assert!(!fresh.join("users.json").exists(), "an admin was made");
+
+    // Once the first instance stops, the data dir is free again.
+    let mut first = first;
+    assert!(first.stop());
+    let again = need(LabforgeUp::start(binary, &data, &agent).await);
+    assert!(
+        again.admin_password.is_none(),
+        "the same data dir, the same users"
+    );
+}

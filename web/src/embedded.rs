@@ -46,6 +46,10 @@ pub enum UpError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "labforge is already running with {data_dir} ({holder}); stop it first, or give this one another --data-dir"
+    )]
+    AlreadyRunning { data_dir: PathBuf, holder: String },
     #[error(transparent)]
     Users(#[from] UserError),
     #[error(transparent)]
@@ -106,6 +110,7 @@ pub struct Running {
     pub proxy: RunningProxy,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _registry: Option<Child>,
+    _lock: InstanceLock,
 }
 
 impl Drop for Running {
@@ -125,6 +130,60 @@ fn data_dir(path: &Path) -> Result<PathBuf, UpError> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Held while `labforge up` runs: one instance per data dir, because two would serve the same
+/// store and reconcile the same containers against each other. The kernel drops the lock when the
+/// process ends, however it ends; the file says who holds it, for the second start's message.
+struct InstanceLock {
+    file: std::fs::File,
+}
+
+impl InstanceLock {
+    const FILE: &str = "labforge.lock";
+
+    fn acquire(dir: &Path) -> Result<Self, UpError> {
+        let path = dir.join(Self::FILE);
+        let data_dir_error = |source| UpError::DataDir {
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(data_dir_error)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                return Err(UpError::AlreadyRunning {
+                    data_dir: dir.to_owned(),
+                    holder: if holder.is_empty() {
+                        "starting".into()
+                    } else {
+                        holder.into()
+                    },
+                });
+            }
+            Err(std::fs::TryLockError::Error(source)) => return Err(data_dir_error(source)),
+        }
+        let lock = Self { file };
+        lock.record("starting").map_err(data_dir_error)?;
+        Ok(lock)
+    }
+
+    /// Writes "pid N, <what>" over the file's contents.
+    fn record(&self, what: &str) -> std::io::Result<()> {
+        use std::io::{Seek, Write};
+        let mut file = &self.file;
+        file.set_len(0)?;
+        file.seek(std::io::SeekFrom::Start(0))?;
+        write!(file, "pid {}, {what}", std::process::id())
+    }
 }
 
 /// The engine's path: as given when it names a file, else found on PATH.
@@ -236,8 +295,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         });
     }
     let dir = data_dir(&options.data_dir)?;
+    let lock = InstanceLock::acquire(&dir)?;
     let users = Users::open(&dir)?;
-    let created_admin = users.ensure_admin()?;
     let auth = Arc::new(LocalAuth {
         users,
         sessions: Sessions::default(),
@@ -364,6 +423,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     )
     .await?;
     proxy.routes.replace_all(Vec::new());
+    // Made only once the address is ours: a start that fails before has no one to show the
+    // password to.
+    let created_admin = auth.users.ensure_admin()?;
     // Sessions of users removed or reset by the CLI end, and their tunnels with them.
     let session_watch = tokio::spawn(auth.clone().watch_sessions());
 
@@ -435,6 +497,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Some(domain) => format!("http://{domain}:{}/", proxy.addr.port()),
         None => format!("http://{}/", proxy.addr),
     };
+    if let Err(err) = lock.record(&url) {
+        tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot write the instance's URL into the data dir's lock file");
+    }
     Ok(Running {
         url,
         registry,
@@ -444,6 +509,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         proxy,
         tasks,
         _registry: registry_child,
+        _lock: lock,
     })
 }
 
