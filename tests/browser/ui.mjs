@@ -184,6 +184,9 @@ try {
   await page.getByRole('link', { name: 'Start a new notebook from it' }).first().click();
   await page.waitForURL(/\/new\?image=/);
   seen.prefilledImage = await page.getByLabel(/Custom image/).inputValue();
+  // Offered for the server it was saved from only.
+  const values = (select) => page.locator(`${select} option`).evaluateAll((o) => o.map((x) => x.value));
+  seen.savedOffered = { jupyter: await values('#image-jupyter'), vscode: await values('#image-vscode') };
   // An existing workspace is picked from the namespace's own volumes.
   await page.locator('input[name=workspace][value=existing]').check();
   seen.existingNameShown = await page.locator('#workspaceName').isVisible();

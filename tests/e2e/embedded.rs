@@ -1094,3 +1094,48 @@ async fn one_instance_per_data_dir_and_an_address_held_by_another_program_is_an_
         "the same data dir, the same users"
     );
 }
+
+/// "Ready" means the server the user chose answers: a VSCode notebook on a JupyterLab image
+/// stays starting and says what answered instead.
+#[tokio::test]
+async fn a_notebook_whose_image_serves_another_ide_is_not_ready_and_says_why() {
+    crate::init_crypto();
+    let user = format!("wrong-ide-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    let password = need(up.add_user(&user));
+    let session = Session::sign_in(&up, &user, &password).await;
+    let image = format!("{}/labforge/jupyterlab:latest", up.registry);
+    let (status, body) = session
+        .post(
+            &format!("/api/namespaces/{user}/notebooks"),
+            json!({"name": "wrong", "serverType": "vscode", "image": image, "workspace": "none"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let reason = eventually(
+        "the wrong server's answer",
+        Duration::from_secs(120),
+        || {
+            let session = &session;
+            let user = &user;
+            async move {
+                let (_, body) = session
+                    .get(&format!("/api/namespaces/{user}/notebooks/wrong"))
+                    .await;
+                let notebook = &body["notebook"];
+                assert_ne!(notebook["state"], "ready", "{body}");
+                notebook["reason"]
+                    .as_str()
+                    .filter(|r| r.contains("answered"))
+                    .map(str::to_owned)
+            }
+        },
+    )
+    .await;
+    assert!(
+        reason.contains("/healthz answered HTTP 404") && reason.contains("code-server"),
+        "{reason}"
+    );
+}

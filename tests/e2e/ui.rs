@@ -112,6 +112,17 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "{seen}"
     );
     assert_eq!(seen["saveBar"], 100);
+    let offered = |select: &str| {
+        seen["savedOffered"][select]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|image| image.as_str().unwrap().ends_with(":ui-save"))
+    };
+    assert!(
+        offered("jupyter") && !offered("vscode"),
+        "a JupyterLab save is offered for JupyterLab only: {seen}"
+    );
     assert!(
         seen["saveError"].as_str().unwrap().contains("agent"),
         "a failed save says why: {seen}"

@@ -371,9 +371,16 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             waiting.message.clone().unwrap_or_default(),
         )
     } else {
+        // Why it is not ready yet: the container's waiting reason, or what its server answered.
+        let not_ready = status
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.message.clone());
         (
             NotebookState::Starting,
-            waiting.and_then(|w| w.message.clone()).unwrap_or_default(),
+            waiting
+                .and_then(|w| w.message.clone())
+                .or(not_ready)
+                .unwrap_or_default(),
         )
     };
     let stored_activity = notebook

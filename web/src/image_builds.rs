@@ -3,7 +3,7 @@
 //! embedded mode publishes, and lists the succeeded ones as the namespace's saved images. The web
 //! app holds no registry credentials and runs nothing in the notebook.
 
-use crate::model::SavedImage;
+use crate::model::{SERVER_TYPE_ANNOTATION, SavedImage, ServerType};
 use crate::saves::{SaveStatus, Saves, StartSaveError, save_tag};
 use futures::StreamExt;
 use kube::api::{ListParams, PostParams};
@@ -78,6 +78,14 @@ pub fn saved_image(build: &ImageBuild) -> Option<SavedImage> {
         notebook: build.spec.notebook.clone(),
         namespace: build.namespace().unwrap_or_default(),
         base: status.base_image.clone().unwrap_or_default(),
+        server_type: ServerType::from_annotation(
+            build
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SERVER_TYPE_ANNOTATION))
+                .map(String::as_str),
+        ),
         layer_bytes: status
             .layer_size
             .and_then(|n| u64::try_from(n).ok())
@@ -157,6 +165,13 @@ impl Saves for ImageBuildSaves {
         let prefix: String = format!("{name}-save-").chars().take(57).collect();
         build.metadata.generate_name = Some(prefix);
         build.metadata.labels = Some(BTreeMap::from([(NOTEBOOK_LABEL.into(), name.into())]));
+        // The saved image is offered for the server the notebook runs.
+        if let Some(server_type) = notebook.annotation(SERVER_TYPE_ANNOTATION) {
+            build.metadata.annotations = Some(BTreeMap::from([(
+                SERVER_TYPE_ANNOTATION.into(),
+                server_type.into(),
+            )]));
+        }
         // Deleting the notebook deletes its builds (the saved images stay in the registry).
         if let Some(uid) = notebook.metadata.uid.clone() {
             build.metadata.owner_references = Some(vec![

@@ -26,6 +26,14 @@ impl ServerType {
         }
     }
 
+    /// The server's name as users know it.
+    pub fn server_name(self) -> &'static str {
+        match self {
+            Self::Jupyter => "JupyterLab",
+            Self::Vscode => "code-server (VSCode)",
+        }
+    }
+
     pub fn from_annotation(value: Option<&str>) -> Self {
         match value {
             Some("group-one") => Self::Vscode,
@@ -192,6 +200,9 @@ pub struct SavedImage {
     pub notebook: String,
     pub namespace: String,
     pub base: String,
+    /// The server the notebook it was saved from ran, so that it is offered for that one only.
+    #[serde(default)]
+    pub server_type: ServerType,
     /// Compressed size of the new layer; 0 when nothing had changed.
     pub layer_bytes: u64,
     pub files_changed: u64,

@@ -7,7 +7,7 @@
 //! replaces a container whose notebook changed (a new image, say). Workspaces are named volumes,
 //! kept on stop and on delete.
 
-use crate::model::AUTO_SAVE_ANNOTATION;
+use crate::model::{AUTO_SAVE_ANNOTATION, SERVER_TYPE_ANNOTATION, ServerType};
 use crate::notebook_secret::NotebookSecrets;
 use crate::store::{Change, Store};
 use k8s_openapi::api::core::v1::{
@@ -329,18 +329,32 @@ pub fn route(
     Ok(vs)
 }
 
-/// The path a notebook answers on once it is up (its route's rewrite target).
-pub fn probe_path(notebook: &Notebook) -> String {
+/// Where a notebook's server says it is up, and what it answers there: Jupyter's version at
+/// `<prefix>/api`, code-server's heartbeat at `<root>/healthz`. Any other answer (an image that
+/// serves the other IDE, or nothing like either) is not ready, so "ready" means the server the
+/// user chose answers.
+pub fn readiness_check(notebook: &Notebook) -> (String, &'static str) {
     let namespace = notebook.metadata.namespace.as_deref().unwrap_or_default();
     let name = notebook.metadata.name.as_deref().unwrap_or_default();
-    notebook
+    let root = notebook
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(REWRITE_URI_ANNOTATION))
         .filter(|uri| !uri.is_empty())
         .cloned()
-        .unwrap_or_else(|| format!("{}/", builders::route_prefix(namespace, name)))
+        .unwrap_or_else(|| format!("{}/", builders::route_prefix(namespace, name)));
+    match ServerType::from_annotation(notebook.annotation(SERVER_TYPE_ANNOTATION)) {
+        ServerType::Jupyter => (format!("{root}api"), "version"),
+        ServerType::Vscode => (format!("{root}healthz"), "status"),
+    }
+}
+
+/// Whether an answer to [`readiness_check`]'s path is the expected server's: a 200 with a JSON
+/// object holding `key`.
+fn answers_as_expected(status: u16, body: &[u8], key: &str) -> bool {
+    status == 200
+        && serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v.get(key).is_some())
 }
 
 /// A container as `<engine> ps` shows it.
@@ -1000,13 +1014,31 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
-        let url = format!("http://{PUBLISH_ADDRESS}:{port}{}", probe_path(notebook));
-        let ready = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().as_u16() < 500);
+        let (path, key) = readiness_check(notebook);
+        let url = format!("http://{PUBLISH_ADDRESS}:{port}{path}");
+        // Not answering yet is starting; answering as something else is told, since it will not
+        // change by waiting (an image of the other IDE, say).
+        let (ready, unexpected) = match self.http.get(&url).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let body = response.bytes().await.unwrap_or_default();
+                if answers_as_expected(status, &body, key) {
+                    (true, String::new())
+                } else {
+                    let server =
+                        ServerType::from_annotation(notebook.annotation(SERVER_TYPE_ANNOTATION));
+                    (
+                        false,
+                        format!(
+                            "{path} answered HTTP {status}, not as {} does: does the image serve {}?",
+                            server.server_name(),
+                            server.server_name()
+                        ),
+                    )
+                }
+            }
+            Err(_) => (false, String::new()),
+        };
         let was_ready = notebook
             .status
             .as_ref()
@@ -1014,7 +1046,7 @@ impl Runtime {
         if ready && !was_ready {
             event("Normal", "Ready", "the notebook answers");
         }
-        self.set_status(notebook, running_status(ready));
+        self.set_status(notebook, running_status(ready, &unexpected));
     }
 
     /// Saves the environment of a notebook being stopped and moves it to the new image. A failed
@@ -1160,13 +1192,14 @@ fn waiting_status(reason: &str, message: &str) -> NotebookStatus {
     }
 }
 
-fn running_status(ready: bool) -> NotebookStatus {
+/// A running container's status; `unexpected`: what its server answered instead of being ready.
+fn running_status(ready: bool, unexpected: &str) -> NotebookStatus {
     NotebookStatus {
         conditions: vec![condition(
             "Ready",
             ready,
             if ready { "" } else { "Starting" },
-            "",
+            unexpected,
         )],
         ready_replicas: i32::from(ready),
         container_state: ContainerState {

@@ -2,7 +2,7 @@
 //! builder against the notebook's container (the agent inside scans; credentials stay here), with
 //! its progress published for the UI to follow and the result recorded as a saved image.
 
-use crate::model::SavedImage;
+use crate::model::{SERVER_TYPE_ANNOTATION, SavedImage, ServerType};
 use crate::runtime::container_name;
 use crate::store::Store;
 use labforge_builder::save::{SaveOptions, SaveProgress, save};
@@ -221,7 +221,7 @@ impl SaveJobs {
             jobs.insert(id, receiver);
         }
         let sender = Arc::new(sender);
-        let job = self.job(namespace, name, &base, &target);
+        let job = self.job(&notebook, &base, &target);
         tokio::spawn(async move {
             let report = sender.clone();
             let outcome = job.run(move |p| report.send_modify(|s| s.apply(p))).await;
@@ -241,7 +241,9 @@ impl SaveJobs {
         Ok(status)
     }
 
-    fn job(&self, namespace: &str, name: &str, base: &str, target: &str) -> SaveJob {
+    fn job(&self, notebook: &Notebook, base: &str, target: &str) -> SaveJob {
+        let namespace = notebook.metadata.namespace.as_deref().unwrap_or_default();
+        let name = notebook.metadata.name.as_deref().unwrap_or_default();
         SaveJob {
             store: self.store.clone(),
             options: self.options.clone(),
@@ -254,6 +256,7 @@ impl SaveJobs {
             namespace: namespace.to_owned(),
             notebook: name.to_owned(),
             base: base.to_owned(),
+            server_type: ServerType::from_annotation(notebook.annotation(SERVER_TYPE_ANNOTATION)),
             target: target.to_owned(),
             keep: self.keep,
             http: self.http.clone(),
@@ -274,10 +277,7 @@ impl SaveJobs {
             .ok_or_else(|| "the notebook has no image".to_owned())?;
         let tag = format!("auto-{}", jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S"));
         let target = self.target(&namespace, &name, &tag);
-        let record = self
-            .job(&namespace, &name, &base, &target)
-            .run(|_| {})
-            .await?;
+        let record = self.job(notebook, &base, &target).run(|_| {}).await?;
         Ok((record.layer_bytes > 0).then_some(record))
     }
 }
@@ -290,6 +290,7 @@ struct SaveJob {
     namespace: String,
     notebook: String,
     base: String,
+    server_type: ServerType,
     target: String,
     keep: usize,
     http: reqwest::Client,
@@ -324,6 +325,7 @@ impl SaveJob {
                     notebook: nb.to_owned(),
                     namespace: ns.to_owned(),
                     base: self.base.clone(),
+                    server_type: self.server_type,
                     layer_bytes,
                     files_changed: saved.header.changed,
                     files_deleted: saved.header.deleted,

@@ -363,6 +363,7 @@ fn spawner_form(
     let options = |server_type: ServerType| {
         let saved_options: String = saved
             .iter()
+            .filter(|i| i.server_type == server_type)
             .map(|i| {
                 format!(
                     r#"<option value="{v}">{v} — saved from {nb}</option>"#,
@@ -679,6 +680,7 @@ mod tests {
             notebook: "lab".into(),
             namespace: "alice".into(),
             base: String::new(),
+            server_type: crate::model::ServerType::Jupyter,
             layer_bytes: 1,
             files_changed: 1,
             files_deleted: 0,
