@@ -196,6 +196,23 @@ pub enum UserCommand {
     },
 }
 
+/// `--app-path`: an absolute path ending in `/`, nothing a link could be broken out of.
+fn app_path(value: &str) -> Result<String, String> {
+    let ok = value.starts_with('/')
+        && value.ends_with('/')
+        && !value.starts_with("//")
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a path like /jupyter/ (starting and ending with '/', letters, digits, '-', '.', '_', '~')"
+        ))
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
     /// Address the proxy serves on.
@@ -280,6 +297,10 @@ pub struct ProxyArgs {
     /// proxy in front must cover `*.<domain>` (SECURITY.md).
     #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
     pub notebook_domain: Option<String>,
+    /// The web app's root path (e.g. `/jupyter/` under Kubeflow's dashboard): a browser opening a
+    /// notebook without a route is sent to the app's page of it, and error pages link back there.
+    #[arg(long, env = "LABFORGE_APP_PATH", value_parser = app_path)]
+    pub app_path: Option<String>,
     /// Client connections served at once (all threads); more are answered 503 and closed.
     #[arg(long, default_value_t = labforge_proxy::server::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
@@ -398,6 +419,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                     sign_in: None,
                 }
             }),
+            app_path: args.app_path.clone(),
         })
     }
 }
@@ -1213,6 +1235,17 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
     use labforge_proxy::authz::Answer;
+
+    #[test]
+    fn the_app_path_is_a_plain_absolute_directory_path() {
+        for good in ["/", "/jupyter/", "/a/b-c_d.e~/"] {
+            assert_eq!(app_path(good).as_deref(), Ok(good));
+        }
+        for bad in ["jupyter/", "/jupyter", "//evil.example/", "/a\"b/", "/a b/", ""] {
+            let error = app_path(bad).unwrap_err();
+            assert!(error.contains("not a path like /jupyter/"), "{bad}: {error}");
+        }
+    }
 
     fn parse(args: &[&str]) -> CommitArgs {
         let mut argv = vec![

@@ -78,6 +78,10 @@ pub struct Forwarder {
     body_pace: BodyPace,
     /// Notebooks on hosts of their own, when they are.
     notebook_hosts: Option<NotebookHosts>,
+    /// The web app's root path ([`crate::ProxyOptions::app_path`]).
+    app_path: Option<Arc<str>>,
+    /// Where the proxy's error pages link back to: the web app's root.
+    app_link: Arc<str>,
 }
 
 /// Cookies that identify the visitor, never forwarded to a route unless configured otherwise:
@@ -120,7 +124,43 @@ impl Forwarder {
                 .collect(),
             body_pace: options.body_pace,
             notebook_hosts: options.notebook_hosts.clone(),
+            app_path: options.app_path.as_deref().map(Arc::from),
+            app_link: match (&options.notebook_hosts, &options.app_path) {
+                (Some(hosts), Some(path)) => {
+                    format!("//{}:{}{path}", hosts.domain, options.listen.port()).into()
+                }
+                (None, Some(path)) => path.as_str().into(),
+                (_, None) => "/".into(),
+            },
         }
+    }
+
+    /// A browser opening a notebook that has no route: sent to the web app's page of that
+    /// notebook (its state, why, Start), on the app's host. Anything else: no route.
+    fn notebook_page(
+        &self,
+        request: &Request<Incoming>,
+        path: &str,
+        authority: &str,
+    ) -> Result<Step, ProxyError> {
+        let (Some(app_path), Some((ns, name))) =
+            (&self.app_path, notebook_host::notebook_of_path(path))
+        else {
+            return Err(ProxyError::NoRoute);
+        };
+        let wants_page = request
+            .headers()
+            .get(http::header::ACCEPT)
+            .is_some_and(|accept| accept.to_str().is_ok_and(|a| a.contains("text/html")));
+        if !is_navigation(request) || !wants_page {
+            return Err(ProxyError::NoRoute);
+        }
+        let origin = match &self.notebook_hosts {
+            Some(hosts) => format!("//{}{}", hosts.domain, notebook_host::port_of(authority)),
+            None => String::new(),
+        };
+        let location = format!("{origin}{app_path}notebooks/{ns}/{name}");
+        Ok(Step::Answer(notebook_host::redirect(&location, [])))
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -206,7 +246,7 @@ impl Forwarder {
                     ProxyError::UpstreamTimeout => tracing::warn!(error = %error, "upstream"),
                     _ => tracing::debug!(error = %error, "refused"),
                 }
-                error_response(&error, json).map(Either::Right)
+                error_response(&error, json, &self.app_link).map(Either::Right)
             }
         };
         self.thread_metrics.response(response.status().as_u16());
@@ -320,7 +360,9 @@ impl Forwarder {
             method: request.method(),
             headers: request.headers(),
         };
-        let found = table.lookup(&view).ok_or(ProxyError::NoRoute)?;
+        let Some(found) = table.lookup(&view) else {
+            return self.notebook_page(&request, &path, authority.as_str());
+        };
         // A notebook's host serves routes of its namespace only: a VirtualService elsewhere
         // naming that host must not put its own server on the notebook's origin.
         if let Some((_, (ns, _))) = on_notebook_host

@@ -99,6 +99,11 @@ pub struct ProxyOptions {
     /// Each notebook on a host of its own ([`notebook_host`]); `None`: on the paths of every
     /// host, as Kubeflow.
     pub notebook_hosts: Option<notebook_host::NotebookHosts>,
+    /// The web app's root path (`/`, `/jupyter/`), on the request's host or, with notebook hosts,
+    /// on their domain. A browser opening a notebook that has no route (stopped, failed, gone) is
+    /// sent to the app's page of it, which says why and offers Start; the proxy's error pages
+    /// link back to it. `None`: no such redirect, and error pages link to `/`.
+    pub app_path: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -250,6 +255,11 @@ pub async fn start(
     }
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    // The port claimed, for links to the app on the notebook hosts' domain.
+    let options = ProxyOptions {
+        listen: addr,
+        ..options
+    };
     for (i, listener) in listeners.into_iter().enumerate() {
         // Moved to the thread's runtime: deregistered here, registered there.
         let listener = listener.into_std().map_err(bind_error("the proxy", addr))?;

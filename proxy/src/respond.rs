@@ -67,8 +67,17 @@ pub fn wants_json(headers: &HeaderMap, path: &str) -> bool {
     accept.contains("json") || path.contains("/api/")
 }
 
-/// The response for `error`, as JSON or HTML.
-pub fn error_response(error: &ProxyError, json: bool) -> Response<Full<Bytes>> {
+/// The look of the web app's pages, inline: an error page may be on a notebook's host, where
+/// the app's stylesheet is not served.
+const PAGE_STYLE: &str = "body{margin:0;font-family:system-ui,-apple-system,'Segoe UI',sans-serif;\
+color:#1d2330;background:#f5f6f8}header{padding:.6rem 1.2rem;background:#1d2330}\
+header a{color:#fff;font-weight:700;text-decoration:none}main{padding:1.2rem}\
+section{max-width:30rem;margin:2rem auto;background:#fff;border:1px solid #d9dde5;\
+border-radius:8px;padding:1rem 1.2rem}h1{font-size:1.4rem;margin:.3rem 0 1rem}a{color:#2457c5}";
+
+/// The response for `error`, as JSON or as a page in the web app's look that links back to
+/// `app` (the app's root).
+pub fn error_response(error: &ProxyError, json: bool, app: &str) -> Response<Full<Bytes>> {
     let status = error.status();
     let message = error.to_string();
     let (content_type, body) = if json {
@@ -81,10 +90,15 @@ pub fn error_response(error: &ProxyError, json: bool) -> Response<Full<Bytes>> {
         (
             "text/html; charset=utf-8",
             format!(
-                "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{code} {reason}</title></head>\
-                 <body><h1>{code} {reason}</h1><p>{message}</p><hr><p>labforge proxy</p></body></html>\n",
+                "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+                 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+                 <title>{code} {reason} · labforge</title><style>{PAGE_STYLE}</style></head>\
+                 <body><header><a href=\"{app}\">labforge</a></header><main><section>\
+                 <h1>{code} {reason}</h1><p>{message}</p>\
+                 <p><a href=\"{app}\">Back to your notebooks</a></p></section></main></body></html>\n",
                 code = status.as_u16(),
                 message = html_escape(&message),
+                app = html_escape(app).replace('"', "&quot;"),
             ),
         )
     };
@@ -133,16 +147,16 @@ mod tests {
 
     #[test]
     fn pages_carry_status_and_message() {
-        let page = error_response(&ProxyError::NoRoute, false);
+        let page = error_response(&ProxyError::NoRoute, false, "//lab.example:8080/jupyter/");
         assert_eq!(page.status(), StatusCode::NOT_FOUND);
         assert_eq!(
             page.headers()[header::CONTENT_TYPE],
             "text/html; charset=utf-8"
         );
-        let json = error_response(&ProxyError::Forbidden, true);
+        let json = error_response(&ProxyError::Forbidden, true, "/");
         assert_eq!(json.status(), StatusCode::FORBIDDEN);
         assert_eq!(json.headers()[header::CONTENT_TYPE], "application/json");
-        let unauthenticated = error_response(&ProxyError::Unauthenticated, true);
+        let unauthenticated = error_response(&ProxyError::Unauthenticated, true, "/");
         assert!(
             unauthenticated
                 .headers()

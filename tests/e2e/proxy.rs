@@ -90,6 +90,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
         body_pace: Default::default(),
         notebook_hosts: None,
+        app_path: None,
     }
 }
 
@@ -1680,6 +1681,47 @@ async fn forwarding_preserves_host_adds_forwarded_headers_and_serves_http2() {
     let seen: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(seen["host"], proxy.addr.to_string());
     assert_eq!(seen["path"], "/notebook/alice/lab/h2");
+}
+
+/// With the web app's path known, a browser opening a notebook without a route (stopped,
+/// deleted) lands on the app's page of it, and error pages link back to the app.
+#[tokio::test]
+async fn a_notebook_without_a_route_sends_browsers_to_the_apps_page_of_it() {
+    let closed = labforge_tests::tools::free_port().unwrap();
+    let upstream: SocketAddr = format!("127.0.0.1:{closed}").parse().unwrap();
+    let proxy = proxy_for_alice_lab(upstream, |options| ProxyOptions {
+        app_path: Some("/jupyter/".into()),
+        ..options
+    })
+    .await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let get = |path: &str, accept: &str| {
+        http.get(format!("http://{}{path}", proxy.addr))
+            .header("kubeflow-userid", ALICE)
+            .header("accept", accept)
+            .send()
+    };
+    let page = get("/notebook/alice/gone/lab?x=1", "text/html,*/*;q=0.8")
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 302);
+    assert_eq!(page.headers()["location"], "/jupyter/notebooks/alice/gone");
+    // Scripts and API clients get the 404 they can act on.
+    let api = get("/notebook/alice/gone/api/kernels", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(api.status(), 404);
+    // A notebook that has a route but does not answer: the page, linking back to the app.
+    let unavailable = get("/notebook/alice/lab/lab", "text/html").await.unwrap();
+    assert_eq!(unavailable.status(), 503);
+    let body = unavailable.text().await.unwrap();
+    assert!(
+        body.contains(r#"<a href="/jupyter/">Back to your notebooks</a>"#),
+        "{body}"
+    );
 }
 
 #[tokio::test]

@@ -418,6 +418,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
                     domain: domain.clone(),
                     sign_in: Some(notebook_sign_in.clone()),
                 }),
+            app_path: Some("/".into()),
         },
         RoutesFrom::Pushed,
     )
