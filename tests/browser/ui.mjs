@@ -304,6 +304,11 @@ try {
   // What labforge's own pages asked for and did not get (JupyterLab's pages are not its own).
   seen.missing = [...network.refused, ...network.errors]
     .filter((line) => /^404 |status of 404/.test(line) && !line.includes('/notebook/'));
+  // Script errors of labforge's own pages fail the run ("Failed to load resource" lines are the
+  // refused requests above, which the steps check).
+  const scriptErrors = network.errors
+    .filter((line) => !line.includes('/notebook/') && !line.includes('Failed to load resource'));
+  if (scriptErrors.length) throw new Error(`errors on labforge's pages:\n  ${scriptErrors.join('\n  ')}`);
   console.log(JSON.stringify(seen));
 } catch (error) {
   console.error(`step failed: ${error.message}\nseen so far: ${JSON.stringify(seen)}`);

@@ -80,7 +80,7 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         seen["cpuError"]
             .as_str()
             .unwrap()
-            .contains("\"lots\" is not a quantity"),
+            .contains("\"lots\" is not an amount of cores"),
         "{seen}"
     );
     assert!(
@@ -283,4 +283,169 @@ async fn diagnostics(up: &LabforgeUp, user: &str, password: &str) -> String {
         report.push_str(&format!("log of {name}:\n{log}"));
     }
     report + "labforge up log (its end):\n" + &up.log_tail(300)
+}
+
+/// The spawner form in Chromium: what each server type and workspace kind shows, every wrong
+/// field told at once under its input, no workspace, and an existing volume.
+#[tokio::test]
+async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_kind() {
+    crate::init_crypto();
+    let user = format!("ui-form-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = crate::embedded::up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    let password = need(up.add_user(&user));
+    let other = format!("{user}-other");
+    let other_password = need(up.add_user(&other));
+    let session = Session::sign_in(&up, &user, &password).await;
+
+    // A workspace volume a deleted notebook left behind.
+    let (status, body) = session
+        .post(
+            &format!("/api/namespaces/{user}/notebooks"),
+            json!({"name": "kept"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    session
+        .wait_state(&user, "kept", "ready", std::time::Duration::from_secs(120))
+        .await;
+    let (status, body) = session
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/api/namespaces/{user}/notebooks/kept"),
+            None,
+        )
+        .await;
+    assert!(status < 300, "{body}");
+
+    let config = dir.path().join("spawner.json");
+    std::fs::write(
+        &config,
+        json!({
+            "url": up.url,
+            "user": [user, password],
+            "other": [other, other_password],
+            "keptVolume": "kept-workspace",
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("spawner.mjs", &[&config.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    eprintln!("{seen:#}");
+
+    let shown = |state: &str, keys: &[&str]| {
+        let all = [
+            "size",
+            "sizeLabel",
+            "volume",
+            "volumeLabel",
+            "jupyterImages",
+            "vscodeImages",
+            "vscodeLabel",
+        ];
+        for key in all {
+            assert_eq!(
+                seen[state][key].as_bool(),
+                Some(keys.contains(&key)),
+                "{state}: {key} shown? {}",
+                seen[state]
+            );
+        }
+    };
+    shown("initially", &["size", "sizeLabel", "jupyterImages"]);
+    shown("existing", &["volume", "volumeLabel", "jupyterImages"]);
+    shown("none", &["jupyterImages"]);
+    shown("vscode", &["vscodeImages", "vscodeLabel"]);
+
+    let errors = seen["errors"].as_array().unwrap();
+    let fields: Vec<&str> = errors
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "cpu",
+            "memory",
+            "workspace.size",
+            "dataVolumes[0].name",
+            "dataVolumes[0].mountPath",
+            "environment.1BAD"
+        ],
+        "{seen}"
+    );
+    for error in errors {
+        let (field, message) = (
+            error["field"].as_str().unwrap(),
+            error["message"].as_str().unwrap(),
+        );
+        assert!(
+            !message.contains(field),
+            "the message repeats its field: {error}"
+        );
+        assert!(error["input"].is_string(), "not tied to an input: {error}");
+        assert_eq!(error["invalid"], "true", "{error}");
+        assert_eq!(error["visible"], true, "{error}");
+    }
+    let cpu = errors[0]["message"].as_str().unwrap();
+    assert!(
+        cpu.contains("500m") && !cpu.contains("Mi"),
+        "CPU in cores: {cpu}"
+    );
+    assert_eq!(
+        seen["focused"], "cpu",
+        "the first wrong input has the focus"
+    );
+    assert_eq!(seen["formError"], "", "every error is under its field");
+    assert_eq!(seen["kept"], "lots", "what was typed stays");
+
+    assert_eq!(seen["missingVolume"]["visible"], true, "{seen}");
+    assert!(
+        seen["missingVolume"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("kept-workspace"),
+        "names the volumes there are: {seen}"
+    );
+    assert!(
+        seen["offeredVolumes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("kept-workspace")),
+        "{seen}"
+    );
+
+    let volumes_of = |notebook: &Value| -> Vec<String> {
+        notebook["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+            .map(str::to_owned)
+            .collect()
+    };
+    let raw = |name: &str| {
+        // The Notebook as stored: embedded mode's counterpart of the cluster's object.
+        let path = dir
+            .path()
+            .join("data/store/notebooks")
+            .join(&user)
+            .join(format!("{name}.json"));
+        serde_json::from_str::<Value>(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    assert!(volumes_of(&raw("bare")).is_empty(), "no workspace");
+    assert_eq!(volumes_of(&raw("again")), ["kept-workspace"]);
+
+    // A stopped notebook's URL leads to its page, which offers Start, not Connect.
+    assert_eq!(seen["stoppedPage"]["start"], true, "{seen}");
+    assert_eq!(seen["stoppedPage"]["connect"], false, "{seen}");
+    assert_eq!(seen["forbidden"]["status"], 403, "{seen}");
+    assert_eq!(
+        seen["forbidden"]["styled"], "rgb(29, 35, 48)",
+        "the app's header: {seen}"
+    );
 }

@@ -9,15 +9,15 @@
 use crate::backend::{Access, Backend, BackendError, Verb};
 use crate::config::SpawnerConfig;
 use crate::model::{
-    AUTO_SAVE_ANNOTATION, ApiError, GpuView, NotebookPatch, NotebookRequest, NotebookState,
-    NotebookView, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
+    AUTO_SAVE_ANNOTATION, ApiError, FieldMessage, GpuView, NotebookPatch, NotebookRequest,
+    NotebookState, NotebookView, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
 };
 use crate::runtime::{Engine, container_name};
 use crate::saves::{Saves, StartSaveError};
 use crate::sign_in::{SignIn, SignInError};
 use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_tokens};
-use crate::validate::{FieldError, image_reference, notebook_from_request};
+use crate::validate::{FieldError, FieldErrors, image_reference, notebook_from_request};
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
@@ -74,15 +74,29 @@ impl Failure {
             ApiError {
                 error: error.into(),
                 field: None,
+                errors: Vec::new(),
             },
         )
     }
     fn field(status: StatusCode, error: FieldError) -> Self {
+        Self::fields(status, &FieldErrors::from(error))
+    }
+    /// Every wrong field; `error` and `field` tell the first.
+    fn fields(status: StatusCode, errors: &FieldErrors) -> Self {
+        let first = errors.as_slice().first();
         Self(
             status,
             ApiError {
-                error: error.to_string(),
-                field: Some(error.field),
+                error: first.map(ToString::to_string).unwrap_or_default(),
+                field: first.map(|e| e.field.clone()),
+                errors: errors
+                    .as_slice()
+                    .iter()
+                    .map(|e| FieldMessage {
+                        field: e.field.clone(),
+                        message: e.message.clone(),
+                    })
+                    .collect(),
             },
         )
     }
@@ -455,8 +469,8 @@ async fn create_notebook(
         .into_iter()
         .map(|i| i.image)
         .collect();
-    let notebook = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved)
-        .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+    let built = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved);
+    let mut errors = built.as_ref().err().cloned().unwrap_or_default();
     // An existing workspace, or a data volume without a size, is one of this namespace's
     // volumes: named, not guessed.
     let existing = match &request.workspace {
@@ -479,22 +493,23 @@ async fn create_notebook(
             None => own.insert(claims(&state, &ns).await?),
         };
         if !own.contains(name) {
-            return Err(Failure::field(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                FieldError::new(
-                    field,
-                    format!(
-                        "namespace {ns} has no volume {name:?} (its volumes: {})",
-                        if own.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            own.join(", ")
-                        }
-                    ),
+            errors.push(FieldError::new(
+                field,
+                format!(
+                    "namespace {ns} has no volume {name:?} (its volumes: {})",
+                    if own.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        own.join(", ")
+                    }
                 ),
             ));
         }
     }
+    let notebook = match built {
+        Ok(notebook) if errors.is_empty() => notebook,
+        _ => return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors)),
+    };
     let created = state.backend.create(notebook).await?;
     state
         .backend

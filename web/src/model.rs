@@ -225,10 +225,20 @@ pub struct NotebookEvent {
     pub time: String,
 }
 
-/// The error body of every 4xx/5xx answer: what is wrong and, for bad input, which field.
+/// The error body of every 4xx/5xx answer: what is wrong and, for bad input, which field
+/// (the first wrong one) and every wrong field with its own message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApiError {
     pub error: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub field: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub errors: Vec<FieldMessage>,
+}
+
+/// One wrong field and what is wrong with it (without the field's name).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FieldMessage {
+    pub field: String,
+    pub message: String,
 }

@@ -404,7 +404,7 @@ fn spawner_form(
         format!(
             r#"<label for="customImage">Custom image <span class="hint">(instead of the list)</span></label>
 <input id="customImage" name="customImage" placeholder="registry.example.com/team/image:tag" value="{}">
-<p class="error" data-error-for="image"></p>"#,
+<p class="error" data-error-for="image" data-input="customImage"></p>"#,
             escape(preset_image.unwrap_or_default())
         )
     } else {
@@ -437,9 +437,9 @@ fn spawner_form(
         r#"<form id="spawner" class="card" novalidate>
 <fieldset><legend>Notebook</legend>
 <label for="name">Name</label>
-<input id="name" name="name" required maxlength="63" pattern="[a-z0-9]([-a-z0-9]*[a-z0-9])?" autocomplete="off" aria-describedby="name-hint">
+<input id="name" name="name" required maxlength="63" pattern="[a-z0-9]([a-z0-9\-]*[a-z0-9])?" autocomplete="off" aria-describedby="name-hint">
 <p class="hint" id="name-hint">Lowercase letters, digits and '-'.</p>
-<p class="error" data-error-for="name" role="alert"></p>
+<p class="error" data-error-for="name" data-input="name"></p>
 <span class="label" id="type-label">Server type</span>
 <div class="radios" role="radiogroup" aria-labelledby="type-label">
 <label><input type="radio" name="serverType" value="jupyter" checked> JupyterLab</label>
@@ -465,7 +465,7 @@ fn spawner_form(
 <label><input type="radio" name="workspace" value="existing"> Existing</label>
 <label><input type="radio" name="workspace" value="none"> None</label></div>
 <label for="workspaceSize">Size</label><input id="workspaceSize" name="workspaceSize" value="{ws}"><p class="error" data-error-for="workspace.size"></p>
-<label for="workspaceName" hidden>Existing volume name</label><input id="workspaceName" name="workspaceName" list="workspace-volumes" hidden><datalist id="workspace-volumes"></datalist><p class="error" data-error-for="workspace.name"></p>
+<label for="workspaceName" hidden>Existing volume name</label><input id="workspaceName" name="workspaceName" list="workspace-volumes" hidden><datalist id="workspace-volumes"></datalist><p class="error" data-error-for="workspace.name" data-input="workspaceName"></p>
 <div id="volumes"></div>
 <button type="button" class="secondary" id="add-volume">Add a data volume</button>
 </fieldset>

@@ -56,14 +56,15 @@ pub fn dns_label(field: &str, value: &str) -> Result<(), FieldError> {
     }
 }
 
-/// A Kubernetes quantity's value (`500m`, `2`, `1.5Gi`, `1e3`), or an error naming the field.
+/// A Kubernetes quantity's value (`500m`, `2`, `1.5Gi`, `1e3`), or an error naming the field
+/// with examples of what it takes (cores for CPU fields, bytes for the others).
 pub fn quantity(field: &str, value: &str) -> Result<f64, FieldError> {
-    let bad = || {
-        FieldError::new(
-            field,
-            format!("{value:?} is not a quantity (examples: 500m, 2, 512Mi, 4Gi)"),
-        )
+    let examples = if field.starts_with("cpu") {
+        "cores, e.g. 500m, 1, 2.5"
+    } else {
+        "bytes, e.g. 512Mi, 1Gi, 10Gi"
     };
+    let bad = || FieldError::new(field, format!("{value:?} is not an amount of {examples}"));
     match labforge_crds::quantity::value(value.trim()) {
         Ok(result) if result.is_finite() && result >= 0.0 => Ok(result),
         _ => Err(bad()),
@@ -162,6 +163,39 @@ pub fn workspace_claim(notebook: &str) -> String {
 /// Where the workspace is mounted: the image's home.
 pub const HOME: &str = "/home/jovyan";
 
+/// Every wrong field of one request, each field once (its first problem), in the order the
+/// spawner form shows them: a user fixes them all in one go.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldErrors(Vec<FieldError>);
+
+impl FieldErrors {
+    /// Adds `error` unless its field already has one.
+    pub fn push(&mut self, error: FieldError) {
+        if !self.0.iter().any(|e| e.field == error.field) {
+            self.0.push(error);
+        }
+    }
+
+    /// The value, or `None` with the error kept.
+    fn keep<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
+        result.map_err(|e| self.push(e)).ok()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn as_slice(&self) -> &[FieldError] {
+        &self.0
+    }
+}
+
+impl From<FieldError> for FieldErrors {
+    fn from(error: FieldError) -> Self {
+        Self(vec![error])
+    }
+}
+
 /// Builds the Notebook for `request` in `namespace`, created by `owner`; `saved_images` (saved in
 /// that namespace) are allowed even where custom images are not.
 pub fn notebook_from_request(
@@ -170,15 +204,53 @@ pub fn notebook_from_request(
     owner: &str,
     config: &SpawnerConfig,
     saved_images: &[String],
-) -> Result<Notebook, FieldError> {
-    dns_label("name", &request.name)?;
+) -> Result<Notebook, FieldErrors> {
+    let mut errors = FieldErrors::default();
+    errors.keep(notebook_name(&request.name, namespace));
+    let image = errors.keep(chosen_image(request, config, saved_images));
+    let resources = resources(request, config, &mut errors);
+    let claims = claims(request, &config.defaults, &mut errors);
+    let shm = errors.keep(shared_memory(&request.shm_size, &config.defaults));
+    let mut env = Vec::new();
+    for (name, value) in &request.environment {
+        if errors
+            .keep(env_name(&format!("environment.{name}"), name))
+            .is_some()
+        {
+            env.push(EnvVar {
+                name: name.clone(),
+                value: Some(value.clone()),
+                value_from: None,
+            });
+        }
+    }
+    match (image, shm) {
+        (Some(image), Some(shm)) if errors.is_empty() => Ok(assemble(
+            request, namespace, owner, config, image, resources, &claims, shm, env,
+        )),
+        // A field without a value has its error.
+        _ => Err(errors),
+    }
+}
+
+fn notebook_name(name: &str, namespace: &str) -> Result<(), FieldError> {
+    dns_label("name", name)?;
     // Kubeflow's VirtualService is named notebook-<ns>-<name> and must stay a valid name.
-    if request.name.len() + namespace.len() > 52 {
+    if name.len() + namespace.len() > 52 {
         return Err(FieldError::new(
             "name",
             "too long for this namespace: the route name notebook-<namespace>-<name> must fit in 63 characters",
         ));
     }
+    Ok(())
+}
+
+/// The image asked for, or the catalog's default for the server type.
+fn chosen_image(
+    request: &NotebookRequest,
+    config: &SpawnerConfig,
+    saved_images: &[String],
+) -> Result<String, FieldError> {
     let image = if request.image.trim().is_empty() {
         config
             .default_image(request.server_type)
@@ -196,47 +268,63 @@ pub fn notebook_from_request(
             format!("{image} is not in the catalog, and custom images are not allowed"),
         ));
     }
-    let defaults = &config.defaults;
-    let cpu = bounded("cpu", &request.cpu, &defaults.cpu, &defaults.max_cpu)?;
-    let memory = bounded(
-        "memory",
-        &request.memory,
-        &defaults.memory,
-        &defaults.max_memory,
-    )?;
-    let cpu_limit = bounded("cpuLimit", &request.cpu_limit, &cpu, &defaults.max_cpu)?;
-    let memory_limit = bounded(
-        "memoryLimit",
-        &request.memory_limit,
-        &memory,
-        &defaults.max_memory,
-    )?;
-    // Requests too: a limit left empty takes the request's amount.
-    at_least("cpu", &cpu, MIN_CPU, MIN_CPU_TEXT)?;
-    at_least("cpuLimit", &cpu_limit, MIN_CPU, MIN_CPU_TEXT)?;
-    at_least("memory", &memory, MIN_MEMORY, MIN_MEMORY_TEXT)?;
-    at_least("memoryLimit", &memory_limit, MIN_MEMORY, MIN_MEMORY_TEXT)?;
-    if quantity("cpuLimit", &cpu_limit)? < quantity("cpu", &cpu)? {
-        return Err(FieldError::new(
-            "cpuLimit",
-            "must not be less than the CPU request",
-        ));
-    }
-    if quantity("memoryLimit", &memory_limit)? < quantity("memory", &memory)? {
-        return Err(FieldError::new(
-            "memoryLimit",
-            "must not be less than the memory request",
-        ));
-    }
+    Ok(image)
+}
 
-    let mut requests = BTreeMap::from([
-        ("cpu".to_owned(), Quantity(cpu)),
-        ("memory".to_owned(), Quantity(memory)),
-    ]);
-    let mut limits = BTreeMap::from([
-        ("cpu".to_owned(), Quantity(cpu_limit)),
-        ("memory".to_owned(), Quantity(memory_limit)),
-    ]);
+/// CPU, memory and GPU requests and limits (Kubernetes resource names to quantities).
+#[derive(Default)]
+struct Resources {
+    requests: BTreeMap<String, Quantity>,
+    limits: BTreeMap<String, Quantity>,
+}
+
+fn resources(
+    request: &NotebookRequest,
+    config: &SpawnerConfig,
+    errors: &mut FieldErrors,
+) -> Resources {
+    let defaults = &config.defaults;
+    let mut resources = Resources::default();
+    for (kind, [request_field, limit_field], [asked, asked_limit], [default, max], min) in [
+        (
+            "cpu",
+            ["cpu", "cpuLimit"],
+            [&request.cpu, &request.cpu_limit],
+            [&defaults.cpu, &defaults.max_cpu],
+            (MIN_CPU, MIN_CPU_TEXT),
+        ),
+        (
+            "memory",
+            ["memory", "memoryLimit"],
+            [&request.memory, &request.memory_limit],
+            [&defaults.memory, &defaults.max_memory],
+            (MIN_MEMORY, MIN_MEMORY_TEXT),
+        ),
+    ] {
+        let amount = errors.keep(
+            bounded(request_field, asked, default, max)
+                .and_then(|text| at_least(request_field, &text, min.0, min.1).map(|()| text)),
+        );
+        // A limit left empty takes the request's amount.
+        let limit_default = amount.as_deref().unwrap_or(default);
+        let limit = errors.keep(
+            bounded(limit_field, asked_limit, limit_default, max)
+                .and_then(|text| at_least(limit_field, &text, min.0, min.1).map(|()| text)),
+        );
+        if let (Some(amount), Some(limit)) = (amount, limit) {
+            if quantity(limit_field, &limit).ok() < quantity(request_field, &amount).ok() {
+                errors.push(FieldError::new(
+                    limit_field,
+                    format!(
+                        "must not be less than the {} request",
+                        kind.replace("cpu", "CPU")
+                    ),
+                ));
+            }
+            resources.requests.insert(kind.into(), Quantity(amount));
+            resources.limits.insert(kind.into(), Quantity(limit));
+        }
+    }
     if let Some(gpus) = &request.gpus
         && gpus.count > 0
     {
@@ -250,7 +338,7 @@ pub fn notebook_from_request(
                 .iter()
                 .map(|v| v.limits_key.as_str())
                 .collect();
-            return Err(FieldError::new(
+            errors.push(FieldError::new(
                 "gpus.vendor",
                 if offered.is_empty() {
                     "no GPU vendor is available here".to_owned()
@@ -258,93 +346,155 @@ pub fn notebook_from_request(
                     format!("{:?} is not one of {}", gpus.vendor, offered.join(", "))
                 },
             ));
-        }
-        if gpus.count > defaults.max_gpus {
-            return Err(FieldError::new(
+        } else if gpus.count > defaults.max_gpus {
+            errors.push(FieldError::new(
                 "gpus.count",
                 format!("at most {} GPUs", defaults.max_gpus),
             ));
+        } else {
+            // GPUs cannot be overcommitted: Kubernetes wants request = limit.
+            let count = Quantity(gpus.count.to_string());
+            resources.limits.insert(gpus.vendor.clone(), count.clone());
+            resources.requests.insert(gpus.vendor.clone(), count);
         }
-        // GPUs cannot be overcommitted: Kubernetes wants request = limit.
-        let count = Quantity(gpus.count.to_string());
-        limits.insert(gpus.vendor.clone(), count.clone());
-        requests.insert(gpus.vendor.clone(), count);
     }
+    resources
+}
 
-    let mut volumes = Vec::new();
-    let mut mounts = Vec::new();
+/// A volume of the notebook: its claim, the size asked for a new one (empty: an existing one),
+/// and where it is mounted.
+struct Claim {
+    name: String,
+    size: String,
+    mount_path: String,
+}
+
+/// The workspace and the data volumes.
+fn claims(
+    request: &NotebookRequest,
+    defaults: &crate::config::Defaults,
+    errors: &mut FieldErrors,
+) -> Vec<Claim> {
     let mut claims = Vec::new();
-    match request
-        .workspace
-        .as_ref()
-        .unwrap_or(&WorkspaceRequest::New {
-            size: String::new(),
-        }) {
+    let new_workspace = WorkspaceRequest::New {
+        size: String::new(),
+    };
+    match request.workspace.as_ref().unwrap_or(&new_workspace) {
         WorkspaceRequest::New { size } => {
-            let size = bounded(
+            if let Some(size) = errors.keep(bounded(
                 "workspace.size",
                 size,
                 &defaults.workspace_size,
                 &defaults.max_volume_size,
-            )?;
-            claims.push((workspace_claim(&request.name), size, HOME.to_owned()));
+            )) {
+                claims.push(Claim {
+                    name: workspace_claim(&request.name),
+                    size,
+                    mount_path: HOME.to_owned(),
+                });
+            }
         }
         WorkspaceRequest::Existing { name } => {
-            dns_label("workspace.name", name)?;
-            claims.push((name.clone(), String::new(), HOME.to_owned()));
+            if errors.keep(dns_label("workspace.name", name)).is_some() {
+                claims.push(Claim {
+                    name: name.clone(),
+                    size: String::new(),
+                    mount_path: HOME.to_owned(),
+                });
+            }
         }
         WorkspaceRequest::None => {}
     }
-    for (
-        i,
-        DataVolumeRequest {
+    for (i, volume) in request.data_volumes.iter().enumerate() {
+        let field = |f: &str| format!("dataVolumes[{i}].{f}");
+        let DataVolumeRequest {
             name,
             size,
             mount_path,
-        },
-    ) in request.data_volumes.iter().enumerate()
-    {
-        let field = |f: &str| format!("dataVolumes[{i}].{f}");
-        dns_label(&field("name"), name)?;
+        } = volume;
+        let mut ok = errors.keep(dns_label(&field("name"), name)).is_some();
         if !size.trim().is_empty() {
-            bounded(&field("size"), size, size, &defaults.max_volume_size)?;
+            ok &= errors
+                .keep(bounded(
+                    &field("size"),
+                    size,
+                    size,
+                    &defaults.max_volume_size,
+                ))
+                .is_some();
         }
         if !mount_path.starts_with('/') || mount_path.contains("..") || mount_path == "/" {
-            return Err(FieldError::new(
+            errors.push(FieldError::new(
                 field("mountPath"),
                 format!("{mount_path:?} must be an absolute path below /"),
             ));
+            ok = false;
         }
-        if claims.iter().any(|(c, _, m)| c == name || m == mount_path) {
-            return Err(FieldError::new(
+        if claims
+            .iter()
+            .any(|c| &c.name == name || &c.mount_path == mount_path)
+        {
+            errors.push(FieldError::new(
                 field("name"),
                 "a volume of that name or mount path is already in this notebook",
             ));
+            ok = false;
         }
-        claims.push((name.clone(), size.trim().to_owned(), mount_path.clone()));
+        if ok {
+            claims.push(Claim {
+                name: name.clone(),
+                size: size.trim().to_owned(),
+                mount_path: mount_path.clone(),
+            });
+        }
     }
-    for (claim, _, mount_path) in &claims {
+    claims
+}
+
+/// The size of `/dev/shm`; `0` for none.
+fn shared_memory(asked: &str, defaults: &crate::config::Defaults) -> Result<String, FieldError> {
+    let shm = if asked.trim().is_empty() {
+        defaults.shm_size.clone()
+    } else {
+        asked.trim().to_owned()
+    };
+    if quantity("shmSize", &shm)? > 0.0 {
+        bounded("shmSize", &shm, &shm, &defaults.max_memory)?;
+    }
+    Ok(shm)
+}
+
+/// The Notebook of a request whose every field checked out.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    request: &NotebookRequest,
+    namespace: &str,
+    owner: &str,
+    config: &SpawnerConfig,
+    image: String,
+    resources: Resources,
+    claims: &[Claim],
+    shm: String,
+    env: Vec<EnvVar>,
+) -> Notebook {
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    for claim in claims {
         volumes.push(Volume {
-            name: claim.clone(),
+            name: claim.name.clone(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim.clone(),
+                claim_name: claim.name.clone(),
                 read_only: None,
             }),
             ..Default::default()
         });
         mounts.push(VolumeMount {
-            name: claim.clone(),
-            mount_path: mount_path.clone(),
+            name: claim.name.clone(),
+            mount_path: claim.mount_path.clone(),
             ..Default::default()
         });
     }
-    let shm = if request.shm_size.trim().is_empty() {
-        defaults.shm_size.clone()
-    } else {
-        request.shm_size.trim().to_owned()
-    };
-    if quantity("shmSize", &shm)? > 0.0 {
-        bounded("shmSize", &shm, &shm, &defaults.max_memory)?;
+    if quantity("shmSize", &shm).is_ok_and(|amount| amount > 0.0) {
         volumes.push(Volume {
             name: "dshm".into(),
             empty_dir: Some(EmptyDirVolumeSource {
@@ -360,21 +510,14 @@ pub fn notebook_from_request(
         });
     }
 
-    let mut env = Vec::new();
-    for (name, value) in &request.environment {
-        env_name(&format!("environment.{name}"), name)?;
-        env.push(EnvVar {
-            name: name.clone(),
-            value: Some(value.clone()),
-            value_from: None,
-        });
-    }
-
     let mut annotations = BTreeMap::from([
         (CREATOR_ANNOTATION.to_owned(), owner.to_owned()),
         (
             AUTO_SAVE_ANNOTATION.to_owned(),
-            request.auto_save.unwrap_or(defaults.auto_save).to_string(),
+            request
+                .auto_save
+                .unwrap_or(config.defaults.auto_save)
+                .to_string(),
         ),
         (
             SERVER_TYPE_ANNOTATION.to_owned(),
@@ -385,10 +528,10 @@ pub fn notebook_from_request(
     if request.server_type == ServerType::Vscode {
         annotations.insert(REWRITE_URI_ANNOTATION.to_owned(), "/".to_owned());
     }
-    let volume_sizes: BTreeMap<String, String> = claims
+    let volume_sizes: BTreeMap<&str, &str> = claims
         .iter()
-        .filter(|(_, size, _)| !size.is_empty())
-        .map(|(claim, size, _)| (claim.clone(), size.clone()))
+        .filter(|c| !c.size.is_empty())
+        .map(|c| (c.name.as_str(), c.size.as_str()))
         .collect();
     if !volume_sizes.is_empty() {
         annotations.insert(
@@ -397,7 +540,7 @@ pub fn notebook_from_request(
         );
     }
 
-    Ok(Notebook {
+    Notebook {
         metadata: ObjectMeta {
             name: Some(request.name.clone()),
             namespace: Some(namespace.to_owned()),
@@ -419,8 +562,8 @@ pub fn notebook_from_request(
                                 .into(),
                         ),
                         resources: Some(ResourceRequirements {
-                            requests: Some(requests),
-                            limits: Some(limits),
+                            requests: Some(resources.requests),
+                            limits: Some(resources.limits),
                             ..Default::default()
                         }),
                         volume_mounts: Some(mounts),
@@ -433,7 +576,7 @@ pub fn notebook_from_request(
             },
         },
         status: None,
-    })
+    }
 }
 
 /// The sizes asked for each new volume (claim name → quantity). In a cluster the web app creates
@@ -474,7 +617,35 @@ mod tests {
     fn field_of(r: NotebookRequest) -> String {
         notebook_from_request(&r, "alice", "alice", &config(), &[])
             .unwrap_err()
+            .as_slice()[0]
             .field
+            .clone()
+    }
+
+    #[test]
+    fn every_wrong_field_is_told_at_once_each_once() {
+        let mut r = request("Bad_Name");
+        r.cpu = "lots".into();
+        r.memory = "4".into();
+        r.memory_limit = "1Gi".into();
+        r.workspace = Some(WorkspaceRequest::New { size: "9Pi".into() });
+        r.environment.insert("1BAD".into(), "x".into());
+        let errors = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap_err();
+        let fields: Vec<&str> = errors.as_slice().iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "name",
+                "cpu",
+                "memory",
+                "workspace.size",
+                "environment.1BAD"
+            ]
+        );
+        let cpu = &errors.as_slice()[1].message;
+        assert!(cpu.contains("500m") && !cpu.contains("Mi"), "{cpu}");
+        let memory = &errors.as_slice()[2].message;
+        assert!(memory.contains("minimum 6Mi"), "{memory}");
     }
 
     #[test]
@@ -580,7 +751,8 @@ mod tests {
                 "memory" => r.memory = value.into(),
                 _ => r.memory_limit = value.into(),
             }
-            let err = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap_err();
+            let errors = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap_err();
+            let err = &errors.as_slice()[0];
             assert_eq!(err.field, field, "{value}: {err}");
             assert!(err.message.contains("minimum"), "{err}");
         }
@@ -606,7 +778,8 @@ mod tests {
         config.allow_custom_images = false;
         let mut r = request("lab");
         r.image = "docker.io/library/python:3".into();
-        let err = notebook_from_request(&r, "alice", "alice", &config, &[]).unwrap_err();
+        let errors = notebook_from_request(&r, "alice", "alice", &config, &[]).unwrap_err();
+        let err = &errors.as_slice()[0];
         assert_eq!(err.field, "image");
         assert!(err.message.contains("not in the catalog"), "{err}");
         // An image the user saved is theirs to use.

@@ -56,22 +56,48 @@ export function gpuText(gpus) {
   return gpus ? `${gpus.count} × ${gpus.vendor}` : '—';
 }
 
-/** Shows an API error next to the field it names, or in `fallback`. */
+/** The input an error slot is about: named by its data-input, else the one just before it. */
+function inputOf(form, slot) {
+  if (slot.dataset.input) return form.querySelector(`#${CSS.escape(slot.dataset.input)}`);
+  const before = slot.previousElementSibling;
+  return before && before.matches('input, select') ? before : null;
+}
+
+function slotOf(form, field) {
+  return form.querySelector(`[data-error-for="${CSS.escape(field)}"]`)
+    || form.querySelector(`[data-error-for="${CSS.escape(field.split(/[.[]/)[0])}"]`);
+}
+
+/**
+ * Shows an API error answer in a form: every wrong field's message under that field, tied to its
+ * input for screen readers (aria-describedby) and marked invalid; what no field shows goes to
+ * `fallback`. Focuses the first wrong input. What the user typed stays.
+ */
 export function showErrors(form, answer, fallback) {
   for (const node of form.querySelectorAll('[data-error-for]')) node.textContent = '';
   for (const node of form.querySelectorAll('[aria-invalid]')) node.removeAttribute('aria-invalid');
   if (fallback) fallback.textContent = '';
-  const message = answer?.error || String(answer || 'request failed');
-  const field = answer?.field;
-  const slot = field && (form.querySelector(`[data-error-for="${CSS.escape(field)}"]`)
-    || form.querySelector(`[data-error-for="${CSS.escape(field.split(/[.[]/)[0])}"]`));
-  if (slot) {
+  const errors = answer?.errors?.length ? answer.errors
+    : [{ field: answer?.field, message: answer?.error || String(answer || 'request failed') }];
+  const unplaced = [];
+  let first = null;
+  for (const { field, message } of errors) {
+    const slot = field && slotOf(form, field);
+    if (!slot || slot.textContent) {
+      unplaced.push(field ? `${field}: ${message}` : message);
+      continue;
+    }
     slot.textContent = message;
-    const input = slot.parentElement.querySelector('input, select');
-    if (input) { input.setAttribute('aria-invalid', 'true'); input.focus(); }
-  } else if (fallback) {
-    fallback.textContent = message;
+    const input = inputOf(form, slot);
+    if (!input) continue;
+    slot.id ||= `error-${(input.id || field).replace(/[^A-Za-z0-9_-]/g, '-')}`;
+    const described = (input.getAttribute('aria-describedby') || '').split(' ').filter(Boolean);
+    if (!described.includes(slot.id)) input.setAttribute('aria-describedby', [...described, slot.id].join(' '));
+    input.setAttribute('aria-invalid', 'true');
+    first ||= input;
   }
+  if (fallback) fallback.textContent = unplaced.join(' · ');
+  first?.focus();
 }
 
 document.getElementById('logout')?.addEventListener('click', async () => {

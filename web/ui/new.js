@@ -11,7 +11,7 @@ form.name.addEventListener('input', () => {
   const slot = form.querySelector('[data-error-for="name"]');
   const ok = value === '' || (NAME.test(value) && value.length <= 63);
   slot.textContent = ok ? '' : 'Use lowercase letters, digits and "-", starting and ending with a letter or digit (at most 63).';
-  form.name.toggleAttribute('aria-invalid', !ok);
+  if (ok) form.name.removeAttribute('aria-invalid'); else form.name.setAttribute('aria-invalid', 'true');
 });
 
 function serverType() { return form.querySelector('input[name=serverType]:checked').value; }
@@ -41,24 +41,46 @@ let rows = 0;
 function removable(row) {
   return el('button', { type: 'button', class: 'secondary', onclick: () => row.remove() }, 'Remove');
 }
+/** A labelled input of a volume or variable row, with the slot its error goes to. */
+function cell(label, id, key, attributes = {}) {
+  return el('div', {},
+    el('label', { for: id }, label),
+    el('input', { id, class: key, ...attributes }),
+    el('p', { class: 'error', 'data-key': key, 'data-input': id }));
+}
 document.getElementById('add-volume').addEventListener('click', () => {
   const i = rows++;
   const row = el('div', { class: 'row volume' },
-    el('div', {}, el('label', { for: `vol-name-${i}` }, 'Volume name'), el('input', { id: `vol-name-${i}`, class: 'vol-name' })),
-    el('div', {}, el('label', { for: `vol-size-${i}` }, 'Size'), el('input', { id: `vol-size-${i}`, class: 'vol-size', value: '10Gi' })),
-    el('div', {}, el('label', { for: `vol-path-${i}` }, 'Mount path'), el('input', { id: `vol-path-${i}`, class: 'vol-path', value: '/data' })));
+    cell('Volume name', `vol-name-${i}`, 'vol-name'),
+    cell('Size', `vol-size-${i}`, 'vol-size', { value: '10Gi' }),
+    cell('Mount path', `vol-path-${i}`, 'vol-path', { value: '/data' }));
   row.append(removable(row));
   document.getElementById('volumes').append(row);
 });
 document.getElementById('add-env').addEventListener('click', () => {
   const i = rows++;
   const row = el('div', { class: 'row env' },
-    el('div', {}, el('label', { for: `env-name-${i}` }, 'Name'), el('input', { id: `env-name-${i}`, class: 'env-name' })),
-    el('div', {}, el('label', { for: `env-value-${i}` }, 'Value'), el('input', { id: `env-value-${i}`, class: 'env-value' })),
+    cell('Name', `env-name-${i}`, 'env-name'),
+    cell('Value', `env-value-${i}`, 'env-value'),
     el('div', {}));
   row.append(removable(row));
   document.getElementById('envs').append(row);
 });
+
+/** Names each row's error slots after the request fields the server will name. */
+function nameRowSlots() {
+  const volumeFields = { 'vol-name': 'name', 'vol-size': 'size', 'vol-path': 'mountPath' };
+  [...form.querySelectorAll('.volume')].forEach((row, i) => {
+    for (const slot of row.querySelectorAll('[data-key]')) {
+      slot.dataset.errorFor = `dataVolumes[${i}].${volumeFields[slot.dataset.key]}`;
+    }
+  });
+  for (const row of form.querySelectorAll('.env')) {
+    const name = row.querySelector('.env-name').value.trim();
+    const slot = row.querySelector('[data-key="env-name"]');
+    if (name) slot.dataset.errorFor = `environment.${name}`; else delete slot.dataset.errorFor;
+  }
+}
 
 form.addEventListener('submit', async (event) => {
   event.preventDefault();
@@ -88,6 +110,7 @@ form.addEventListener('submit', async (event) => {
     : kind === 'existing' ? { existing: { name: form.workspaceName.value.trim() } } : 'none';
   request.autoSave = form.autoSave.checked;
   if (form.gpuVendor?.value) request.gpus = { vendor: form.gpuVendor.value, count: Number(form.gpuCount.value) };
+  nameRowSlots();
   const button = document.getElementById('create');
   button.disabled = true;
   const { status, body } = await api('POST', `/api/namespaces/${ns}/notebooks`, request);
