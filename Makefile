@@ -42,8 +42,9 @@ image:
 	  skopeo copy -q $(PUSH_FLAGS) "oci:$$layout:latest" "docker://$(REGISTRY)/labforge:$(VERSION)"
 	@echo "pushed $(REGISTRY)/labforge:$(VERSION); to deploy it: cd deploy && kustomize edit set image labforge=$(REGISTRY)/labforge:$(VERSION)"
 
+## The binary make up runs: the up profile (Cargo.toml), optimized without release's long link.
 build: agent
-	$(CARGO) build --bin labforge
+	$(CARGO) build --profile up --bin labforge
 
 ## The in-container agent, statically linked so that it runs in any notebook image.
 agent:
