@@ -92,6 +92,21 @@ try {
   await page.getByRole('button', { name: 'Create notebook' }).click();
   await page.waitForURL(`${url}/`);
 
+  // The list on a phone and on a wide screen: nothing off screen, image names break at their
+  // separators.
+  await page.locator('#notebooks tr[data-name="again"]').waitFor();
+  await page.setViewportSize({ width: 420, height: 800 });
+  await page.screenshot({ path: `${screenshots}/notebooks-420.png`, fullPage: true });
+  seen.narrow = await page.evaluate(() => ({
+    pageWidth: document.documentElement.scrollWidth,
+    actionsRight: Math.max(...[...document.querySelectorAll('#notebooks td:last-child button')]
+      .map((b) => b.getBoundingClientRect().right)),
+  }));
+  await page.setViewportSize({ width: 1400, height: 900 });
+  await page.screenshot({ path: `${screenshots}/notebooks-1400.png`, fullPage: true });
+  seen.imageBreaks = await page.locator('#notebooks td.wrap wbr').count();
+  await page.setViewportSize({ width: 1280, height: 900 });
+
   // A stopped notebook's URL: its page, with why and Start.
   const bare = page.locator('#notebooks tr[data-name="bare"]');
   await bare.locator('.state.ready').waitFor({ timeout: 120_000 });
@@ -109,6 +124,8 @@ try {
   await page.screenshot({ path: `${screenshots}/notebook-stopped.png`, fullPage: true });
   await page.getByRole('button', { name: 'Start' }).click();
   await page.locator('#state.ready').waitFor({ timeout: 120_000 });
+  const detail = (term) => page.locator(`#details dt:text-is("${term}") + dd`).textContent();
+  seen.details = { created: await detail('Created'), activityAfterStart: await detail('Last activity') };
 
   // Another user at this notebook's URL: a 403 in the app's look, with a way back.
   const other = await browser.newContext();
@@ -123,6 +140,11 @@ try {
   await visitor.screenshot({ path: `${screenshots}/notebook-forbidden.png`, fullPage: true });
   await visitor.getByRole('link', { name: 'Back to your notebooks' }).click();
   await visitor.waitForURL(`${url}/`);
+
+  // Stopped again: the last activity is still shown.
+  await page.getByRole('button', { name: 'Stop' }).click();
+  await page.locator('#state.stopped').waitFor({ timeout: 60_000 });
+  seen.details.activityAfterStop = await detail('Last activity');
 
   guard.check();
   otherGuard.check();

@@ -66,6 +66,11 @@ async fn users_work_through_the_web_ui_in_a_browser() {
             .unwrap()
             .contains("wrong user name or password")
     );
+    let login_page = seen["loginPage"].as_str().unwrap();
+    assert!(
+        !login_page.contains("printed") && !login_page.contains("labforge user add"),
+        "the sign-in page is for every visitor, not the operator: {login_page}"
+    );
     assert!(
         seen["emptyState"]
             .as_str()
@@ -218,6 +223,7 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         .collect();
     assert_eq!(names, ["bobs"], "nothing created by the attack: {attack}");
     assert_eq!(seen["bulkStopped"], true);
+    assert_eq!(seen["ticksAfterBulkStop"], 0, "a done selection is cleared");
     for page in [
         "login",
         "notebooks-empty",
@@ -440,6 +446,13 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
     assert!(volumes_of(&raw("bare")).is_empty(), "no workspace");
     assert_eq!(volumes_of(&raw("again")), ["kept-workspace"]);
 
+    let narrow = &seen["narrow"];
+    assert!(
+        narrow["pageWidth"].as_f64().unwrap() <= 420.0
+            && narrow["actionsRight"].as_f64().unwrap() <= 420.0,
+        "at 420 px the list fits, actions included: {narrow}"
+    );
+    assert!(seen["imageBreaks"].as_u64().unwrap() > 0, "{seen}");
     // A stopped notebook's URL leads to its page, which offers Start, not Connect.
     assert_eq!(seen["stoppedPage"]["start"], true, "{seen}");
     assert_eq!(seen["stoppedPage"]["connect"], false, "{seen}");
@@ -447,5 +460,15 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
     assert_eq!(
         seen["forbidden"]["styled"], "rgb(29, 35, 48)",
         "the app's header: {seen}"
+    );
+    // A start counts as activity, and a stop keeps it.
+    for when in ["activityAfterStart", "activityAfterStop"] {
+        let text = seen["details"][when].as_str().unwrap();
+        assert!(text.ends_with(" ago"), "{when}: {text}");
+    }
+    let created = seen["details"]["created"].as_str().unwrap();
+    assert!(
+        !created.is_empty() && !created.contains('T') && !created.ends_with('Z'),
+        "a date people read: {created}"
     );
 }

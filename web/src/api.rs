@@ -588,14 +588,16 @@ async fn patch_notebook(
                 annotations.insert(AUTO_SAVE_ANNOTATION.to_owned(), auto_save.to_string());
             }
             match patch.stopped {
+                // The last activity stays for the lists to show; a start renews it, so that the
+                // culler gives the new run its whole idle time.
                 Some(true) if !annotations.contains_key(STOP_ANNOTATION) => {
                     annotations.insert(STOP_ANNOTATION.to_owned(), now.clone());
-                    annotations.remove(LAST_ACTIVITY_ANNOTATION);
                 }
                 Some(false) => {
                     // What the status said belongs to the last run: "ready" only once this one answers.
                     if annotations.remove(STOP_ANNOTATION).is_some() {
                         nb.status = None;
+                        annotations.insert(LAST_ACTIVITY_ANNOTATION.to_owned(), now.clone());
                     }
                     annotations.remove(STOPPED_BY_ANNOTATION);
                 }
@@ -930,7 +932,13 @@ async fn admin_notebooks(
         .await?
         .iter()
         .map(|nb| view(nb, &state))
-        .filter(|v| query.user.as_ref().is_none_or(|u| &v.owner == u))
+        // Part of the owner's name, in any case: admins look people up by what they remember.
+        .filter(|v| {
+            query
+                .user
+                .as_ref()
+                .is_none_or(|u| v.owner.to_lowercase().contains(&u.trim().to_lowercase()))
+        })
         .filter(|v| query.state.is_none_or(|s| v.state == s))
         .collect();
     let running: Vec<&NotebookView> = notebooks

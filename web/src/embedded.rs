@@ -574,7 +574,6 @@ async fn cull(
                     store.update(&ns, &name, |nb| {
                         let annotations =
                             nb.metadata.annotations.get_or_insert_with(Default::default);
-                        annotations.remove(LAST_ACTIVITY_ANNOTATION);
                         annotations.insert(STOP_ANNOTATION.into(), now.to_string());
                         annotations.insert(STOPPED_BY_ANNOTATION.into(), "culler".into());
                     })

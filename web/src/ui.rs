@@ -323,7 +323,7 @@ async fn login_page() -> Html<String> {
 <label for="password">Password</label><input id="password" name="password" type="password" autocomplete="current-password" required>
 <p class="error" id="login-error" role="alert"></p>
 <button type="submit">Sign in</button></form>
-<p class="hint">First start: <code>labforge up</code> printed the admin's password. New users: <code>labforge user add NAME</code>.</p></section>"#,
+<p class="hint">No account yet? Ask whoever runs labforge here to add you.</p></section>"#,
         Some("login.js"),
     )
 }
@@ -593,10 +593,10 @@ async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Respon
         Some(&user),
         r#"<h1>All notebooks</h1>
 <section class="totals" id="totals" aria-live="polite"></section>
-<form id="filters" class="inline"><label for="f-user">User</label><input id="f-user" name="user">
-<label for="f-namespace">Namespace</label><input id="f-namespace" name="namespace">
-<label for="f-state">State</label><select id="f-state" name="state"><option value="">Any</option><option>ready</option><option>starting</option><option>stopped</option><option>culled</option><option>error</option></select>
-<label for="f-sort">Sort by</label><select id="f-sort" name="sort"><option value="activity">Last activity</option><option value="cpu">CPU</option><option value="memory">Memory</option><option value="gpu">GPUs</option><option value="name">Name</option></select>
+<form id="filters" class="inline"><div><label for="f-user">User</label><input id="f-user" name="user"></div>
+<div><label for="f-namespace">Namespace</label><input id="f-namespace" name="namespace"></div>
+<div><label for="f-state">State</label><select id="f-state" name="state"><option value="">Any</option><option>ready</option><option>starting</option><option>stopped</option><option>culled</option><option>error</option></select></div>
+<div><label for="f-sort">Sort by</label><select id="f-sort" name="sort"><option value="activity">Last activity</option><option value="cpu">CPU</option><option value="memory">Memory</option><option value="gpu">GPUs</option><option value="name">Name</option></select></div>
 <button type="button" class="secondary" id="bulk-stop" disabled>Stop selected</button></form>
 <div class="table-wrap"><table id="all"><thead><tr><th scope="col"><input type="checkbox" id="select-all" aria-label="Select all"></th><th scope="col">Namespace</th><th scope="col">Name</th><th scope="col">Owner</th><th scope="col">State</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th></tr></thead><tbody></tbody></table></div>
 <p class="empty" id="empty" hidden>No notebook matches.</p>"#,

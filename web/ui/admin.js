@@ -1,5 +1,5 @@
 // Every user's notebooks in one view, with filters, sorting, bulk stop and totals.
-import { api, el, stateBadge, ago, bytes, gpuText } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuText, breakable } from './common.js';
 
 const filters = document.getElementById('filters');
 const body = document.querySelector('#all tbody');
@@ -37,7 +37,7 @@ function render() {
       el('td', {}, el('a', { href: `/notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, nb.owner),
       el('td', {}, stateBadge(nb.state, nb.reason)),
-      el('td', { class: 'wrap' }, nb.image),
+      el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, nb.cpuLimit),
       el('td', {}, nb.memoryLimit),
       el('td', {}, gpuText(nb.gpus)),
@@ -77,6 +77,9 @@ bulk.addEventListener('click', async () => {
     const [ns, name] = key.split('/');
     await api('PATCH', `/api/namespaces/${ns}/notebooks/${name}`, { stopped: true });
   }
+  // Done with that selection: a later bulk stop starts from nothing ticked.
+  for (const box of body.querySelectorAll('input[type=checkbox]')) box.checked = false;
+  document.getElementById('select-all').checked = false;
   load();
 });
 load();

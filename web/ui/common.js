@@ -31,6 +31,12 @@ export function el(tag, attributes = {}, ...children) {
   return node;
 }
 
+/** `text` with line-break opportunities after each / : and @, for image references. */
+export function breakable(text) {
+  const parts = String(text ?? '').split(/(?<=[/:@])/);
+  return parts.flatMap((part, i) => (i ? [document.createElement('wbr'), part] : [part]));
+}
+
 export function stateBadge(state, reason) {
   return el('span', { class: `state ${state}`, title: reason || state }, state);
 }

@@ -1,6 +1,6 @@
 // One notebook: live status, events, following logs, and "Save environment as image" with its
 // progress, plus the images saved from it.
-import { api, el, stateBadge, ago, bytes, gpuText, showErrors } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuText, showErrors, breakable } from './common.js';
 
 const root = document.getElementById('notebook');
 const { ns, name } = root.dataset;
@@ -27,7 +27,7 @@ async function refresh() {
   document.getElementById('auto-save').checked = nb.autoSave;
   const details = [['Owner', nb.owner], ['Type', nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'], ['Image', nb.image],
     ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
-    ['GPU', gpuText(nb.gpus)], ['Created', nb.created || ''], ['Last activity', ago(nb.lastActivity)]];
+    ['GPU', gpuText(nb.gpus)], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
   const conditions = body.status?.conditions || [];
   document.getElementById('conditions').replaceChildren(...(conditions.length
@@ -103,7 +103,7 @@ async function images() {
   const mine = body.images.filter((i) => i.notebook === name);
   document.getElementById('images-empty').hidden = mine.length > 0;
   document.querySelector('#images tbody').replaceChildren(...mine.map((i) => el('tr', {},
-    el('td', { class: 'wrap' }, i.image),
+    el('td', { class: 'wrap' }, breakable(i.image)),
     el('td', { title: i.digest }, i.digest.slice(0, 19)),
     el('td', {}, bytes(i.layerBytes)),
     el('td', { class: 'wrap' }, summaryText(i)),

@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateBadge, ago, gpuText, notebookUrl } from './common.js';
+import { api, el, stateBadge, ago, gpuText, notebookUrl, breakable } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -22,7 +22,7 @@ function render(notebooks) {
       el('td', {}, el('a', { href: `/notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, stateBadge(nb.state, nb.reason)),
       el('td', {}, nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'),
-      el('td', { class: 'wrap' }, nb.image),
+      el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, nb.cpuLimit || nb.cpu),
       el('td', {}, nb.memoryLimit || nb.memory),
       el('td', {}, gpuText(nb.gpus)),
