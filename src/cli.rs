@@ -1241,9 +1241,19 @@ mod tests {
         for good in ["/", "/jupyter/", "/a/b-c_d.e~/"] {
             assert_eq!(app_path(good).as_deref(), Ok(good));
         }
-        for bad in ["jupyter/", "/jupyter", "//evil.example/", "/a\"b/", "/a b/", ""] {
+        for bad in [
+            "jupyter/",
+            "/jupyter",
+            "//evil.example/",
+            "/a\"b/",
+            "/a b/",
+            "",
+        ] {
             let error = app_path(bad).unwrap_err();
-            assert!(error.contains("not a path like /jupyter/"), "{bad}: {error}");
+            assert!(
+                error.contains("not a path like /jupyter/"),
+                "{bad}: {error}"
+            );
         }
     }
 
