@@ -148,6 +148,15 @@ impl Forwarder {
         else {
             return Err(ProxyError::NoRoute);
         };
+        // Only names a notebook could have go into the app's URL.
+        let label = |s: &str| {
+            s.len() <= 63
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        };
+        if !label(ns) || !label(name) {
+            return Err(ProxyError::NoRoute);
+        }
         let wants_page = request
             .headers()
             .get(http::header::ACCEPT)

@@ -122,6 +122,7 @@ try {
     connect: await page.getByRole('link', { name: 'Connect' }).isVisible(),
   };
   await page.screenshot({ path: `${screenshots}/notebook-stopped.png`, fullPage: true });
+  seen.startedAt = new Date().toISOString();
   await page.getByRole('button', { name: 'Start' }).click();
   await page.locator('#state.ready').waitFor({ timeout: 120_000 });
   const detail = (term) => page.locator(`#details dt:text-is("${term}") + dd`).textContent();

@@ -1709,6 +1709,11 @@ async fn a_notebook_without_a_route_sends_browsers_to_the_apps_page_of_it() {
         .unwrap();
     assert_eq!(page.status(), 302);
     assert_eq!(page.headers()["location"], "/jupyter/notebooks/alice/gone");
+    // A path that names no possible notebook is not put into a URL.
+    let odd = get("/notebook/Alice%20x/gone/lab", "text/html")
+        .await
+        .unwrap();
+    assert_eq!(odd.status(), 404);
     // Scripts and API clients get the 404 they can act on.
     let api = get("/notebook/alice/gone/api/kernels", "application/json")
         .await

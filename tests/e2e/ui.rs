@@ -466,6 +466,19 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
         let text = seen["details"][when].as_str().unwrap();
         assert!(text.ends_with(" ago"), "{when}: {text}");
     }
+    let started: jiff::Timestamp = seen["startedAt"].as_str().unwrap().parse().unwrap();
+    let (_, bare) = session
+        .get(&format!("/api/namespaces/{user}/notebooks/bare"))
+        .await;
+    let last: jiff::Timestamp = bare["notebook"]["lastActivity"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no last activity after a stop: {bare}"))
+        .parse()
+        .unwrap();
+    assert!(
+        last >= started - jiff::SignedDuration::from_secs(2),
+        "the start renewed the last activity ({last}, started {started})"
+    );
     let created = seen["details"]["created"].as_str().unwrap();
     assert!(
         !created.is_empty() && !created.contains('T') && !created.ends_with('Z'),

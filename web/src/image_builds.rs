@@ -78,14 +78,12 @@ pub fn saved_image(build: &ImageBuild) -> Option<SavedImage> {
         notebook: build.spec.notebook.clone(),
         namespace: build.namespace().unwrap_or_default(),
         base: status.base_image.clone().unwrap_or_default(),
-        server_type: ServerType::from_annotation(
-            build
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SERVER_TYPE_ANNOTATION))
-                .map(String::as_str),
-        ),
+        server_type: build
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SERVER_TYPE_ANNOTATION))
+            .map(|value| ServerType::from_annotation(Some(value))),
         layer_bytes: status
             .layer_size
             .and_then(|n| u64::try_from(n).ok())

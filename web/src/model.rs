@@ -200,9 +200,10 @@ pub struct SavedImage {
     pub notebook: String,
     pub namespace: String,
     pub base: String,
-    /// The server the notebook it was saved from ran, so that it is offered for that one only.
-    #[serde(default)]
-    pub server_type: ServerType,
+    /// The server the notebook it was saved from ran, so that it is offered for that one only;
+    /// `None` for a save recorded without it, offered for both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_type: Option<ServerType>,
     /// Compressed size of the new layer; 0 when nothing had changed.
     pub layer_bytes: u64,
     pub files_changed: u64,

@@ -350,6 +350,9 @@ pub fn readiness_check(notebook: &Notebook) -> (String, &'static str) {
     }
 }
 
+/// The most of a readiness answer read; a longer one is not the expected server's.
+const READINESS_ANSWER_LIMIT: usize = 64 * 1024;
+
 /// Whether an answer to [`readiness_check`]'s path is the expected server's: a 200 with a JSON
 /// object holding `key`.
 fn answers_as_expected(status: u16, body: &[u8], key: &str) -> bool {
@@ -1019,10 +1022,17 @@ impl Runtime {
         // Not answering yet is starting; answering as something else is told, since it will not
         // change by waiting (an image of the other IDE, say).
         let (ready, unexpected) = match self.http.get(&url).send().await {
-            Ok(response) => {
+            Ok(mut response) => {
                 let status = response.status().as_u16();
-                let body = response.bytes().await.unwrap_or_default();
-                if answers_as_expected(status, &body, key) {
+                // The server is its owner's: its answer is read up to what a version or a
+                // heartbeat takes, not as far as it cares to send.
+                let mut body = Vec::new();
+                while body.len() <= READINESS_ANSWER_LIMIT
+                    && let Ok(Some(chunk)) = response.chunk().await
+                {
+                    body.extend_from_slice(&chunk);
+                }
+                if body.len() <= READINESS_ANSWER_LIMIT && answers_as_expected(status, &body, key) {
                     (true, String::new())
                 } else {
                     let server =

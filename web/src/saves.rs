@@ -325,7 +325,7 @@ impl SaveJob {
                     notebook: nb.to_owned(),
                     namespace: ns.to_owned(),
                     base: self.base.clone(),
-                    server_type: self.server_type,
+                    server_type: Some(self.server_type),
                     layer_bytes,
                     files_changed: saved.header.changed,
                     files_deleted: saved.header.deleted,

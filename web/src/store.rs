@@ -462,7 +462,7 @@ mod tests {
             notebook: "lab".into(),
             namespace: "alice".into(),
             base: String::new(),
-            server_type: crate::model::ServerType::Jupyter,
+            server_type: Some(crate::model::ServerType::Jupyter),
             layer_bytes: 1,
             files_changed: 1,
             files_deleted: 0,

@@ -363,7 +363,7 @@ fn spawner_form(
     let options = |server_type: ServerType| {
         let saved_options: String = saved
             .iter()
-            .filter(|i| i.server_type == server_type)
+            .filter(|i| i.server_type.is_none_or(|t| t == server_type))
             .map(|i| {
                 format!(
                     r#"<option value="{v}">{v} — saved from {nb}</option>"#,
@@ -680,18 +680,37 @@ mod tests {
             notebook: "lab".into(),
             namespace: "alice".into(),
             base: String::new(),
-            server_type: crate::model::ServerType::Jupyter,
+            server_type: Some(crate::model::ServerType::Jupyter),
             layer_bytes: 1,
             files_changed: 1,
             files_deleted: 0,
             created: String::new(),
             summary: None,
         };
-        let form = spawner_form(&config, &[saved], None);
+        let code = crate::model::SavedImage {
+            image: "registry.local/alice/code:v1".into(),
+            server_type: Some(crate::model::ServerType::Vscode),
+            ..saved.clone()
+        };
+        let unknown = crate::model::SavedImage {
+            image: "registry.local/alice/old:v1".into(),
+            server_type: None,
+            ..saved.clone()
+        };
+        let form = spawner_form(&config, &[saved, code, unknown], None);
         assert!(form.contains(
             r#"<optgroup label="Your saved images"><option value="registry.local/alice/lab:v1">"#
         ));
         assert!(form.contains(r#"<option value="nvidia.com/gpu">NVIDIA</option>"#));
         assert!(!form.contains("customImage"));
+        // Each select offers the saves of its server type, and those of unknown type.
+        let select = |id: &str| {
+            let start = form.find(&format!(r#"<select id="{id}""#)).unwrap();
+            form[start..].split("</select>").next().unwrap().to_owned()
+        };
+        let (jupyter, vscode) = (select("image-jupyter"), select("image-vscode"));
+        assert!(jupyter.contains("lab:v1") && !jupyter.contains("code:v1"));
+        assert!(vscode.contains("code:v1") && !vscode.contains("lab:v1"));
+        assert!(jupyter.contains("old:v1") && vscode.contains("old:v1"));
     }
 }

@@ -100,7 +100,8 @@ export function showErrors(form, answer, fallback) {
     const described = (input.getAttribute('aria-describedby') || '').split(' ').filter(Boolean);
     if (!described.includes(slot.id)) input.setAttribute('aria-describedby', [...described, slot.id].join(' '));
     input.setAttribute('aria-invalid', 'true');
-    first ||= input;
+    // The first in the page, whatever order the server named them in.
+    if (!first || (first.compareDocumentPosition(input) & Node.DOCUMENT_POSITION_PRECEDING)) first = input;
   }
   if (fallback) fallback.textContent = unplaced.join(' · ');
   first?.focus();

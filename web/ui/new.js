@@ -78,8 +78,12 @@ function nameRowSlots() {
   for (const row of form.querySelectorAll('.env')) {
     const name = row.querySelector('.env-name').value.trim();
     const slot = row.querySelector('[data-key="env-name"]');
+    slot.textContent = '';
     if (name) slot.dataset.errorFor = `environment.${name}`; else delete slot.dataset.errorFor;
   }
+  // Without a custom image box, an image error is about the list of the chosen server type.
+  const imageSlot = form.querySelector('[data-error-for="image"]');
+  if (!form.customImage) imageSlot.dataset.input = `image-${serverType()}`;
 }
 
 form.addEventListener('submit', async (event) => {
