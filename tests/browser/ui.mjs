@@ -168,6 +168,11 @@ try {
   seen.savedImages = await page.locator('#images tbody tr').count();
   await page.locator('#logs:not(:empty)').waitFor({ timeout: 30_000 });
   await shot(page, 'notebook-saved');
+  // The same tag again is asked about first; declined, nothing is saved.
+  page.once('dialog', (dialog) => { seen.tagReuseQuestion = dialog.message(); dialog.dismiss(); });
+  await page.getByLabel('Tag').fill('ui-save');
+  await page.getByRole('button', { name: 'Save environment' }).click();
+  seen.savedAfterDeclined = await page.locator('#images tbody tr').count();
 
   // A failed save shows its error: the agent is taken away meanwhile.
   renameSync(config.agent, `${config.agent}.away`);

@@ -117,6 +117,17 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "{seen}"
     );
     assert_eq!(seen["saveBar"], 100);
+    assert!(
+        seen["tagReuseQuestion"]
+            .as_str()
+            .unwrap()
+            .contains(":ui-save is already saved"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["savedAfterDeclined"], 1,
+        "a declined reuse saves nothing"
+    );
     let offered = |select: &str| {
         seen["savedOffered"][select]
             .as_array()

@@ -97,10 +97,12 @@ async function followLogs(running) {
 }
 document.getElementById('follow').addEventListener('change', () => followLogs(current && current.state !== 'stopped'));
 
+let saved = [];
 async function images() {
   const { status, body } = await api('GET', `/api/namespaces/${ns}/images`);
   if (status !== 200) return;
   const mine = body.images.filter((i) => i.notebook === name);
+  saved = mine;
   document.getElementById('images-empty').hidden = mine.length > 0;
   document.querySelector('#images tbody').replaceChildren(...mine.map((i) => el('tr', {},
     el('td', { class: 'wrap' }, breakable(i.image)),
@@ -127,7 +129,8 @@ function showProgress(s) {
   const text = {
     queued: 'Queued', indexing: 'Reading the base image…',
     scanning: `Scanning: ${s.entriesScanned.toLocaleString()} files`,
-    writing: `Writing the layer: ${s.filesChanged} changed, ${s.filesDeleted} deleted, ${bytes(s.bytesWritten)} of ${bytes(s.bytesTotal)}`,
+    // The total is estimated before the layer is written: the share shown never passes it.
+    writing: `Writing the layer: ${s.bytesTotal ? Math.min(100, Math.round((100 * s.bytesWritten) / s.bytesTotal)) : 0} %`,
     uploading: `Uploading ${bytes(s.layerBytes)}…`,
     done: `Saved ${s.target} @ ${s.digest} (layer ${bytes(s.layerBytes)})`,
     failed: 'Save failed',
@@ -140,7 +143,11 @@ document.getElementById('save').addEventListener('submit', async (event) => {
   event.preventDefault();
   const form = event.target;
   const button = document.getElementById('save-button');
-  const { status, body } = await api('POST', `${path}/saves`, { tag: form.tag.value.trim() });
+  const tag = form.tag.value.trim();
+  // A tag names one image: saving under it again moves it, so that is asked first.
+  const taken = tag && saved.find((i) => i.image.endsWith(`:${tag}`));
+  if (taken && !confirm(`${taken.image} is already saved from this notebook. Move the tag to a new save?`)) return;
+  const { status, body } = await api('POST', `${path}/saves`, { tag });
   if (status !== 202) { showErrors(form.parentElement, body, document.getElementById('save-error')); return; }
   showErrors(form.parentElement, null);
   button.disabled = true;
