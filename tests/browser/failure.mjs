@@ -22,10 +22,12 @@ try {
   await badge.waitFor({ timeout: 60_000 });
   const listTitle = await badge.getAttribute('title');
   await page.goto(`${url}/notebooks/${ns}/${name}`);
-  const reason = page.locator('#reason');
-  await page.waitForFunction(
-    (part) => document.getElementById('reason')?.textContent.includes(part), expect, { timeout: 60_000 });
-  console.log(JSON.stringify({ listTitle, pageReason: await reason.textContent() }));
+  // Read in the same moment it matched: the runtime's next retry shows "pulling" again.
+  const shown = await page.waitForFunction((part) => {
+    const text = document.getElementById('reason')?.textContent;
+    return text?.includes(part) ? text : null;
+  }, expect, { timeout: 60_000 });
+  console.log(JSON.stringify({ listTitle, pageReason: await shown.jsonValue() }));
 } finally {
   await browser.close();
 }
