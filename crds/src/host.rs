@@ -44,6 +44,16 @@ pub fn is_label_of(label: &str, namespace: &str, name: &str) -> bool {
     }
 }
 
+/// Whether `label` is an RFC 1123 label, as Kubernetes names namespaces and notebooks.
+pub fn is_dns_label(label: &str) -> bool {
+    (1..=MAX_LABEL).contains(&label.len())
+        && !label.starts_with('-')
+        && !label.ends_with('-')
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 /// The host label of notebook `namespace/name`.
 pub fn notebook_host_label(namespace: &str, name: &str) -> String {
     if has_natural_label(namespace, name) {
@@ -75,15 +85,6 @@ pub fn notebook_host(namespace: &str, name: &str, domain: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn is_dns_label(label: &str) -> bool {
-        (1..=MAX_LABEL).contains(&label.len())
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    }
 
     #[test]
     fn a_short_plain_name_reads_as_name_and_namespace() {

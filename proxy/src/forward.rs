@@ -149,12 +149,7 @@ impl Forwarder {
             return Err(ProxyError::NoRoute);
         };
         // Only names a notebook could have go into the app's URL.
-        let label = |s: &str| {
-            s.len() <= 63
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        };
-        if !label(ns) || !label(name) {
+        if !labforge_crds::host::is_dns_label(ns) || !labforge_crds::host::is_dns_label(name) {
             return Err(ProxyError::NoRoute);
         }
         let wants_page = request

@@ -333,7 +333,7 @@ pub fn route(
 /// `<prefix>/api`, code-server's heartbeat at `<root>/healthz`. Any other answer (an image that
 /// serves the other IDE, or nothing like either) is not ready, so "ready" means the server the
 /// user chose answers.
-pub fn readiness_check(notebook: &Notebook) -> (String, &'static str) {
+pub fn readiness_check(notebook: &Notebook) -> (ServerType, String, &'static str) {
     let namespace = notebook.metadata.namespace.as_deref().unwrap_or_default();
     let name = notebook.metadata.name.as_deref().unwrap_or_default();
     let root = notebook
@@ -344,9 +344,10 @@ pub fn readiness_check(notebook: &Notebook) -> (String, &'static str) {
         .filter(|uri| !uri.is_empty())
         .cloned()
         .unwrap_or_else(|| format!("{}/", builders::route_prefix(namespace, name)));
-    match ServerType::from_annotation(notebook.annotation(SERVER_TYPE_ANNOTATION)) {
-        ServerType::Jupyter => (format!("{root}api"), "version"),
-        ServerType::Vscode => (format!("{root}healthz"), "status"),
+    let server = ServerType::from_annotation(notebook.annotation(SERVER_TYPE_ANNOTATION));
+    match server {
+        ServerType::Jupyter => (server, format!("{root}api"), "version"),
+        ServerType::Vscode => (server, format!("{root}healthz"), "status"),
     }
 }
 
@@ -1017,7 +1018,7 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
-        let (path, key) = readiness_check(notebook);
+        let (server, path, key) = readiness_check(notebook);
         let url = format!("http://{PUBLISH_ADDRESS}:{port}{path}");
         // Not answering yet is starting; answering as something else is told, since it will not
         // change by waiting (an image of the other IDE, say).
@@ -1035,8 +1036,6 @@ impl Runtime {
                 if body.len() <= READINESS_ANSWER_LIMIT && answers_as_expected(status, &body, key) {
                     (true, String::new())
                 } else {
-                    let server =
-                        ServerType::from_annotation(notebook.annotation(SERVER_TYPE_ANNOTATION));
                     (
                         false,
                         format!(

@@ -36,14 +36,7 @@ impl FieldError {
 
 /// Labels Kubernetes and podman both accept as object names (RFC 1123, 63 characters).
 pub fn dns_label(field: &str, value: &str) -> Result<(), FieldError> {
-    let ok = !value.is_empty()
-        && value.len() <= 63
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if ok {
+    if labforge_crds::host::is_dns_label(value) {
         Ok(())
     } else {
         Err(FieldError::new(
