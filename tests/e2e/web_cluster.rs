@@ -410,18 +410,25 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
 
     // Follow it while the reconciler (played here by status writes) moves it along.
+    // Each status write waits until the stream has shown the state before it, so every phase
+    // is seen however slowly the stream connects or polls on a busy machine.
     let follow = format!("{}/api/namespaces/alice/saves/{id}", web.base);
-    let stream = tokio::spawn(async move {
-        reqwest::Client::new()
+    let (chunks, received) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        let mut response = reqwest::Client::new()
             .get(follow)
             .header("kubeflow-userid", ALICE)
             .send()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+            .unwrap();
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            let _ = chunks.send(String::from_utf8_lossy(&chunk).into_owned());
+        }
     });
+    let mut stream = SaveStream {
+        text: String::new(),
+        received,
+    };
     let set_status = |status: Value| {
         let builds = builds.clone();
         let id = id.clone();
@@ -436,21 +443,18 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
                 .unwrap();
         }
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream.until("\n\n").await;
     set_status(json!({"phase": "Running", "progress": {"stage": "writing",
         "filesScanned": 100, "bytesWritten": 2048, "bytesUploaded": 0}}))
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream.until("\"writing\"").await;
     set_status(
         json!({"phase": "Succeeded", "progress": null, "baseImage": "jupyter@sha256:0",
         "imageDigest": "sha256:feed", "layerDigest": "sha256:beef", "layerSize": 4096,
         "completionTime": "2026-11-22T08:00:00Z", "message": "saved"}),
     )
     .await;
-    let text = tokio::time::timeout(Duration::from_secs(10), stream)
-        .await
-        .expect("the stream ends once the build has")
-        .unwrap();
+    let text = stream.into_text().await;
     let phases: Vec<Value> = text
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))
@@ -492,6 +496,45 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert_eq!(status, 200);
     let (status, answer) = post(ALICE, saves, json!({"tag": "v3"})).await;
     assert_eq!(status, 409, "{answer}");
+}
+
+/// A save's progress stream as it arrives, for tests that act between its events.
+struct SaveStream {
+    text: String,
+    received: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl SaveStream {
+    /// Reads until the stream has shown `wanted`.
+    async fn until(&mut self, wanted: &str) {
+        let read = async {
+            while !self.text.contains(wanted) {
+                match self.received.recv().await {
+                    Some(chunk) => self.text.push_str(&chunk),
+                    None => break,
+                }
+            }
+        };
+        let shown = tokio::time::timeout(Duration::from_secs(10), read).await;
+        assert!(
+            shown.is_ok() && self.text.contains(wanted),
+            "the save stream shows {wanted:?}: {}",
+            self.text
+        );
+    }
+
+    /// Reads until the server ends the stream.
+    async fn into_text(mut self) -> String {
+        let read = async {
+            while let Some(chunk) = self.received.recv().await {
+                self.text.push_str(&chunk);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("the stream ends once the build has");
+        self.text
+    }
 }
 
 /// What Kubeflow's web app does on create, in a cluster: the new workspace and data volumes

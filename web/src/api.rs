@@ -789,16 +789,17 @@ async fn follow_save(
         None => None,
     }
     .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, format!("no save {id} in {ns}")))?;
-    let stream = futures::stream::unfold(Some(receiver), |receiver| async move {
-        let mut receiver = receiver?;
+    // Each state goes out as soon as it is known; only the wait for the next one is paced.
+    let stream = futures::stream::unfold(Some((receiver, true)), |state| async move {
+        let (mut receiver, first) = state?;
+        if !first {
+            // Progress comes fast; a browser needs a few updates a second at most.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            receiver.changed().await.ok()?;
+        }
         let status = receiver.borrow_and_update().clone();
         let event = Event::default().event("progress").json_data(&status).ok()?;
-        if status.finished() {
-            return Some((Ok(event), None));
-        }
-        // Progress comes fast; a browser needs a few updates a second at most.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let next = receiver.changed().await.ok().map(|()| receiver);
+        let next = (!status.finished()).then_some((receiver, false));
         Some((Ok(event), next))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
