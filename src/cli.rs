@@ -96,6 +96,42 @@ pub enum Command {
     /// Run the ImageBuild reconciler in a cluster: saves running notebooks' environments as
     /// images (the agent through pods/exec; registry and cache credentials stay here).
     ImageBuilds(ImageBuildsArgs),
+    /// Run `labforge up` as this machine's service.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Write a systemd unit that runs `labforge up` with these arguments (restarted on failure;
+    /// stopping it leaves notebooks running), then say how to start it.
+    Install(ServiceInstallArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServiceInstallArgs {
+    /// Where the unit file is written.
+    #[arg(long, default_value = "/etc/systemd/system")]
+    pub unit_dir: PathBuf,
+    /// The unit's name (`<name>.service`).
+    #[arg(long, default_value = "labforge", value_parser = unit_name)]
+    pub name: String,
+    #[command(flatten)]
+    pub up: UpArgs,
+}
+
+/// `--name`: what systemd accepts as a unit name, without its suffix.
+fn unit_name(value: &str) -> Result<String, String> {
+    let ok = !value.is_empty()
+        && value.len() <= 200
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b));
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err("letters, digits and -_.@ only".into())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -141,6 +177,90 @@ pub struct UpArgs {
     /// (see SECURITY.md).
     #[arg(long)]
     pub notebook_paths: bool,
+    /// TLS certificate chain (PEM) for the listen address, covering the notebook domain and its
+    /// `*.` wildcard; needs --tls-key. Plain HTTP to the address is redirected to HTTPS.
+    #[arg(long, env = "LABFORGE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); needs --tls-cert.
+    #[arg(long, env = "LABFORGE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS with a certificate labforge makes and keeps in the data dir; its fingerprint
+    /// is printed at start, for users to compare with what their browser shows.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls_self_signed: bool,
+}
+
+impl UpArgs {
+    /// The arguments that start `labforge up` as these, with every path made absolute (a service
+    /// starts in `/`) and the default agent found now, as this binary sees it.
+    fn service_args(&self) -> anyhow::Result<Vec<String>> {
+        let absolute = |path: &std::path::Path| -> anyhow::Result<String> {
+            Ok(std::path::absolute(path)
+                .with_context(|| format!("{}", path.display()))?
+                .display()
+                .to_string())
+        };
+        // A bare program name is looked up on the service's PATH, as here on the shell's.
+        let program = |path: &std::path::Path| -> anyhow::Result<String> {
+            if path.components().count() > 1 {
+                absolute(path)
+            } else {
+                Ok(path.display().to_string())
+            }
+        };
+        let mut args = vec![
+            "--data-dir".to_owned(),
+            absolute(&self.data_dir)?,
+            "--listen".to_owned(),
+            self.listen.to_string(),
+            "--engine".to_owned(),
+            program(&self.engine)?,
+            "--registry-listen".to_owned(),
+            self.registry_listen.to_string(),
+            "--registry-program".to_owned(),
+            program(&self.registry_program)?,
+            "--notebook-domain".to_owned(),
+            self.notebook_domain.clone(),
+        ];
+        if let Some(registry) = &self.registry {
+            args.extend(["--registry".to_owned(), registry.clone()]);
+        }
+        for registry in &self.insecure_registries {
+            args.extend(["--insecure-registry".to_owned(), registry.clone()]);
+        }
+        if let Some(agent) = self.agent.clone().or_else(default_agent) {
+            args.extend(["--agent".to_owned(), absolute(&agent)?]);
+        }
+        if let Some(config) = &self.spawner_config {
+            args.extend(["--spawner-config".to_owned(), absolute(config)?]);
+        }
+        if self.notebook_paths {
+            args.push("--notebook-paths".to_owned());
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            args.extend([
+                "--tls-cert".to_owned(),
+                absolute(cert)?,
+                "--tls-key".to_owned(),
+                absolute(key)?,
+            ]);
+        }
+        if self.tls_self_signed {
+            args.push("--tls-self-signed".to_owned());
+        }
+        Ok(args)
+    }
+
+    fn tls(&self) -> Option<labforge_web::embedded::TlsSource> {
+        use labforge_web::embedded::TlsSource;
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsSource::Files(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            _ => self.tls_self_signed.then_some(TlsSource::SelfSigned),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -787,6 +907,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Controller(args) => controller(&args).await,
         Command::Proxy(args) => proxy(&args).await,
         Command::Up(args) => up(&args).await,
+        Command::Service(ServiceCommand::Install(args)) => service_install(&args),
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
         Command::Crds => {
@@ -1154,14 +1275,7 @@ fn notebook_domain(args: &UpArgs) -> anyhow::Result<Option<String>> {
         return Ok(None);
     }
     let domain = args.notebook_domain.trim_matches('.').to_ascii_lowercase();
-    let is_host_name = !domain.is_empty()
-        && domain.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        });
+    let is_host_name = domain.split('.').all(labforge_crds::host::is_dns_label);
     if !is_host_name {
         anyhow::bail!(
             "--notebook-domain {:?} is not a host name (e.g. localhost, lab.example.com)",
@@ -1176,6 +1290,40 @@ fn notebook_domain(args: &UpArgs) -> anyhow::Result<Option<String>> {
         );
     }
     Ok(Some(domain))
+}
+
+fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
+    let binary = std::env::current_exe()
+        .and_then(|exe| exe.canonicalize())
+        .context("finding this program's own path")?;
+    let up_args = args.up.service_args()?;
+    if !up_args.iter().any(|arg| arg == "--agent") {
+        tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");
+    }
+    let unit = crate::service::unit_file(&binary, &up_args);
+    let path = args.unit_dir.join(format!("{}.service", args.name));
+    let temporary = args.unit_dir.join(format!(".{}.service.tmp", args.name));
+    std::fs::write(&temporary, unit)
+        .and_then(|()| std::fs::rename(&temporary, &path))
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("Wrote {}: it runs {} up.", path.display(), binary.display());
+    // The first admin is made here, on the installer's terminal: made by the service, the
+    // password would be printed into the system journal.
+    std::fs::create_dir_all(&args.up.data_dir)
+        .with_context(|| format!("creating {}", args.up.data_dir.display()))?;
+    let users = labforge_web::users::Users::open(&args.up.data_dir)?;
+    if let Some((name, password)) = users.ensure_admin()? {
+        println!("Sign in as {name} with password {password}  (shown only now)");
+    }
+    println!(
+        "Start it now and at every boot:  systemctl daemon-reload && systemctl enable --now {}",
+        args.name
+    );
+    println!(
+        "Its URL and certificate fingerprint:  journalctl -u {}",
+        args.name
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
@@ -1199,6 +1347,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         cache: None,
         culling,
         notebook_domain: notebook_domain(args)?,
+        tls: args.tls(),
         cdi_dirs: labforge_web::gpus::CDI_DIRS
             .iter()
             .map(Into::into)
@@ -1215,6 +1364,18 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             "  Sign in with your user; a forgotten password: labforge user reset <name> --data-dir {}",
             args.data_dir.display()
         ),
+    }
+    if let Some(certificate) = &running.self_signed {
+        println!(
+            "  TLS: self-signed certificate {} ({}); SHA-256 fingerprint:\n    {}",
+            certificate.files.cert.display(),
+            if certificate.made {
+                "made now"
+            } else {
+                "kept from before"
+            },
+            certificate.fingerprint
+        );
     }
     println!(
         "  Registry: http://{}   Data: {}",
@@ -1235,6 +1396,76 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
     use labforge_proxy::authz::Answer;
+
+    #[test]
+    fn a_service_runs_up_with_the_arguments_it_was_installed_with() {
+        let install = |args: &[&str]| {
+            let argv = [&["labforge", "service", "install"][..], args].concat();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Service(ServiceCommand::Install(install)) => install,
+                other => panic!("{other:?}"),
+            }
+        };
+        let up = |args: &[String]| {
+            let argv = ["labforge".to_owned(), "up".to_owned()]
+                .into_iter()
+                .chain(args.iter().cloned());
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Up(up) => up,
+                other => panic!("{other:?}"),
+            }
+        };
+        let every = [
+            "--data-dir",
+            "/srv/lab",
+            "--listen",
+            "0.0.0.0:8443",
+            "--engine",
+            "docker",
+            "--registry",
+            "registry.lab:5000",
+            "--registry-listen",
+            "127.0.0.1:5001",
+            "--registry-program",
+            "/opt/registry",
+            "--insecure-registry",
+            "a:5000",
+            "--insecure-registry",
+            "b:5000",
+            "--agent",
+            "/opt/agent",
+            "--spawner-config",
+            "/etc/spawner.json",
+            "--notebook-domain",
+            "lab.example.com",
+            "--notebook-paths",
+        ];
+        for tls in [
+            &[
+                "--tls-cert",
+                "/etc/lab/cert.pem",
+                "--tls-key",
+                "/etc/lab/key.pem",
+            ][..],
+            &["--tls-self-signed"][..],
+        ] {
+            let installed = install(&[&every[..], tls].concat());
+            let run = up(&installed.up.service_args().unwrap());
+            assert_eq!(format!("{run:?}"), format!("{:?}", installed.up));
+        }
+
+        // A service starts in `/`: relative paths are made absolute.
+        let relative = install(&["--data-dir", "lab-data", "--agent", "bin/agent"]);
+        let args = relative.up.service_args().unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        for (flag, path) in [("--data-dir", "lab-data"), ("--agent", "bin/agent")] {
+            let at = args.iter().position(|a| a == flag).unwrap();
+            assert_eq!(args[at + 1], cwd.join(path).display().to_string());
+        }
+        assert!(
+            Cli::try_parse_from(["labforge", "service", "install", "--name", "lab/../x"]).is_err()
+        );
+    }
 
     #[test]
     fn the_app_path_is_a_plain_absolute_directory_path() {

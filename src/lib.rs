@@ -8,6 +8,7 @@
 //! under load).
 
 pub mod cli;
+pub mod service;
 
 use std::future::Future;
 use std::process::ExitCode;

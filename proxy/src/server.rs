@@ -262,14 +262,28 @@ pub async fn serve(
             });
             // One connection type for both, so that one serving path drives them.
             let io = match tls {
-                Some(acceptor) => match acceptor.accept(stream).await {
-                    Ok(stream) => Either::Left(stream),
-                    Err(err) => {
-                        tracing::debug!(%peer, error = %err, "TLS handshake");
-                        connections.dec();
-                        return;
+                Some(acceptor) => {
+                    match opening(&stream, request_head_timeout).await {
+                        Opening::TlsHandshake => {}
+                        Opening::PlainText => {
+                            redirect_to_https(stream, request_head_timeout).await;
+                            connections.dec();
+                            return;
+                        }
+                        Opening::Nothing => {
+                            connections.dec();
+                            return;
+                        }
                     }
-                },
+                    match acceptor.accept(stream).await {
+                        Ok(stream) => Either::Left(stream),
+                        Err(err) => {
+                            tracing::debug!(%peer, error = %err, "TLS handshake");
+                            connections.dec();
+                            return;
+                        }
+                    }
+                }
                 None => Either::Right(stream),
             };
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
@@ -289,6 +303,83 @@ pub async fn serve(
             drop(open);
         });
     }
+}
+
+/// How a connection to a TLS listener begins.
+enum Opening {
+    /// A TLS record of type handshake (a ClientHello).
+    TlsHandshake,
+    /// Anything else: a plain HTTP request, most likely.
+    PlainText,
+    /// Nothing within the request head timeout, or the connection closed.
+    Nothing,
+}
+
+/// The first byte of every TLS connection: a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+async fn opening(stream: &tokio::net::TcpStream, timeout: Duration) -> Opening {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1..)) if first[0] == TLS_HANDSHAKE_RECORD => Opening::TlsHandshake,
+        Ok(Ok(1..)) => Opening::PlainText,
+        _ => Opening::Nothing,
+    }
+}
+
+/// Answers plain HTTP sent to a TLS listener (someone typed `http://`) with the same URL over
+/// HTTPS, one request and done.
+async fn redirect_to_https(stream: tokio::net::TcpStream, timeout: Duration) {
+    let service = service_fn(|request: hyper::Request<Incoming>| async move {
+        Ok::<_, Infallible>(https_redirect(&request))
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(timeout, connection).await;
+}
+
+/// The answer to `request`, sent in plain HTTP to a TLS listener: a temporary redirect to the
+/// same host and path over HTTPS. Temporary, because browsers keep permanent redirects long
+/// after the address stopped serving TLS.
+pub fn https_redirect<B>(
+    request: &hyper::Request<B>,
+) -> hyper::Response<http_body_util::Full<Bytes>> {
+    use hyper::header;
+    let authority = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .filter(|host| !host.contains('@'))
+        .and_then(|host| host.parse::<hyper::http::uri::Authority>().ok())
+        .filter(|authority| !authority.host().is_empty());
+    let response = hyper::Response::builder()
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .header(header::CONNECTION, "close");
+    let answer = match authority {
+        Some(authority) => {
+            let path = request
+                .uri()
+                .path_and_query()
+                .map_or("/", |path| path.as_str());
+            let location = format!("https://{authority}{path}");
+            response
+                .status(hyper::StatusCode::TEMPORARY_REDIRECT)
+                .header(header::LOCATION, &location)
+                .body(format!("This address serves HTTPS: {location}\n"))
+        }
+        None => response
+            .status(hyper::StatusCode::BAD_REQUEST)
+            .body("This address serves HTTPS; plain HTTP came without a valid Host.\n".to_owned()),
+    };
+    answer
+        .map(|response| response.map(|body| http_body_util::Full::new(Bytes::from(body))))
+        .unwrap_or_else(|_| {
+            let mut failed = hyper::Response::new(http_body_util::Full::default());
+            *failed.status_mut() = hyper::StatusCode::BAD_REQUEST;
+            failed
+        })
 }
 
 /// What a connection's requests have done, for [`serve_unless_stalled`]: written and read on
@@ -392,4 +483,46 @@ async fn serve_unless_stalled<C: Future>(
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(host: Option<&str>, target: &str) -> hyper::Request<()> {
+        let mut request = hyper::Request::get(target);
+        if let Some(host) = host {
+            request = request.header(hyper::header::HOST, host);
+        }
+        request.body(()).unwrap()
+    }
+
+    #[test]
+    fn plain_http_to_a_tls_listener_is_sent_to_the_same_url_over_https() {
+        let response = https_redirect(&plain(
+            Some("lab--alice.localhost:8443"),
+            "/notebook/alice/lab/tree?x=1",
+        ));
+        assert_eq!(response.status(), 307);
+        assert_eq!(
+            response.headers()["location"],
+            "https://lab--alice.localhost:8443/notebook/alice/lab/tree?x=1"
+        );
+        let root = https_redirect(&plain(Some("lab.example.com"), "/"));
+        assert_eq!(root.headers()["location"], "https://lab.example.com/");
+    }
+
+    #[test]
+    fn a_plain_request_without_a_usable_host_is_refused_not_redirected() {
+        for host in [
+            None,
+            Some(""),
+            Some("evil.example@lab.example.com"),
+            Some("a b"),
+        ] {
+            let response = https_redirect(&plain(host, "/"));
+            assert_eq!(response.status(), 400, "{host:?}");
+            assert!(response.headers().get("location").is_none());
+        }
+    }
 }

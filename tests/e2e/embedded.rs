@@ -15,14 +15,18 @@ pub struct Session {
     pub http: reqwest::Client,
     pub base: String,
     pub cookie: String,
+    /// The certificate `labforge up` serves, when it serves HTTPS (PEM).
+    pub certificate: Option<Vec<u8>>,
 }
 
 impl Session {
     pub async fn sign_in(up: &LabforgeUp, user: &str, password: &str) -> Self {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
+        let certificate = up.certificate();
+        let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+        if let Some(pem) = &certificate {
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap());
+        }
+        let http = http.build().unwrap();
         let response = http
             .post(format!("{}/api/login", up.url))
             .json(&json!({"username": user, "password": password}))
@@ -38,10 +42,16 @@ impl Session {
             set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
             "{set_cookie}"
         );
+        assert_eq!(
+            set_cookie.contains("; Secure"),
+            certificate.is_some(),
+            "secure cookies exactly when TLS is on: {set_cookie}"
+        );
         Self {
             http,
             base: up.url.clone(),
             cookie: set_cookie.split(';').next().unwrap().to_owned(),
+            certificate,
         }
     }
 
@@ -121,6 +131,13 @@ impl Session {
         self.base.rsplit(':').next().unwrap().parse().unwrap()
     }
 
+    /// `labforge up`'s address as a URL, for requests that name the host they are for in `Host`
+    /// (the resolver here does not know `*.localhost`, browsers do).
+    fn at_address(&self) -> String {
+        let scheme = self.base.split("://").next().unwrap();
+        format!("{scheme}://127.0.0.1:{}", self.port())
+    }
+
     /// Notebook `ns/name`'s own host, as `labforge up` serves it.
     pub fn notebook_host(&self, ns: &str, name: &str) -> String {
         format!(
@@ -135,7 +152,7 @@ impl Session {
     /// back with a one-time code, which the host trades for its own cookie.
     pub async fn open_notebook(&self, ns: &str, name: &str) -> Result<NotebookVisit, String> {
         let host = self.notebook_host(ns, name);
-        let at_host = format!("http://127.0.0.1:{}", self.port());
+        let at_host = self.at_address();
         let path = format!("/notebook/{ns}/{name}/lab?reset");
         let old = self
             .http
@@ -156,6 +173,18 @@ impl Session {
             .unwrap();
         expect_redirect("the code", &redeemed)?;
         assert_eq!(location(&redeemed), path, "back where the visit was going");
+        let grant = redeemed
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|c| c.starts_with("labforge_notebook="))
+            .unwrap_or_default();
+        assert_eq!(
+            grant.contains("; Secure"),
+            self.certificate.is_some(),
+            "the notebook's cookie is secure exactly when TLS is on: {grant}"
+        );
         Ok(NotebookVisit {
             host,
             base: format!("{at_host}/notebook/{ns}/{name}"),
@@ -176,7 +205,7 @@ impl Session {
         let host = self.notebook_host(ns, name);
         let visit = self
             .http
-            .get(format!("http://127.0.0.1:{}{path}", self.port()))
+            .get(format!("{}{path}", self.at_address()))
             .header("host", &host)
             .send()
             .await
@@ -206,7 +235,10 @@ impl Session {
     /// A Jupyter client on notebook `ns/name`'s own host, signed in to it.
     pub async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
         let visit = self.open_notebook(ns, name).await.unwrap();
-        need(JupyterClient::connect_with_headers(&visit.base, visit.headers()).await)
+        need(
+            JupyterClient::connect_with(&visit.base, visit.headers(), self.certificate.as_deref())
+                .await,
+        )
     }
 }
 
@@ -239,7 +271,7 @@ fn expect_redirect(step: &str, response: &reqwest::Response) -> Result<(), Strin
 pub struct NotebookVisit {
     /// `Host` of the notebook's own host, port included.
     pub host: String,
-    /// `http://127.0.0.1:PORT/notebook/<ns>/<name>`: sent with [`Self::host`] as Host (the
+    /// `http(s)://127.0.0.1:PORT/notebook/<ns>/<name>`: sent with [`Self::host`] as Host (the
     /// resolver here does not know `*.localhost`, browsers do).
     pub base: String,
     /// `labforge_notebook=…`

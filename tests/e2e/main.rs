@@ -24,6 +24,7 @@ mod notebook_image;
 mod proxy;
 mod s3_cache;
 mod save;
+mod team_server;
 mod ui;
 mod vscode;
 mod web_cluster;

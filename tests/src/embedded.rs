@@ -13,7 +13,7 @@ pub struct LabforgeUp {
     binary: PathBuf,
     args: Vec<String>,
     pub data_dir: PathBuf,
-    /// The URL it printed, `http://localhost:PORT` (no trailing slash).
+    /// The URL it printed, `http(s)://localhost:PORT` (no trailing slash).
     pub url: String,
     pub registry: String,
     /// The first admin's password, when this start created it.
@@ -135,6 +135,14 @@ impl LabforgeUp {
             admin_password: word_after("with password"),
             stdout,
         })
+    }
+
+    /// The certificate it serves (PEM), when it serves HTTPS with one it made itself.
+    pub fn certificate(&self) -> Option<Vec<u8>> {
+        if !self.url.starts_with("https://") {
+            return None;
+        }
+        std::fs::read(self.data_dir.join("tls").join("cert.pem")).ok()
     }
 
     /// Its process id.

@@ -11,6 +11,8 @@ pub struct JupyterClient {
     /// Cookies given by the caller (a proxy's session), sent along with `_xsrf`.
     cookies: Option<String>,
     headers: reqwest::header::HeaderMap,
+    /// For an `https` base: the one certificate trusted (PEM).
+    certificate: Option<Vec<u8>>,
 }
 
 impl JupyterClient {
@@ -24,18 +26,32 @@ impl JupyterClient {
         base: &str,
         headers: reqwest::header::HeaderMap,
     ) -> Result<Self, SupportError> {
+        Self::connect_with(base, headers, None).await
+    }
+
+    /// Like [`Self::connect_with_headers`]; an `https` base is trusted with `certificate` (PEM),
+    /// websockets included.
+    pub async fn connect_with(
+        base: &str,
+        headers: reqwest::header::HeaderMap,
+        certificate: Option<&[u8]>,
+    ) -> Result<Self, SupportError> {
         crate::init_crypto();
         let mut headers = headers;
         let cookies = headers
             .remove(reqwest::header::COOKIE)
             .and_then(|v| v.to_str().ok().map(str::to_owned));
-        let http = reqwest::Client::builder()
-            .default_headers(headers.clone())
-            .build()
-            .map_err(|e| SupportError::Command {
-                command: format!("building a client for {base}"),
-                detail: e.to_string(),
-            })?;
+        let client_error = |detail: String| SupportError::Command {
+            command: format!("building a client for {base}"),
+            detail,
+        };
+        let mut http = reqwest::Client::builder().default_headers(headers.clone());
+        if let Some(pem) = certificate {
+            http = http.add_root_certificate(
+                reqwest::Certificate::from_pem(pem).map_err(|e| client_error(e.to_string()))?,
+            );
+        }
+        let http = http.build().map_err(|e| client_error(e.to_string()))?;
         let failed = |detail: String| SupportError::Command {
             command: format!("GET {base}/lab"),
             detail,
@@ -60,6 +76,7 @@ impl JupyterClient {
             xsrf,
             cookies,
             headers,
+            certificate: certificate.map(<[u8]>::to_vec),
         })
     }
 
@@ -107,7 +124,8 @@ impl JupyterClient {
         request.headers_mut().insert("cookie", cookie);
         let xsrf = self.xsrf.parse().map_err(|_| failed("xsrf".into()))?;
         request.headers_mut().insert("x-xsrftoken", xsrf);
-        let (mut socket, _) = tokio_tungstenite::connect_async(request)
+        let mut socket = self
+            .websocket(request)
             .await
             .map_err(|e| failed(e.to_string()))?;
         let msg_id = format!("labforge-{}", jiff::Timestamp::now().as_nanosecond());
@@ -152,6 +170,48 @@ impl JupyterClient {
         Err(failed(format!(
             "closed before the code finished; printed: {printed}"
         )))
+    }
+
+    /// Opens a websocket: over TLS trusting only [`Self::certificate`] for a `wss` URL.
+    async fn websocket(
+        &self,
+        request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    ) -> Result<
+        tokio_tungstenite::WebSocketStream<
+            tokio_util::either::Either<
+                tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+                tokio::net::TcpStream,
+            >,
+        >,
+        Box<dyn std::error::Error + Send + Sync>,
+    > {
+        use rustls::pki_types::pem::PemObject;
+        use tokio_util::either::Either;
+        let uri = request.uri().clone();
+        let host = uri.host().ok_or("no host in the URL")?.to_owned();
+        let secure = uri.scheme_str() == Some("wss");
+        let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+        let stream = if secure {
+            let mut roots = rustls::RootCertStore::empty();
+            for certificate in rustls::pki_types::CertificateDer::pem_slice_iter(
+                self.certificate
+                    .as_deref()
+                    .ok_or("wss without a certificate to trust")?,
+            ) {
+                roots.add(certificate?)?;
+            }
+            let config = rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from(host)?;
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            Either::Left(connector.connect(name, tcp).await?)
+        } else {
+            Either::Right(tcp)
+        };
+        let (socket, _) = tokio_tungstenite::client_async(request, stream).await?;
+        Ok(socket)
     }
 
     /// POSTs JSON to an API path (`/api/kernels`, ...) and returns the JSON answer.

@@ -70,6 +70,19 @@ pub enum UpError {
     Web(#[source] std::io::Error),
     #[error("starting the proxy: {0}")]
     Proxy(#[from] labforge_proxy::ProxyStartError),
+    #[error("the self-signed certificate: {0}")]
+    SelfSigned(#[from] crate::self_signed::SelfSignedError),
+    #[error("the TLS certificate: {0}")]
+    Tls(#[from] labforge_proxy::server::TlsError),
+}
+
+/// Where `labforge up` gets its TLS certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsSource {
+    /// A certificate chain and key the admin provides.
+    Files(labforge_proxy::server::TlsFiles),
+    /// One made and kept in the data dir ([`crate::self_signed`]).
+    SelfSigned,
 }
 
 /// How to run the embedded mode.
@@ -96,6 +109,9 @@ pub struct UpOptions {
     /// The web app's host, each notebook on its own below it ([`NotebookHosts`]); `None`:
     /// notebooks on the web app's host, under their paths.
     pub notebook_domain: Option<String>,
+    /// HTTPS on the listen address (plain HTTP there is redirected to it), and cookies marked
+    /// `Secure`; `None`: plain HTTP.
+    pub tls: Option<TlsSource>,
 }
 
 /// A running embedded mode; everything stops when it is dropped.
@@ -105,6 +121,8 @@ pub struct Running {
     pub registry: String,
     /// The first admin's name and password, when this start created them.
     pub created_admin: Option<(String, String)>,
+    /// The self-signed certificate in use, when there is one.
+    pub self_signed: Option<crate::self_signed::SelfSigned>,
     pub store: Arc<Store>,
     pub runtime: Arc<Runtime>,
     pub proxy: RunningProxy,
@@ -262,6 +280,23 @@ fn instance_id(dir: &Path) -> Result<String, UpError> {
     Ok(id)
 }
 
+/// The names a self-signed certificate covers: the web app's host and every notebook's host
+/// below it, `localhost`, and the listen address when it is one address.
+fn certificate_names(notebook_domain: Option<&str>, listen: SocketAddr) -> Vec<String> {
+    let mut names = Vec::new();
+    if let Some(domain) = notebook_domain {
+        names.push(domain.to_owned());
+        names.push(format!("*.{domain}"));
+    }
+    if notebook_domain != Some("localhost") {
+        names.push("localhost".to_owned());
+    }
+    if !listen.ip().is_unspecified() {
+        names.push(listen.ip().to_string());
+    }
+    names
+}
+
 /// The default catalog: the JupyterLab (and, when pushed, code-server) images of the registry.
 pub fn default_spawner(registry: &str) -> SpawnerConfig {
     SpawnerConfig {
@@ -296,6 +331,23 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     }
     let dir = data_dir(&options.data_dir)?;
     let lock = InstanceLock::acquire(&dir)?;
+    let self_signed = match options.tls {
+        Some(TlsSource::SelfSigned) => Some(crate::self_signed::ensure(
+            &dir.join("tls"),
+            &certificate_names(options.notebook_domain.as_deref(), options.listen),
+            jiff::Timestamp::now(),
+        )?),
+        _ => None,
+    };
+    let tls = match (&options.tls, &self_signed) {
+        (Some(TlsSource::Files(files)), _) => Some(files.clone()),
+        (_, Some(made)) => Some(made.files.clone()),
+        _ => None,
+    };
+    // Read now, so that a wrong path stops the start before anything else is set up.
+    if let Some(files) = &tls {
+        labforge_proxy::server::tls_acceptor(files)?;
+    }
     let users = Users::open(&dir)?;
     let auth = Arc::new(LocalAuth {
         users,
@@ -396,7 +448,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             gateway: GatewayFilter(Some(builder_config.gateway.clone())),
             identity: auth.clone(),
             access: auth.clone(),
-            tls: None,
+            tls: tls.clone(),
             upstream_addresses: Default::default(),
             threads: 0,
             upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
@@ -466,7 +518,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         config: Arc::new(spawner),
         workloads: crate::api::Workloads::Engine(engine),
         activity: proxy.activity.clone(),
-        secure_cookies: false,
+        secure_cookies: tls.is_some(),
         notebook_links: options.notebook_domain.as_ref().map(|domain| {
             crate::notebook_sign_in::NotebookLinks {
                 domain: domain.clone(),
@@ -494,9 +546,10 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             options.culling.clone(),
         )));
     }
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let url = match &options.notebook_domain {
-        Some(domain) => format!("http://{domain}:{}/", proxy.addr.port()),
-        None => format!("http://{}/", proxy.addr),
+        Some(domain) => format!("{scheme}://{domain}:{}/", proxy.addr.port()),
+        None => format!("{scheme}://{}/", proxy.addr),
     };
     if let Err(err) = lock.record(&url) {
         tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot write the instance's URL into the data dir's lock file");
@@ -505,6 +558,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         url,
         registry,
         created_admin,
+        self_signed,
         store,
         runtime,
         proxy,

@@ -19,6 +19,7 @@ pub mod notebook_secret;
 pub mod notebook_sign_in;
 pub mod runtime;
 pub mod saves;
+pub mod self_signed;
 pub mod sign_in;
 pub mod store;
 pub mod ui;

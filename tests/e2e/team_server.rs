@@ -1,0 +1,183 @@
+//! `labforge up` as a team's server: HTTPS on its one port, with the notebooks' own hosts, their
+//! kernels' websockets and saves going through it.
+
+use crate::embedded::{CHECK, PIP_INSTALL, Session, up_with_jupyterlab};
+use crate::need;
+use labforge_tests::embedded::RemoveNotebooksOnDrop;
+use serde_json::json;
+use std::process::Command;
+use std::time::Duration;
+
+/// Under `--tls-self-signed`: plain HTTP to the port is sent to HTTPS; sign-in, the notebook's
+/// own host (its cookie), a kernel over `wss://`, a save and a start on the saved image all work
+/// over TLS, with `Secure` cookies; the certificate is kept across restarts and its fingerprint
+/// printed. A certificate path that does not exist stops the start, naming it.
+#[tokio::test]
+async fn a_team_server_under_tls_serves_everything_over_https() {
+    crate::init_crypto();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
+    let dir = tempfile::tempdir().unwrap();
+
+    let refused = Command::new(binary)
+        .args(["up", "--data-dir"])
+        .arg(dir.path().join("refused"))
+        .args(["--listen", "127.0.0.1:0", "--engine", "sh"])
+        .args(["--tls-cert", "/nonexistent/cert.pem"])
+        .args(["--tls-key", "/nonexistent/key.pem"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("/nonexistent/cert.pem"), "{stderr}");
+    assert!(
+        !dir.path().join("refused").join("users.json").exists(),
+        "nothing set up"
+    );
+
+    let alice = format!("tls-alice-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
+    let data = dir.path().join("data");
+    let mut up = up_with_jupyterlab(&data, &["--tls-self-signed"]).await;
+    assert!(up.url.starts_with("https://localhost:"), "{}", up.url);
+    let fingerprint =
+        labforge_web::self_signed::fingerprint_of(&data.join("tls").join("cert.pem")).unwrap();
+    let printed = up.stdout();
+    assert!(
+        printed.contains(&fingerprint) && printed.contains("made now"),
+        "{printed}"
+    );
+
+    // Plain HTTP on the same port: the same URL over HTTPS, on the app's host and a notebook's.
+    let port = up.url.rsplit(':').next().unwrap().to_owned();
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for host in [
+        format!("localhost:{port}"),
+        format!("lab--{alice}.localhost:{port}"),
+    ] {
+        let response = plain
+            .get(format!("http://127.0.0.1:{port}/notebooks?x=1"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 307, "{host}");
+        assert_eq!(
+            response.headers()["location"],
+            format!("https://{host}/notebooks?x=1").as_str()
+        );
+    }
+
+    // Sign-in (Session checks the cookie is Secure), create, and a kernel on the notebook's own
+    // host over wss:// (open_notebook checks its cookie is Secure).
+    let password = need(up.add_user(&alice));
+    let a = Session::sign_in(&up, &alice, &password).await;
+    let notebooks = format!("/api/namespaces/{alice}/notebooks");
+    let (code, created) = a.post(&notebooks, json!({"name": "lab"})).await;
+    assert_eq!(code, 201, "{created}");
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
+        .await;
+    let jupyter = a.jupyter(&alice, "lab").await;
+    let installed = need(jupyter.run_code(PIP_INSTALL).await);
+    assert!(installed.starts_with("pip exit 0"), "{installed}");
+
+    // Save, and follow the save's progress over HTTPS.
+    let (code, save) = a
+        .post(&format!("{notebooks}/lab/saves"), json!({"tag": "tls"}))
+        .await;
+    assert_eq!(code, 202, "{save}");
+    let (events, progress) = a.save_progress(&alice, save["id"].as_str().unwrap()).await;
+    let last = progress.last().unwrap();
+    assert_eq!(last["phase"], "done", "{events}");
+    let (_, images) = a.get(&format!("/api/namespaces/{alice}/images")).await;
+    let saved = images["images"][0]["image"].as_str().unwrap().to_owned();
+
+    // A restart keeps the certificate, so browsers that trusted it keep trusting it.
+    up = need(up.restart().await);
+    let printed = up.stdout();
+    assert!(
+        printed.contains(&fingerprint) && printed.contains("kept from before"),
+        "{printed}"
+    );
+
+    // Start again on the saved image: the package came with it.
+    let a = Session::sign_in(&up, &alice, &password).await;
+    let (code, stopped) = a
+        .patch(&format!("{notebooks}/lab"), json!({"stopped": true}))
+        .await;
+    assert_eq!(code, 200, "{stopped}");
+    a.wait_state(&alice, "lab", "stopped", Duration::from_secs(60))
+        .await;
+    let (code, moved) = a
+        .patch(
+            &format!("{notebooks}/lab"),
+            json!({"stopped": false, "image": saved}),
+        )
+        .await;
+    assert_eq!(code, 200, "{moved}");
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
+        .await;
+    let checked = need(a.jupyter(&alice, "lab").await.run_code(CHECK).await);
+    assert!(checked.contains("answer 42"), "{checked}");
+}
+
+/// `labforge service install` writes a unit `systemd-analyze verify` accepts without a warning,
+/// running this binary's `up` with the arguments given, and makes the first admin on the
+/// installer's terminal, so that no password reaches the system journal.
+#[test]
+fn the_service_unit_runs_up_and_systemd_accepts_it() {
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let install = || {
+        Command::new(binary)
+            .args(["service", "install", "--unit-dir"])
+            .arg(dir.path())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen", "0.0.0.0:8443", "--tls-self-signed"])
+            .args(["--notebook-domain", "lab.example.com", "--agent"])
+            .arg(dir.path().join("labforge-agent"))
+            .output()
+            .unwrap()
+    };
+    let first = install();
+    let printed = String::from_utf8_lossy(&first.stdout);
+    assert!(
+        first.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        printed.contains("Sign in as admin with password"),
+        "{printed}"
+    );
+    let again = install();
+    assert!(again.status.success());
+    assert!(
+        !String::from_utf8_lossy(&again.stdout).contains("password"),
+        "the admin is made once"
+    );
+
+    let unit_path = dir.path().join("labforge.service");
+    let unit = std::fs::read_to_string(&unit_path).unwrap();
+    let exec = format!(
+        "ExecStart={} up --data-dir {} --listen 0.0.0.0:8443",
+        binary.canonicalize().unwrap().display(),
+        data.display()
+    );
+    assert!(unit.contains(&exec), "{unit}");
+    assert!(unit.contains(" --tls-self-signed\n"), "{unit}");
+    let verify = Command::new(need(labforge_tests::tools::locate("systemd-analyze")))
+        .args(["verify", "--man=no"])
+        .arg(&unit_path)
+        .output()
+        .unwrap();
+    let complaints = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        verify.status.success() && complaints.trim().is_empty(),
+        "{complaints}\n{unit}"
+    );
+}
