@@ -99,6 +99,21 @@ pub enum Command {
     /// Run `labforge up` as this machine's service.
     #[command(subcommand)]
     Service(ServiceCommand),
+    /// Write a backup of the embedded mode's data dir to FILE (tar + zstd), whether labforge
+    /// runs or not: users, notebooks, events, saved-image records, keys. Images stay in their
+    /// registry.
+    Backup {
+        file: PathBuf,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+    },
+    /// Restore a backup into a data dir that holds no labforge data yet; the next `labforge up`
+    /// adopts the notebooks still running.
+    Restore {
+        file: PathBuf,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -908,6 +923,27 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Proxy(args) => proxy(&args).await,
         Command::Up(args) => up(&args).await,
         Command::Service(ServiceCommand::Install(args)) => service_install(&args),
+        Command::Backup { file, data_dir } => {
+            let summary = labforge_web::data_dir::backup(&data_dir, &file)?;
+            println!(
+                "Backed up {} ({} files, {} bytes) to {}",
+                data_dir.display(),
+                summary.files,
+                summary.bytes,
+                file.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Restore { file, data_dir } => {
+            let summary = labforge_web::data_dir::restore(&file, &data_dir)?;
+            println!(
+                "Restored {} files (data format {}) into {}; start labforge up on it.",
+                summary.files,
+                summary.format,
+                data_dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
         Command::Crds => {

@@ -311,7 +311,7 @@ pub async fn up_with_jupyterlab(data: &std::path::Path, extra: &[&str]) -> Labfo
     up
 }
 
-fn container_id(name: &str) -> String {
+pub fn container_id(name: &str) -> String {
     let out = Command::new("podman")
         .args(["inspect", "--format", "{{.Id}}", name])
         .output()

@@ -181,3 +181,165 @@ fn the_service_unit_runs_up_and_systemd_accepts_it() {
         "{complaints}\n{unit}"
     );
 }
+
+/// The fixture's user and password (`tests/fixtures/data-dir-format-0`: a data dir as labforge
+/// wrote it before data dirs carried a format; one user with a stopped notebook `lab`).
+const FORMAT_0_USER: (&str, &str) = ("ada", "2YyzreXHk0aIpVQzvsWG");
+
+/// An older data dir is migrated at start (its users and notebooks as they were, the format
+/// recorded); a data dir of a newer format is refused with the versions named, and left as it was.
+#[tokio::test]
+async fn an_older_data_dir_is_migrated_and_a_newer_one_is_refused_untouched() {
+    crate::init_crypto();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
+    let agent = need(labforge_tests::agent::agent_binary());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let fixture = labforge_tests::repo_root().join("tests/fixtures/data-dir-format-0");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&fixture)
+        .arg(&data)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+
+    let mut up = need(labforge_tests::embedded::LabforgeUp::start(binary, &data, &agent).await);
+    assert!(up.admin_password.is_none(), "the fixture has its admin");
+    let format: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("format.json")).unwrap()).unwrap();
+    assert_eq!(format["format"], labforge_web::data_dir::FORMAT);
+    let (user, password) = FORMAT_0_USER;
+    let session = Session::sign_in(&up, user, password).await;
+    let (code, listed) = session
+        .get(&format!("/api/namespaces/{user}/notebooks"))
+        .await;
+    assert_eq!(code, 200, "{listed}");
+    assert_eq!(listed["notebooks"][0]["name"], "lab", "{listed}");
+    assert_eq!(listed["notebooks"][0]["state"], "stopped", "{listed}");
+    assert!(up.stop());
+
+    // A newer labforge's data: refused, naming both versions, and nothing in it changed.
+    std::fs::write(
+        data.join("format.json"),
+        r#"{"format": 99, "writtenBy": "99.0.0"}"#,
+    )
+    .unwrap();
+    let before = tree(&data);
+    let refused = Command::new(binary)
+        .args(["up", "--data-dir"])
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("format 99") && stderr.contains("99.0.0") && stderr.contains("up to 1"),
+        "{stderr}"
+    );
+    assert_eq!(tree(&data), before, "the data dir is as it was");
+}
+
+/// Every file under `dir` but the instance lock, with its contents.
+fn tree(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if path.file_name().is_some_and(|n| n != "labforge.lock") {
+            files.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    files.sort();
+    files
+}
+
+/// A backup taken while a notebook runs, the data dir wiped (its registry kept: images stay in
+/// the registry) and the backup restored: users sign in with their passwords, the notebook and
+/// its saved image are listed, and the running notebook is adopted, not restarted. A restore
+/// into a data dir that has data is refused.
+#[tokio::test]
+async fn a_backup_made_while_running_restores_users_notebooks_and_saved_images() {
+    crate::init_crypto();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let alice = format!("backup-alice-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
+    let mut up = up_with_jupyterlab(&data, &[]).await;
+    let password = need(up.add_user(&alice));
+    let a = Session::sign_in(&up, &alice, &password).await;
+    let notebooks = format!("/api/namespaces/{alice}/notebooks");
+    assert_eq!(a.post(&notebooks, json!({"name": "lab"})).await.0, 201);
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
+        .await;
+    let (code, save) = a
+        .post(&format!("{notebooks}/lab/saves"), json!({"tag": "kept"}))
+        .await;
+    assert_eq!(code, 202, "{save}");
+    let (events, progress) = a.save_progress(&alice, save["id"].as_str().unwrap()).await;
+    assert_eq!(progress.last().unwrap()["phase"], "done", "{events}");
+
+    let archive = dir.path().join("lab.tar.zst");
+    let backup = Command::new(binary)
+        .arg("backup")
+        .arg(&archive)
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        backup.status.success(),
+        "{}",
+        String::from_utf8_lossy(&backup.stderr)
+    );
+    let container = labforge_web::runtime::container_name(&alice, "lab");
+    let running = crate::embedded::container_id(&container);
+    assert!(up.stop());
+
+    let old = dir.path().join("data.old");
+    std::fs::rename(&data, &old).unwrap();
+    let restore = |into: &std::path::Path| {
+        Command::new(binary)
+            .arg("restore")
+            .arg(&archive)
+            .arg("--data-dir")
+            .arg(into)
+            .output()
+            .unwrap()
+    };
+    let restored = restore(&data);
+    assert!(
+        restored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restored.stderr)
+    );
+    std::fs::rename(old.join("registry"), data.join("registry")).unwrap();
+    let again = restore(&data);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already holds labforge data"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    let up = need(up.restart().await);
+    assert!(up.admin_password.is_none(), "the admin came back too");
+    let a = Session::sign_in(&up, &alice, &password).await;
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        crate::embedded::container_id(&container),
+        running,
+        "adopted, not restarted"
+    );
+    let (_, images) = a.get(&format!("/api/namespaces/{alice}/images")).await;
+    assert!(
+        images["images"][0]["image"]
+            .as_str()
+            .is_some_and(|image| image.ends_with(&format!("/{alice}/lab:kept"))),
+        "{images}"
+    );
+}

@@ -74,6 +74,8 @@ pub enum UpError {
     SelfSigned(#[from] crate::self_signed::SelfSignedError),
     #[error("the TLS certificate: {0}")]
     Tls(#[from] labforge_proxy::server::TlsError),
+    #[error(transparent)]
+    Format(#[from] crate::data_dir::DataDirError),
 }
 
 /// Where `labforge up` gets its TLS certificate.
@@ -331,6 +333,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     }
     let dir = data_dir(&options.data_dir)?;
     let lock = InstanceLock::acquire(&dir)?;
+    // Before anything reads or writes the data: a newer labforge's data is refused untouched.
+    let found = crate::data_dir::check_format(&dir)?;
     let self_signed = match options.tls {
         Some(TlsSource::SelfSigned) => Some(crate::self_signed::ensure(
             &dir.join("tls"),
@@ -499,10 +503,23 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Some(saves.clone()),
         secrets.clone(),
     ));
-    let namespaces = auth.users.list().into_iter().map(|u| u.namespace);
-    let copied = runtime.migrate_legacy_volumes(&dir, namespaces).await;
-    if copied > 0 {
-        tracing::info!(copied, "workspace volumes moved to their new names");
+    if let crate::data_dir::Found::Older(format) = found {
+        tracing::info!(
+            from = format,
+            to = crate::data_dir::FORMAT,
+            "migrating the data dir"
+        );
+    }
+    // Format 1: workspace volumes under their injective names.
+    if found == crate::data_dir::Found::Older(0) {
+        let namespaces = auth.users.list().into_iter().map(|u| u.namespace);
+        let copied = runtime.migrate_legacy_volumes(&dir, namespaces).await;
+        if copied > 0 {
+            tracing::info!(copied, "workspace volumes moved to their new names");
+        }
+    }
+    if found != crate::data_dir::Found::Current {
+        crate::data_dir::record_format(&dir)?;
     }
     match runtime.adopt().await {
         Ok(0) => {}

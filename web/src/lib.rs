@@ -11,6 +11,7 @@ pub mod api;
 pub mod backend;
 pub mod cluster;
 pub mod config;
+pub mod data_dir;
 pub mod embedded;
 pub mod gpus;
 pub mod image_builds;
