@@ -107,6 +107,18 @@ pub enum Command {
         #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
         data_dir: PathBuf,
     },
+    /// The embedded mode at a glance: whether it runs (pid, URL, registry), users, notebooks by
+    /// state, saved images, disk use of the data dir and of the container engine's storage.
+    Status {
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+        /// The engine to ask when labforge is not running (a running one names its own).
+        #[arg(long, default_value = "podman")]
+        engine: PathBuf,
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Restore a backup into a data dir that holds no labforge data yet; the next `labforge up`
     /// adopts the notebooks still running.
     Restore {
@@ -932,6 +944,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 summary.bytes,
                 file.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status {
+            data_dir,
+            engine,
+            json,
+        } => {
+            let status = labforge_web::status::read(&data_dir, &engine)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{status}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Restore { file, data_dir } => {

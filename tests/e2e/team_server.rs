@@ -256,12 +256,13 @@ fn tree(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
     files
 }
 
-/// A backup taken while a notebook runs, the data dir wiped (its registry kept: images stay in
-/// the registry) and the backup restored: users sign in with their passwords, the notebook and
-/// its saved image are listed, and the running notebook is adopted, not restarted. A restore
+/// `labforge status` shows the running instance, its users, notebooks, saved images and disk
+/// use. A backup taken while a notebook runs, the data dir wiped (its registry kept: images stay
+/// in the registry) and the backup restored: users sign in with their passwords, the notebook
+/// and its saved image are listed, and the running notebook is adopted, not restarted. A restore
 /// into a data dir that has data is refused.
 #[tokio::test]
-async fn a_backup_made_while_running_restores_users_notebooks_and_saved_images() {
+async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it() {
     crate::init_crypto();
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
     let dir = tempfile::tempdir().unwrap();
@@ -282,6 +283,49 @@ async fn a_backup_made_while_running_restores_users_notebooks_and_saved_images()
     let (events, progress) = a.save_progress(&alice, save["id"].as_str().unwrap()).await;
     assert_eq!(progress.last().unwrap()["phase"], "done", "{events}");
 
+    // The admin's view of it on the command line.
+    let status = |json: bool| {
+        let mut command = Command::new(binary);
+        command.arg("status").arg("--data-dir").arg(&data);
+        if json {
+            command.arg("--json");
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    assert_eq!(shown["running"]["url"], format!("{}/", up.url), "{shown}");
+    assert_eq!(
+        shown["running"]["registry"],
+        up.registry.as_str(),
+        "{shown}"
+    );
+    assert_eq!(shown["running"]["pid"], up.pid(), "{shown}");
+    assert_eq!(shown["notebooks"], json!({"ready": 1}), "{shown}");
+    assert_eq!(
+        (shown["users"].as_u64(), shown["admins"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(shown["savedImages"], 1, "{shown}");
+    assert!(shown["savedLayerBytes"].as_u64().unwrap() > 0, "{shown}");
+    assert!(shown["disk"]["registry"].as_u64().unwrap() > 0, "{shown}");
+    assert!(
+        shown["engineStorage"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty()),
+        "{shown}"
+    );
+    let text = status(false);
+    assert!(
+        text.contains("Instance:      running, pid") && text.contains("1 ready"),
+        "{text}"
+    );
+
     let archive = dir.path().join("lab.tar.zst");
     let backup = Command::new(binary)
         .arg("backup")
@@ -298,6 +342,7 @@ async fn a_backup_made_while_running_restores_users_notebooks_and_saved_images()
     let container = labforge_web::runtime::container_name(&alice, "lab");
     let running = crate::embedded::container_id(&container);
     assert!(up.stop());
+    assert!(status(false).contains("Instance:      not running"));
 
     let old = dir.path().join("data.old");
     std::fs::rename(&data, &old).unwrap();

@@ -335,36 +335,11 @@ async fn config(
     Ok(Json(config))
 }
 
-/// The notebook as users see it.
-pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
-    let activity = &api.activity;
-    let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
-    let name = notebook.metadata.name.clone().unwrap_or_default();
-    let container = notebook.container();
-    let resources = container.and_then(|c| c.resources.as_ref());
-    let quantity = |limits: bool, key: &str| {
-        resources
-            .and_then(|r| {
-                if limits {
-                    r.limits.as_ref()
-                } else {
-                    r.requests.as_ref()
-                }
-            })
-            .and_then(|m| m.get(key))
-            .map(|q| q.0.clone())
-            .unwrap_or_default()
-    };
-    let gpus = resources
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|limits| limits.iter().find(|(k, _)| k.contains('/')))
-        .map(|(vendor, count)| GpuView {
-            vendor: vendor.clone(),
-            count: count.0.clone(),
-        });
+/// Where the notebook is, as users see it, and why when that needs saying.
+pub fn state_of(notebook: &Notebook) -> (NotebookState, String) {
     let status = notebook.status.as_ref();
     let waiting = status.and_then(|s| s.container_state.waiting.as_ref());
-    let (state, reason) = if notebook.is_stopped() {
+    if notebook.is_stopped() {
         if status.is_some_and(|s| s.container_state.running.is_some()) {
             (NotebookState::Stopping, String::new())
         } else if notebook.annotation(STOPPED_BY_ANNOTATION) == Some("culler") {
@@ -396,7 +371,37 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
                 .or(not_ready)
                 .unwrap_or_default(),
         )
+    }
+}
+
+/// The notebook as users see it.
+pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
+    let activity = &api.activity;
+    let namespace = notebook.metadata.namespace.clone().unwrap_or_default();
+    let name = notebook.metadata.name.clone().unwrap_or_default();
+    let container = notebook.container();
+    let resources = container.and_then(|c| c.resources.as_ref());
+    let quantity = |limits: bool, key: &str| {
+        resources
+            .and_then(|r| {
+                if limits {
+                    r.limits.as_ref()
+                } else {
+                    r.requests.as_ref()
+                }
+            })
+            .and_then(|m| m.get(key))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
     };
+    let gpus = resources
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|limits| limits.iter().find(|(k, _)| k.contains('/')))
+        .map(|(vendor, count)| GpuView {
+            vendor: vendor.clone(),
+            count: count.0.clone(),
+        });
+    let (state, reason) = state_of(notebook);
     let stored_activity = notebook
         .annotation(LAST_ACTIVITY_ANNOTATION)
         .and_then(|t| t.parse::<jiff::Timestamp>().ok());

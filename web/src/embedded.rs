@@ -206,6 +206,46 @@ impl InstanceLock {
     }
 }
 
+/// What `labforge status` reads about the instance running on a data dir
+/// (`<data dir>/running.json`, believed only while the instance lock is held).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunningRecord {
+    pub pid: u32,
+    pub url: String,
+    /// `host:port` of the registry saves go to.
+    pub registry: String,
+    /// Whether labforge started that registry itself (its blobs are in the data dir).
+    pub local_registry: bool,
+    pub engine: PathBuf,
+    pub started: jiff::Timestamp,
+}
+
+impl RunningRecord {
+    const FILE: &str = "running.json";
+
+    fn write(&self, dir: &Path) -> std::io::Result<()> {
+        let path = dir.join(Self::FILE);
+        let temporary = path.with_extension("json.tmp");
+        std::fs::write(&temporary, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(&temporary, &path)
+    }
+
+    /// The instance running on `dir` now, if one is: the lock is held and it said who it is.
+    pub fn of_running(dir: &Path) -> Option<Self> {
+        let lock = std::fs::File::open(dir.join(InstanceLock::FILE)).ok()?;
+        match lock.try_lock_shared() {
+            // Nobody holds it: nothing runs there (and a record left is from an earlier run).
+            Ok(()) => None,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let bytes = std::fs::read(dir.join(Self::FILE)).ok()?;
+                serde_json::from_slice(&bytes).ok()
+            }
+            Err(std::fs::TryLockError::Error(_)) => None,
+        }
+    }
+}
+
 /// The engine's path: as given when it names a file, else found on PATH.
 fn which_engine(engine: &Path) -> Option<PathBuf> {
     if engine.components().count() > 1 {
@@ -333,6 +373,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     }
     let dir = data_dir(&options.data_dir)?;
     let lock = InstanceLock::acquire(&dir)?;
+    // What an earlier run left; this one writes its own once it serves.
+    let _ = std::fs::remove_file(dir.join(RunningRecord::FILE));
     // Before anything reads or writes the data: a newer labforge's data is refused untouched.
     let found = crate::data_dir::check_format(&dir)?;
     let self_signed = match options.tls {
@@ -570,6 +612,17 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     };
     if let Err(err) = lock.record(&url) {
         tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot write the instance's URL into the data dir's lock file");
+    }
+    let record = RunningRecord {
+        pid: std::process::id(),
+        url: url.clone(),
+        registry: registry.clone(),
+        local_registry: registry_child.is_some(),
+        engine: options.engine.clone(),
+        started: jiff::Timestamp::now(),
+    };
+    if let Err(err) = record.write(&dir) {
+        tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot record the running instance for labforge status");
     }
     Ok(Running {
         url,

@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod saves;
 pub mod self_signed;
 pub mod sign_in;
+pub mod status;
 pub mod store;
 pub mod ui;
 pub mod users;

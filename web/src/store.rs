@@ -389,6 +389,11 @@ impl Store {
         Ok(())
     }
 
+    /// Saved images of every namespace.
+    pub fn all_saved_images(&self) -> Vec<SavedImage> {
+        self.lock().saved.values().flatten().cloned().collect()
+    }
+
     /// Saved images of `namespace`, newest first.
     pub fn saved_images(&self, namespace: &str) -> Vec<SavedImage> {
         let mut images = self
