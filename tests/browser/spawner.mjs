@@ -1,10 +1,12 @@
 // The spawner form's every path: what is shown for each server type and workspace kind, every
-// wrong field at once under its own input, and notebooks created with no workspace and with an
+// wrong field at once under its own input, an image its registry lacks refused under the image
+// box, and notebooks created with no workspace and with an
 // existing one; then the pages around a notebook's URL: a stopped one's (state, Start) and the
 // proxy's 403 for another user. Prints one JSON line with what it saw; exits non-zero when a step
 // fails or a page logs an error.
 //   node spawner.mjs CONFIG.json
-// CONFIG: {url, user: [name, password], other: [name, password], keptVolume, screenshots}
+// CONFIG: {url, user: [name, password], other: [name, password], keptVolume, missingImage,
+//          screenshots}
 import { readFileSync } from 'node:fs';
 import { launch, pageErrors, signIn } from './common.mjs';
 
@@ -66,13 +68,27 @@ try {
   seen.kept = await page.getByLabel('CPU request').inputValue();
   await page.screenshot({ path: `${screenshots}/spawner-errors.png`, fullPage: true });
 
-  // No workspace at all.
+  // An image its registry does not have: told under the image box before anything is made.
   await page.getByRole('button', { name: 'Remove' }).first().click();
   await page.getByRole('button', { name: 'Remove' }).first().click();
   await page.getByLabel('CPU request').fill('0.5');
   await page.getByLabel('Memory request').fill('1Gi');
-  await page.getByLabel('Name', { exact: true }).fill('bare');
   await page.getByLabel('None', { exact: true }).check();
+  await page.getByLabel('Name', { exact: true }).fill('ghost');
+  await page.getByLabel(/Custom image/).fill(config.missingImage);
+  await page.getByRole('button', { name: 'Create notebook' }).click();
+  const imageError = page.locator('[data-error-for="image"]:not(:empty)');
+  await imageError.waitFor();
+  seen.missingImage = {
+    message: await imageError.textContent(),
+    visible: await imageError.isVisible(),
+    focused: await page.evaluate(() => document.activeElement?.id),
+    url: page.url(),
+  };
+  await page.getByLabel(/Custom image/).fill('');
+
+  // No workspace at all.
+  await page.getByLabel('Name', { exact: true }).fill('bare');
   await page.getByRole('button', { name: 'Create notebook' }).click();
   await page.waitForURL(`${url}/`);
 

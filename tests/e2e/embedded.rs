@@ -963,18 +963,36 @@ async fn an_image_that_cannot_be_pulled_and_a_missing_engine_are_told_in_one_lin
     );
     assert_one_readable_line(error);
 
-    // An image its registry does not have: the notebook says which, and what to check.
     let alice = format!("alice-pull-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
     let up = need(LabforgeUp::start(binary, &dir.path().join("data"), &agent).await);
     let password = need(up.add_user(&alice));
     let a = Session::sign_in(&up, &alice, &password).await;
-    let image = format!("{}/e2e/no-such-image:1", up.registry);
+    let notebooks = format!("/api/namespaces/{alice}/notebooks");
+
+    // An image its registry does not have: refused before anything is made, under its field.
+    let missing = format!("{}/e2e/no-such-image:1", up.registry);
     let (status, answer) = a
-        .post(
-            &format!("/api/namespaces/{alice}/notebooks"),
-            json!({"name": "ghost", "image": image}),
-        )
+        .post(&notebooks, json!({"name": "ghost", "image": missing}))
+        .await;
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (422, Some("image")),
+        "{answer}"
+    );
+    let refusal = answer["error"].as_str().unwrap_or_default();
+    assert!(refusal.contains("has no such image"), "{answer}");
+    assert_one_readable_line(refusal);
+    assert_eq!(a.get(&notebooks).await.1["notebooks"], json!([]));
+
+    // An image on a registry nobody answers for is left to the pull, which fails: the notebook
+    // says which image, and what to check.
+    let image = format!(
+        "127.0.0.1:{}/e2e/unreachable:1",
+        need(labforge_tests::tools::free_port())
+    );
+    let (status, answer) = a
+        .post(&notebooks, json!({"name": "ghost", "image": image}))
         .await;
     assert_eq!(status, 201, "{answer}");
     let body = a

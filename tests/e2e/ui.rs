@@ -344,6 +344,7 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
             "user": [user, password],
             "other": [other, other_password],
             "keptVolume": "kept-workspace",
+            "missingImage": format!("{}/e2e/no-such-image:1", up.registry),
             "screenshots": need(labforge_tests::artifacts_dir()),
         })
         .to_string(),
@@ -420,6 +421,28 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
     assert_eq!(seen["formError"], "", "every error is under its field");
     assert_eq!(seen["kept"], "lots", "what was typed stays");
 
+    let missing_image = &seen["missingImage"];
+    assert_eq!(missing_image["visible"], true, "{seen}");
+    assert_eq!(missing_image["focused"], "customImage", "{seen}");
+    assert!(
+        missing_image["message"]
+            .as_str()
+            .unwrap()
+            .contains("has no such image"),
+        "{seen}"
+    );
+    assert!(
+        missing_image["url"].as_str().unwrap().ends_with("/new"),
+        "still on the form: {seen}"
+    );
+    assert!(
+        !dir.path()
+            .join("data/store/notebooks")
+            .join(&user)
+            .join("ghost.json")
+            .exists(),
+        "nothing made for it"
+    );
     assert_eq!(seen["missingVolume"]["visible"], true, "{seen}");
     assert!(
         seen["missingVolume"]["message"]

@@ -62,6 +62,24 @@ pub struct ApiState {
     pub secure_cookies: bool,
     /// Each notebook on its own host; `None`: on the web app's host, under its path.
     pub notebook_links: Option<crate::notebook_sign_in::NotebookLinks>,
+    /// Checks an image a user names (neither in the catalog nor saved) before a notebook is made
+    /// or moved onto it; `None`: not checked.
+    pub image_check: Option<Arc<dyn crate::image_check::ImageCheck>>,
+}
+
+impl ApiState {
+    /// Why `image`, named by a user of `ns`, cannot be run, when the check can tell; catalog
+    /// images and the namespace's saved ones are trusted.
+    async fn image_refusal(&self, image: &str, saved: &[String]) -> Option<FieldError> {
+        let check = self.image_check.as_ref()?;
+        if self.config.in_catalog(image) || saved.iter().any(|s| s == image) {
+            return None;
+        }
+        check
+            .refusal(image)
+            .await
+            .map(|why| FieldError::new("image", why))
+    }
 }
 
 /// An error answer.
@@ -476,6 +494,13 @@ async fn create_notebook(
         .collect();
     let built = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved);
     let mut errors = built.as_ref().err().cloned().unwrap_or_default();
+    let named = request.image.trim();
+    if !named.is_empty()
+        && !errors.as_slice().iter().any(|e| e.field == "image")
+        && let Some(refused) = state.image_refusal(named, &saved).await
+    {
+        errors.push(refused);
+    }
     // An existing workspace, or a data volume without a size, is one of this namespace's
     // volumes: named, not guessed.
     let existing = match &request.workspace {
@@ -563,13 +588,17 @@ async fn patch_notebook(
     if let Some(image) = &patch.image {
         image_reference("image", image)
             .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
-        let saved = state
+        let saved: Vec<String> = state
             .backend
             .saved_images(&ns)
             .await?
-            .iter()
-            .any(|s| &s.image == image);
-        if !state.config.allow_custom_images && !state.config.in_catalog(image) && !saved {
+            .into_iter()
+            .map(|s| s.image)
+            .collect();
+        if !state.config.allow_custom_images
+            && !state.config.in_catalog(image)
+            && !saved.contains(image)
+        {
             return Err(Failure::field(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 FieldError::new(
@@ -577,6 +606,9 @@ async fn patch_notebook(
                     format!("{image} is neither in the catalog nor saved in {ns}"),
                 ),
             ));
+        }
+        if let Some(refused) = state.image_refusal(image, &saved).await {
+            return Err(Failure::field(StatusCode::UNPROCESSABLE_ENTITY, refused));
         }
     }
     let now = jiff::Timestamp::now().to_string();

@@ -47,6 +47,9 @@ pub async fn router(
             domain,
             sign_in: None,
         }),
+        // The kubelet pulls with the namespace's pull secrets, which the web app does not see:
+        // its pull is the check.
+        image_check: None,
     };
     crate::api::router(state.clone())
         .merge(crate::ui::router(state))

@@ -584,6 +584,13 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
                 sign_in: Some(notebook_sign_in.clone()),
             }
         }),
+        image_check: Some(Arc::new(crate::image_check::RegistryImageCheck {
+            options: RegistryOptions {
+                insecure: insecure.clone(),
+                ..RegistryOptions::default()
+            },
+            engine: Some(options.engine.clone()),
+        })),
     };
     let api = crate::api::router(state.clone())
         .merge(crate::ui::router(state))

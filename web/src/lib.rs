@@ -15,6 +15,7 @@ pub mod data_dir;
 pub mod embedded;
 pub mod gpus;
 pub mod image_builds;
+pub mod image_check;
 pub mod model;
 pub mod notebook_secret;
 pub mod notebook_sign_in;
