@@ -1357,11 +1357,30 @@ fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe()
         .and_then(|exe| exe.canonicalize())
         .context("finding this program's own path")?;
+    // What `up` would refuse is refused now, not by a service failing at every restart.
+    let domain = notebook_domain(&args.up)?;
+    match args.up.tls() {
+        Some(labforge_web::embedded::TlsSource::Files(files)) => {
+            labforge_proxy::server::tls_acceptor(&files)?;
+        }
+        Some(labforge_web::embedded::TlsSource::SelfSigned) => {
+            labforge_web::embedded::certificate_names(domain.as_deref(), args.up.listen)?;
+        }
+        None => {}
+    }
+    labforge_notebook_controller::culler::CullingConfig::from_env(env_var)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let up_args = args.up.service_args()?;
     if !up_args.iter().any(|arg| arg == "--agent") {
         tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");
     }
-    let unit = crate::service::unit_file(&binary, &up_args);
+    // `up` reads culling from the environment: the service gets the installer's.
+    let environment: Vec<(String, String)> =
+        ["ENABLE_CULLING", "CULL_IDLE_TIME", "IDLENESS_CHECK_PERIOD"]
+            .into_iter()
+            .filter_map(|name| env_var(name).map(|value| (name.to_owned(), value)))
+            .collect();
+    let unit = crate::service::unit_file(&binary, &up_args, &environment);
     let path = args.unit_dir.join(format!("{}.service", args.name));
     let temporary = args.unit_dir.join(format!(".{}.service.tmp", args.name));
     std::fs::write(&temporary, unit)
@@ -1372,9 +1391,15 @@ fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
     // password would be printed into the system journal.
     std::fs::create_dir_all(&args.up.data_dir)
         .with_context(|| format!("creating {}", args.up.data_dir.display()))?;
+    let fresh = labforge_web::data_dir::check_format(&args.up.data_dir)?
+        == labforge_web::data_dir::Found::Fresh;
     let users = labforge_web::users::Users::open(&args.up.data_dir)?;
     if let Some((name, password)) = users.ensure_admin()? {
         println!("Sign in as {name} with password {password}  (shown only now)");
+    }
+    if fresh {
+        // A new data dir is this labforge's format: nothing for the first start to migrate.
+        labforge_web::data_dir::record_format(&args.up.data_dir)?;
     }
     println!(
         "Start it now and at every boot:  systemctl daemon-reload && systemctl enable --now {}",

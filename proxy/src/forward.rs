@@ -344,6 +344,7 @@ impl Forwarder {
                             name,
                             &return_to,
                             authority.as_str(),
+                            tls,
                         )));
                     }
                     None => return Err(ProxyError::Unauthenticated),

@@ -111,6 +111,7 @@ impl NotebookHosts {
         name: &str,
         return_to: &str,
         authority: &str,
+        tls: bool,
     ) -> Response<Full<Bytes>> {
         let state = random_hex(16);
         let query = form_urlencoded::Serializer::new(String::new())
@@ -128,6 +129,7 @@ impl NotebookHosts {
             .path(format!("{SIGN_IN_PATH}/{state}"))
             .http_only(true)
             .same_site(SameSite::Lax)
+            .secure(tls)
             .max_age(cookie::time::Duration::seconds(STATE_LIFETIME_SECONDS));
         redirect(&location, [cookie.build()])
     }
@@ -361,6 +363,7 @@ mod tests {
             "lab",
             "/notebook/alice/lab/lab?reset&x=1",
             "lab--alice.localhost:8080",
+            false,
         );
         assert_eq!(response.status(), StatusCode::FOUND);
         let location = response.headers()[header::LOCATION].to_str().unwrap();

@@ -275,10 +275,19 @@ pub async fn serve(
                             return;
                         }
                     }
-                    match acceptor.accept(stream).await {
-                        Ok(stream) => Either::Left(stream),
-                        Err(err) => {
+                    // A handshake begun and never finished holds no connection for longer than
+                    // a request head may take.
+                    let handshake =
+                        tokio::time::timeout(request_head_timeout, acceptor.accept(stream)).await;
+                    match handshake {
+                        Ok(Ok(stream)) => Either::Left(stream),
+                        Ok(Err(err)) => {
                             tracing::debug!(%peer, error = %err, "TLS handshake");
+                            connections.dec();
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake not finished in time");
                             connections.dec();
                             return;
                         }

@@ -26,6 +26,12 @@ impl Session {
         if let Some(pem) = &certificate {
             http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap());
         }
+        // The app's host by its name (`*.localhost` is this machine to browsers, not to the
+        // resolver here).
+        let url = reqwest::Url::parse(&up.url).unwrap();
+        if let (Some(host), Some(port)) = (url.host_str(), url.port()) {
+            http = http.resolve(host, std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        }
         let http = http.build().unwrap();
         let response = http
             .post(format!("{}/api/login", up.url))
@@ -131,6 +137,15 @@ impl Session {
         self.base.rsplit(':').next().unwrap().parse().unwrap()
     }
 
+    /// The web app's host name, every notebook's host below it.
+    fn domain(&self) -> String {
+        reqwest::Url::parse(&self.base)
+            .unwrap()
+            .host_str()
+            .unwrap()
+            .to_owned()
+    }
+
     /// `labforge up`'s address as a URL, for requests that name the host they are for in `Host`
     /// (the resolver here does not know `*.localhost`, browsers do).
     fn at_address(&self) -> String {
@@ -141,8 +156,9 @@ impl Session {
     /// Notebook `ns/name`'s own host, as `labforge up` serves it.
     pub fn notebook_host(&self, ns: &str, name: &str) -> String {
         format!(
-            "{}.localhost:{}",
+            "{}.{}:{}",
             labforge_crds::host::notebook_host_label(ns, name),
+            self.domain(),
             self.port()
         )
     }
@@ -212,9 +228,21 @@ impl Session {
             .unwrap();
         expect_redirect("the notebook's host without a cookie", &visit)?;
         let state = set_cookie(&visit, "labforge_notebook_state").expect("a state cookie");
+        let state_attributes = visit
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|c| c.starts_with("labforge_notebook_state="))
+            .unwrap_or_default();
+        assert_eq!(
+            state_attributes.contains("; Secure"),
+            self.certificate.is_some(),
+            "the state cookie is secure exactly when TLS is on: {state_attributes}"
+        );
         let sign_in = location(&visit);
         let sign_in_path = sign_in
-            .strip_prefix(&format!("//localhost:{}", self.port()))
+            .strip_prefix(&format!("//{}:{}", self.domain(), self.port()))
             .unwrap_or_else(|| panic!("sent to the web app: {sign_in}"));
         let web = self
             .http

@@ -1937,6 +1937,9 @@ async fn failing_and_vanishing_upstreams_leave_no_sockets_or_tasks() {
     .await;
 }
 
+/// A TLS listener serves over rustls; plain HTTP sent to it is redirected to HTTPS, and a
+/// client that begins a handshake (or nothing) and stalls is closed within the request head
+/// timeout.
 #[tokio::test]
 async fn tls_listener_serves_with_rustls() {
     let dir = tempfile::tempdir().unwrap();
@@ -1946,6 +1949,8 @@ async fn tls_listener_serves_with_rustls() {
         service_authority("alice", "lab"),
         up.addr.to_string(),
     )]));
+    let timeout = Duration::from_millis(300);
+    opts.request_head_timeout = timeout;
     opts.tls = Some(labforge_proxy::server::TlsFiles {
         cert: cert.clone(),
         key,
@@ -1974,6 +1979,33 @@ async fn tls_listener_serves_with_rustls() {
     assert_eq!(response.status(), 200);
     let seen: Value = response.json().await.unwrap();
     assert_eq!(seen["x-forwarded-proto"], "https");
+
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let redirected = plain
+        .get(format!("http://{}/notebook/alice/lab/tls?x=1", proxy.addr))
+        .header("host", "lab.example.com:8443")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redirected.status(), 307);
+    assert_eq!(
+        redirected.headers()["location"],
+        "https://lab.example.com:8443/notebook/alice/lab/tls?x=1"
+    );
+
+    for opening in [&[0x16u8][..], &[][..]] {
+        let connected = Instant::now();
+        let mut stalled = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        stalled.write_all(opening).await.unwrap();
+        let open = open_for(&mut stalled, connected).await;
+        assert!(
+            open < 3 * timeout,
+            "a stalled client ({opening:?}) held its connection {open:?}"
+        );
+    }
 }
 
 #[tokio::test]

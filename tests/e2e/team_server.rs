@@ -37,8 +37,37 @@ async fn a_team_server_under_tls_serves_everything_over_https() {
     let alice = format!("tls-alice-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
     let data = dir.path().join("data");
-    let mut up = up_with_jupyterlab(&data, &["--tls-self-signed"]).await;
-    assert!(up.url.starts_with("https://localhost:"), "{}", up.url);
+    // A certificate cannot carry `*.localhost` (a wildcard needs two labels after it): the
+    // default domain is refused with --tls-self-signed, one more label serves.
+    let refused = Command::new(binary)
+        .args(["up", "--data-dir"])
+        .arg(dir.path().join("refused"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "sh",
+            "--tls-self-signed",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("--notebook-domain"), "{stderr}");
+    let mut up = up_with_jupyterlab(
+        &data,
+        &[
+            "--tls-self-signed",
+            "--notebook-domain",
+            "labforge.localhost",
+        ],
+    )
+    .await;
+    assert!(
+        up.url.starts_with("https://labforge.localhost:"),
+        "{}",
+        up.url
+    );
     let fingerprint =
         labforge_web::self_signed::fingerprint_of(&data.join("tls").join("cert.pem")).unwrap();
     let printed = up.stdout();
@@ -54,8 +83,8 @@ async fn a_team_server_under_tls_serves_everything_over_https() {
         .build()
         .unwrap();
     for host in [
-        format!("localhost:{port}"),
-        format!("lab--{alice}.localhost:{port}"),
+        format!("labforge.localhost:{port}"),
+        format!("lab--{alice}.labforge.localhost:{port}"),
     ] {
         let response = plain
             .get(format!("http://127.0.0.1:{port}/notebooks?x=1"))
@@ -69,6 +98,26 @@ async fn a_team_server_under_tls_serves_everything_over_https() {
             format!("https://{host}/notebooks?x=1").as_str()
         );
     }
+
+    // The certificate covers every notebook's host by its name (`*.labforge.localhost`), as
+    // browsers reach them; the app's own host by name is what Session uses below.
+    let notebook_host = format!("lab--{alice}.labforge.localhost");
+    let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let by_name = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&up.certificate().unwrap()).unwrap())
+        .resolve(&notebook_host, address)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let visit = by_name
+        .get(format!(
+            "https://{notebook_host}:{port}/notebook/{alice}/lab/lab"
+        ))
+        .header("sec-fetch-mode", "navigate")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(visit.status(), 302, "sent to sign in, over TLS by name");
 
     // Sign-in (Session checks the cookie is Secure), create, and a kernel on the notebook's own
     // host over wss:// (open_notebook checks its cookie is Secure).

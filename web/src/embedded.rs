@@ -74,6 +74,10 @@ pub enum UpError {
     SelfSigned(#[from] crate::self_signed::SelfSignedError),
     #[error("the TLS certificate: {0}")]
     Tls(#[from] labforge_proxy::server::TlsError),
+    #[error(
+        "--tls-self-signed: a certificate cannot cover every notebook's host below {domain:?} (a wildcard needs two labels after it); pass --notebook-domain with two labels or more, e.g. labforge.localhost or lab.example.com"
+    )]
+    WildcardTooWide { domain: String },
     #[error(transparent)]
     Format(#[from] crate::data_dir::DataDirError),
 }
@@ -129,6 +133,7 @@ pub struct Running {
     pub runtime: Arc<Runtime>,
     pub proxy: RunningProxy,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    data_dir: PathBuf,
     _registry: Option<Child>,
     _lock: InstanceLock,
 }
@@ -138,6 +143,8 @@ impl Drop for Running {
         for task in &self.tasks {
             task.abort();
         }
+        // Stopped cleanly: nothing runs on the data dir any more.
+        let _ = std::fs::remove_file(self.data_dir.join(RunningRecord::FILE));
     }
 }
 
@@ -175,7 +182,18 @@ impl InstanceLock {
             .truncate(false)
             .open(&path)
             .map_err(data_dir_error)?;
-        match file.try_lock() {
+        // `labforge status` holds the lock shared for a moment to see whether it is taken.
+        let mut attempt = 0;
+        let taken = loop {
+            match file.try_lock() {
+                Err(std::fs::TryLockError::WouldBlock) if attempt < 10 => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                taken => break taken,
+            }
+        };
+        match taken {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 let holder = std::fs::read_to_string(&path).unwrap_or_default();
@@ -323,10 +341,19 @@ fn instance_id(dir: &Path) -> Result<String, UpError> {
 }
 
 /// The names a self-signed certificate covers: the web app's host and every notebook's host
-/// below it, `localhost`, and the listen address when it is one address.
-fn certificate_names(notebook_domain: Option<&str>, listen: SocketAddr) -> Vec<String> {
+/// below it, `localhost`, and the listen address when it is one address. Certificate checks
+/// refuse a wildcard with one label after it (`*.localhost`), so the domain needs two.
+pub fn certificate_names(
+    notebook_domain: Option<&str>,
+    listen: SocketAddr,
+) -> Result<Vec<String>, UpError> {
     let mut names = Vec::new();
     if let Some(domain) = notebook_domain {
+        if !domain.contains('.') {
+            return Err(UpError::WildcardTooWide {
+                domain: domain.to_owned(),
+            });
+        }
         names.push(domain.to_owned());
         names.push(format!("*.{domain}"));
     }
@@ -336,7 +363,7 @@ fn certificate_names(notebook_domain: Option<&str>, listen: SocketAddr) -> Vec<S
     if !listen.ip().is_unspecified() {
         names.push(listen.ip().to_string());
     }
-    names
+    Ok(names)
 }
 
 /// The default catalog: the JupyterLab (and, when pushed, code-server) images of the registry.
@@ -373,14 +400,14 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     }
     let dir = data_dir(&options.data_dir)?;
     let lock = InstanceLock::acquire(&dir)?;
-    // What an earlier run left; this one writes its own once it serves.
-    let _ = std::fs::remove_file(dir.join(RunningRecord::FILE));
     // Before anything reads or writes the data: a newer labforge's data is refused untouched.
     let found = crate::data_dir::check_format(&dir)?;
+    // What an earlier run that did not stop cleanly left; this one writes its own once it serves.
+    let _ = std::fs::remove_file(dir.join(RunningRecord::FILE));
     let self_signed = match options.tls {
         Some(TlsSource::SelfSigned) => Some(crate::self_signed::ensure(
             &dir.join("tls"),
-            &certificate_names(options.notebook_domain.as_deref(), options.listen),
+            &certificate_names(options.notebook_domain.as_deref(), options.listen)?,
             jiff::Timestamp::now(),
         )?),
         _ => None,
@@ -552,15 +579,27 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             "migrating the data dir"
         );
     }
-    // Format 1: workspace volumes under their injective names.
+    // Format 1: workspace volumes under their injective names. Until every one is, the format
+    // stays older, and the next start tries again.
+    let mut migrated = true;
     if found == crate::data_dir::Found::Older(0) {
         let namespaces = auth.users.list().into_iter().map(|u| u.namespace);
-        let copied = runtime.migrate_legacy_volumes(&dir, namespaces).await;
-        if copied > 0 {
-            tracing::info!(copied, "workspace volumes moved to their new names");
+        let volumes = runtime.migrate_legacy_volumes(&dir, namespaces).await;
+        if volumes.copied > 0 {
+            tracing::info!(
+                copied = volumes.copied,
+                "workspace volumes moved to their new names"
+            );
+        }
+        if volumes.left > 0 {
+            tracing::warn!(
+                left = volumes.left,
+                "workspace volumes left under their old names; the data dir stays at format 0 and the next start tries again"
+            );
+            migrated = false;
         }
     }
-    if found != crate::data_dir::Found::Current {
+    if found != crate::data_dir::Found::Current && migrated {
         crate::data_dir::record_format(&dir)?;
     }
     match runtime.adopt().await {
@@ -640,6 +679,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         runtime,
         proxy,
         tasks,
+        data_dir: dir.clone(),
         _registry: registry_child,
         _lock: lock,
     })

@@ -395,7 +395,8 @@ pub enum EngineError {
 }
 
 /// The engine's own reason on one line: its last `Error:` line (podman and docker print progress
-/// before it), else its last line, cut short.
+/// before it), else its last line; a long one keeps its end, where podman's chain of causes
+/// names the first (`…: dial tcp 127.0.0.1:5000: connect: connection refused`).
 fn last_error_line(stderr: &str) -> String {
     let mut lines = stderr.lines().map(str::trim).filter(|l| !l.is_empty());
     let line = lines
@@ -407,12 +408,13 @@ fn last_error_line(stderr: &str) -> String {
         })
         .or_else(|| lines.next_back())
         .unwrap_or("no message");
-    let cut: String = line.chars().take(200).collect();
-    if cut.len() < line.len() {
-        format!("{cut}…")
-    } else {
-        cut
+    const KEPT_CHARS: usize = 120;
+    let chars = line.chars().count();
+    if chars <= KEPT_CHARS {
+        return line.to_owned();
     }
+    let tail: String = line.chars().skip(chars - KEPT_CHARS).collect();
+    format!("…{tail}")
 }
 
 /// podman or docker, through its CLI.
@@ -685,6 +687,15 @@ impl Engine {
     }
 }
 
+/// What [`Runtime::migrate_legacy_volumes`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeMigration {
+    /// Volumes copied to their new names.
+    pub copied: usize,
+    /// Volumes left under their legacy names: not copied (failed, or ambiguous).
+    pub left: usize,
+}
+
 /// What the runtime needs.
 pub struct Runtime {
     pub engine: Engine,
@@ -762,9 +773,10 @@ impl Runtime {
         &self,
         scratch: &std::path::Path,
         namespaces: impl IntoIterator<Item = String>,
-    ) -> usize {
+    ) -> VolumeMigration {
+        let mut migration = VolumeMigration::default();
         if self.engine.is_docker() {
-            return 0;
+            return migration;
         }
         let notebooks = self.store.list(None);
         let namespaces: HashSet<String> = notebooks
@@ -772,7 +784,6 @@ impl Runtime {
             .filter_map(|nb| nb.metadata.namespace.clone())
             .chain(namespaces)
             .collect();
-        let mut copied = 0;
         for notebook in &notebooks {
             let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
             let claims = notebook
@@ -796,20 +807,22 @@ impl Runtime {
                     .is_none()
                 {
                     tracing::warn!(volume = %legacy, "not copied: another namespace could have made this name; copy it by hand");
+                    migration.left += 1;
                     continue;
                 }
                 match self.engine.copy_volume(&legacy, &new, scratch).await {
                     Ok(()) => {
                         tracing::info!(from = %legacy, to = %new, "workspace volume copied to its new name; the old one is kept");
-                        copied += 1;
+                        migration.copied += 1;
                     }
                     Err(err) => {
-                        tracing::warn!(error = %err, volume = %legacy, "copying a workspace volume to its new name")
+                        tracing::warn!(error = %err, volume = %legacy, "copying a workspace volume to its new name");
+                        migration.left += 1;
                     }
                 }
             }
         }
-        copied
+        migration
     }
 
     /// Routes to the containers that kept running while labforge was down, before anything is
@@ -1342,5 +1355,26 @@ mod tests {
             "no secret, no headers"
         );
         assert_eq!(vs.spec.http[0].route[0].destination.host, PUBLISH_ADDRESS);
+    }
+}
+
+#[cfg(test)]
+mod error_line_tests {
+    use super::last_error_line;
+
+    #[test]
+    fn the_engines_reason_is_its_error_line_and_a_long_one_keeps_its_cause() {
+        let stderr = "Trying to pull x...\nError: initializing source docker://127.0.0.1:1/e2e/x:1: \
+            pinging container registry 127.0.0.1:1: Get \"https://127.0.0.1:1/v2/\": \
+            dial tcp 127.0.0.1:1: connect: connection refused\n";
+        let line = last_error_line(stderr);
+        assert!(line.starts_with('…'), "{line}");
+        assert!(line.ends_with("connect: connection refused"), "{line}");
+        assert_eq!(line.chars().count(), 121);
+        assert_eq!(
+            last_error_line("Error: manifest unknown\n"),
+            "manifest unknown"
+        );
+        assert_eq!(last_error_line(""), "no message");
     }
 }

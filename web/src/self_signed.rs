@@ -94,15 +94,24 @@ pub fn ensure(
         names: names.to_vec(),
         source,
     };
-    let not_after = now + jiff::SignedDuration::from_hours(VALID_DAYS * 24);
+    let (first_day, last_day) = validity(now);
     let mut params = rcgen::CertificateParams::new(names.to_vec()).map_err(generate)?;
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "labforge (self-signed)");
-    let (year, month, day) = day_of(now - jiff::SignedDuration::from_hours(24));
-    params.not_before = rcgen::date_time_ymd(year, month, day);
-    let (year, month, day) = day_of(not_after);
-    params.not_after = rcgen::date_time_ymd(year, month, day);
+    let ymd = |day: jiff::civil::Date| {
+        rcgen::date_time_ymd(
+            i32::from(day.year()),
+            u8::try_from(day.month()).unwrap_or(1),
+            u8::try_from(day.day()).unwrap_or(1),
+        )
+    };
+    params.not_before = ymd(first_day);
+    params.not_after = ymd(last_day);
+    let not_after = last_day
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .map(|zoned| zoned.timestamp())
+        .unwrap_or(now);
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let key = rcgen::KeyPair::generate().map_err(generate)?;
     let certificate = params.self_signed(&key).map_err(generate)?;
@@ -140,14 +149,15 @@ fn fingerprint_of_der(der: &[u8]) -> String {
     hex.join(":")
 }
 
-/// `at`'s day (UTC) as year, month, day: a certificate's validity starts and ends with a day.
-fn day_of(at: jiff::Timestamp) -> (i32, u8, u8) {
-    let date = at.to_zoned(jiff::tz::TimeZone::UTC).date();
-    (
-        i32::from(date.year()),
-        u8::try_from(date.month()).unwrap_or(1),
-        u8::try_from(date.day()).unwrap_or(1),
-    )
+/// The first and last day (UTC midnights) of a certificate made at `now`: from the day before
+/// (clocks of other machines run behind) for [`VALID_DAYS`].
+fn validity(now: jiff::Timestamp) -> (jiff::civil::Date, jiff::civil::Date) {
+    let today = now.to_zoned(jiff::tz::TimeZone::UTC).date();
+    let first = today.yesterday().unwrap_or(today);
+    let last = first
+        .checked_add(jiff::Span::new().days(VALID_DAYS))
+        .unwrap_or(first);
+    (first, last)
 }
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
@@ -218,6 +228,23 @@ mod tests {
         let late = now + jiff::SignedDuration::from_hours((VALID_DAYS - RENEW_DAYS + 1) * 24);
         let renewed = ensure(&tls, &names(&["localhost", "*.localhost"]), late).unwrap();
         assert!(renewed.made, "renewed before it expires");
+    }
+
+    #[test]
+    fn a_certificate_is_valid_for_exactly_the_days_apple_platforms_accept() {
+        for now in [
+            "2026-11-26T23:59:59Z",
+            "2028-02-29T00:00:00Z",
+            "2026-01-01T00:00:00Z",
+        ] {
+            let now: jiff::Timestamp = now.parse().unwrap();
+            let (first, last) = validity(now);
+            assert_eq!((last - first).get_days(), 825, "{now}");
+            assert!(
+                first < now.to_zoned(jiff::tz::TimeZone::UTC).date(),
+                "{now}"
+            );
+        }
     }
 
     #[test]

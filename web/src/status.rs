@@ -1,6 +1,5 @@
 //! `labforge status`: an embedded instance at a glance, for its admin on the command line. Read
-//! from the data dir (whether labforge runs or not) and the container engine; nothing in the
-//! data dir is changed.
+//! from the data dir (whether labforge runs or not) and the container engine.
 
 use crate::data_dir::{DataDirError, Found, check_format};
 use crate::embedded::RunningRecord;
