@@ -819,6 +819,8 @@ impl TryFrom<&ImageBuildsArgs> for SaveOptions {
                 .scratch_dir
                 .clone()
                 .unwrap_or_else(std::env::temp_dir),
+            // An ImageBuild names its target image: it exists once the build succeeded.
+            push_unchanged: true,
         })
     }
 }
@@ -916,6 +918,8 @@ impl TryFrom<&CommitArgs> for SaveOptions {
                 .scratch_dir
                 .clone()
                 .unwrap_or_else(std::env::temp_dir),
+            // `--target` exists after a commit, as after `docker commit`.
+            push_unchanged: true,
         })
     }
 }
@@ -1196,13 +1200,18 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
         CacheOutcome::Stored => "; cached".to_owned(),
         // Why is the warning's to tell, on a line of its own.
         CacheOutcome::Unavailable(_) => "; saved uncached, the cache was unavailable".to_owned(),
+        CacheOutcome::Unused => String::new(),
     };
+    let image = saved
+        .image
+        .as_ref()
+        .context("the save pushed nothing, which a commit always does")?;
     match &saved.layer {
         Some(layer) => {
             println!(
                 "pushed {}@{} (layer {}, {} files, {}{cache})",
-                saved.image.reference,
-                saved.image.manifest_digest,
+                image.reference,
+                image.manifest_digest,
                 layer.digest,
                 saved.header.changed,
                 indicatif::HumanBytes(layer.size)
@@ -1213,7 +1222,7 @@ async fn build_commit(args: &CommitArgs) -> anyhow::Result<ExitCode> {
         }
         None => println!(
             "pushed {}@{} (no changes since the base image{cache})",
-            saved.image.reference, saved.image.manifest_digest
+            image.reference, image.manifest_digest
         ),
     }
     Ok(ExitCode::SUCCESS)

@@ -74,6 +74,10 @@ pub struct SaveOptions {
     pub scratch_dir: PathBuf,
     /// The history entry's `created_by`.
     pub created_by: String,
+    /// When no file changed since the base (directories' own entries aside): push the target
+    /// anyway (the base's content, or a layer of directory entries, as `docker commit` would), or
+    /// push nothing ([`Saved::image`] is then `None`).
+    pub push_unchanged: bool,
 }
 
 /// Progress of a save, in order.
@@ -97,6 +101,8 @@ pub enum CacheOutcome {
     Stored,
     /// The cache could not be reached; the save went on without it.
     Unavailable(String),
+    /// Nothing was written, so nothing was cached.
+    Unused,
 }
 
 /// Where the baseline index came from.
@@ -112,7 +118,8 @@ pub enum IndexOrigin {
 pub struct Saved {
     /// The new layer; `None` when nothing changed (the target then names the base's content).
     pub layer: Option<LayerDescriptor>,
-    pub image: PushedImage,
+    /// What was pushed; `None` when no file changed and [`SaveOptions::push_unchanged`] is off.
+    pub image: Option<PushedImage>,
     pub header: ChangeSetHeader,
     pub cache: CacheOutcome,
     pub index: IndexOrigin,
@@ -182,6 +189,22 @@ pub async fn save(
     );
 
     let unchanged = header.changed == 0 && header.deleted == 0 && parent.is_some();
+    if unchanged && !options.push_unchanged {
+        running.abandon();
+        tracing::info!("nothing changed since the base: nothing pushed");
+        return Ok(Saved {
+            layer: None,
+            image: None,
+            header,
+            cache: match cache.unavailable() {
+                Some(reason) => CacheOutcome::Unavailable(reason),
+                None if cache.enabled() => CacheOutcome::Unused,
+                None => CacheOutcome::Disabled,
+            },
+            index,
+            summary: ChangeSummary::default(),
+        });
+    }
     let record_key = format!(
         "changesets/{}-{}.json",
         header.key.trim_start_matches("sha256:"),
@@ -266,6 +289,22 @@ pub async fn save(
     for (ecosystem, line) in summary.package_lines() {
         tracing::info!("{ecosystem}: {line}");
     }
+    // Only directories' own entries changed (their times: a container's start touches `/etc`,
+    // for one): nothing anyone made, so nothing to keep either.
+    if !options.push_unchanged && files.added + files.changed + files.deleted == 0 {
+        tracing::info!("no file changed since the base: nothing pushed");
+        return Ok(Saved {
+            layer: None,
+            image: None,
+            header,
+            cache: match cache.unavailable() {
+                Some(reason) => CacheOutcome::Unavailable(reason),
+                None => outcome,
+            },
+            index,
+            summary: ChangeSummary::default(),
+        });
+    }
 
     let mut layer = layer;
     if let (Some(layer), Some(parent)) = (layer.as_mut(), &parent)
@@ -328,7 +367,7 @@ pub async fn save(
     }
     Ok(Saved {
         layer,
-        image,
+        image: Some(image),
         header,
         cache: outcome,
         index,

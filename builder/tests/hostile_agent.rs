@@ -36,6 +36,7 @@ async fn save_from(engine: std::path::PathBuf, scratch: &Path) -> Result<(), Sav
         runtime: RuntimeConfig::default(),
         scratch_dir: scratch.to_owned(),
         created_by: "test".into(),
+        push_unchanged: true,
     };
     let source = ChangeSource::Container {
         engine,

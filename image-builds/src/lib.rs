@@ -300,7 +300,10 @@ pub fn finished_status(
             phase: ImageBuildPhase::Succeeded,
             progress: None,
             base_image: base.map(str::to_owned),
-            image_digest: Some(saved.image.manifest_digest.to_string()),
+            image_digest: saved
+                .image
+                .as_ref()
+                .map(|image| image.manifest_digest.to_string()),
             layer_digest: saved.layer.as_ref().map(|l| l.digest.to_string()),
             layer_size: saved
                 .layer
@@ -309,15 +312,16 @@ pub fn finished_status(
             cache_hit: Some(saved.cache == CacheOutcome::Hit),
             start_time: started,
             completion_time: Some(Time(now)),
-            message: Some(match &saved.cache {
-                CacheOutcome::Unavailable(why) => format!(
+            message: Some(match (&saved.image, &saved.cache) {
+                (None, _) => "nothing changed since the base: no image pushed".to_owned(),
+                (Some(image), CacheOutcome::Unavailable(why)) => format!(
                     "saved {} (files {}); the cache was unavailable: {why}",
-                    saved.image.reference,
+                    image.reference,
                     saved.summary.files.compact()
                 ),
-                _ => format!(
+                (Some(image), _) => format!(
                     "saved {} (files {})",
-                    saved.image.reference,
+                    image.reference,
                     saved.summary.files.compact()
                 ),
             }),
@@ -526,7 +530,11 @@ async fn run_build(
     let status = finished_status(started, Some(&target.base), &result, jiff::Timestamp::now());
     match &result {
         Ok(saved) => {
-            tracing::info!(build = %build.name_any(), digest = %saved.image.manifest_digest, "saved");
+            let digest = saved
+                .image
+                .as_ref()
+                .map(|image| image.manifest_digest.to_string());
+            tracing::info!(build = %build.name_any(), digest = digest.as_deref().unwrap_or("none"), "saved");
             let note = status.message.clone().unwrap_or_default();
             publish(&ctx, &build, EventType::Normal, "Saved", note).await;
         }

@@ -147,7 +147,9 @@ try {
   await lab.locator('#jp-main-statusbar', { hasText: /\| Idle/ })
     .waitFor({ timeout: 90_000 });
   await lab.locator('.jp-Notebook .jp-Cell .cm-content').first().click();
-  await lab.keyboard.type('print(6 * 7)');
+  // The cell also leaves a module in the environment (outside the workspace): the save below
+  // then has a file to keep.
+  await lab.keyboard.type('import site; open(site.getsitepackages()[0] + "/ui_probe.py", "w").write("A = 1"); print(6 * 7)');
   await lab.keyboard.press('Shift+Enter');
   seen.cellOutput = await lab.locator('.jp-OutputArea-output', { hasText: '42' }).first()
     .textContent({ timeout: 90_000 });
@@ -211,6 +213,20 @@ try {
   await page.waitForURL(`${url}/`);
   await row(page, 'from-saved').locator('.state.ready').waitFor({ timeout: READY });
   seen.fromSavedImage = await row(page, 'from-saved').locator('td').nth(3).textContent();
+
+  // Saved at once: nothing changed since its image, so it says so and no image is made.
+  await page.getByRole('link', { name: 'from-saved', exact: true }).click();
+  await page.waitForURL(/\/notebooks\/.+\/from-saved$/);
+  await page.locator('#state.ready').waitFor({ timeout: READY });
+  await page.getByLabel('Tag').fill('nothing-new');
+  await page.getByRole('button', { name: 'Save environment' }).click();
+  await page.locator('#save-text', { hasText: 'Nothing changed' }).waitFor({ timeout: 120_000 });
+  seen.unchangedSave = {
+    text: await page.locator('#save-text').textContent(),
+    bar: await page.locator('#save-bar').evaluate((bar) => bar.value),
+    buttonEnabled: await page.getByRole('button', { name: 'Save environment' }).isEnabled(),
+  };
+  await page.goto(`${url}/`);
 
   // A narrow window still reads.
   await page.setViewportSize({ width: 420, height: 860 });

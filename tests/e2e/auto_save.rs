@@ -182,6 +182,8 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
     assert!(checked.contains("answer 42 from /opt/conda/"), "{checked}");
 
     // Retention (keep 1): a saved image another notebook runs stays; one nobody runs goes.
+    // Each save has a file to keep (one with none makes no image).
+    need(client.run_code("open('/tmp/v1', 'w').write('1')").await);
     let v1 = save(&user, ns, "lab", "v1").await;
     let (code, _) = user
         .post(

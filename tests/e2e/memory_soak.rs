@@ -96,6 +96,14 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
                 .wait_state(user, "soak", "ready", Duration::from_secs(120))
                 .await;
             if index.is_multiple_of(save_every) {
+                // A file to keep: a save with none makes no image, and so measures less.
+                let container = labforge_web::runtime::container_name(user, "soak");
+                let wrote = std::process::Command::new("podman")
+                    .args(["exec", &container, "sh", "-c"])
+                    .arg(format!("echo {index} > /tmp/soak-{index}"))
+                    .status()
+                    .unwrap();
+                assert!(wrote.success(), "writing a file in {container}");
                 let (code, save) = session
                     .post(&format!("{notebooks}/soak/saves"), json!({}))
                     .await;

@@ -768,3 +768,64 @@ async fn a_container_without_the_agent_fails_naming_it_and_writes_no_tag() {
         assert!(!tags.contains("never"), "a tag was written: {tags}");
     }
 }
+
+/// Where no file changed (only a directory's own time, as a container's start touches `/etc`),
+/// a save with `push_unchanged` off, as the web app's saves run, pushes nothing; with it on, as
+/// `labforge build commit` runs, the target exists afterwards.
+#[tokio::test]
+async fn a_save_where_no_file_changed_pushes_nothing_unless_asked_to() {
+    use labforge_builder::layer::Compression;
+    use labforge_builder::registry::RegistryOptions;
+    use labforge_builder::save::{SaveOptions, save as save_layer};
+    use labforge_builder::source::ChangeSource;
+    crate::init_crypto();
+    let registry = need(Registry::start().await);
+    let host = registry.host();
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path().join("root");
+    base_tree(&root);
+    let base = format!("{host}/e2e/untouched:base");
+    succeeded(&save(
+        &["--root", root.to_str().unwrap(), "--target", &base],
+        &host,
+    ));
+    // A directory's own entry changed (its mode), no file did.
+    fs::set_permissions(root.join("usr/share"), fs::Permissions::from_mode(0o750)).unwrap();
+
+    let source = ChangeSource::Directory {
+        root: root.clone(),
+        scan: labforge_snapshot::ScanOptions::default(),
+    };
+    let options = |push_unchanged| SaveOptions {
+        compression: Compression::default(),
+        registry: RegistryOptions {
+            insecure: vec![host.clone()],
+            ..RegistryOptions::default()
+        },
+        cache: None,
+        runtime: Default::default(),
+        scratch_dir: tree.path().to_owned(),
+        created_by: "e2e".into(),
+        push_unchanged,
+    };
+    let skipped = format!("{host}/e2e/untouched:skipped");
+    let saved = save_layer(&source, Some(&base), &skipped, &options(false), |_| {})
+        .await
+        .unwrap();
+    assert!(saved.header.changed > 0, "the directory's entry changed");
+    assert!(saved.image.is_none() && saved.layer.is_none(), "{saved:?}");
+    let tags = reqwest::get(format!("http://{host}/v2/e2e/untouched/tags/list"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!tags.contains("skipped"), "{tags}");
+
+    let kept = format!("{host}/e2e/untouched:kept");
+    let pushed = save_layer(&source, Some(&base), &kept, &options(true), |_| {})
+        .await
+        .unwrap();
+    assert!(pushed.image.is_some(), "{pushed:?}");
+    inspect(&kept, &["--raw"]);
+}

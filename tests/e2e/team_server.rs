@@ -325,6 +325,13 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
     assert_eq!(a.post(&notebooks, json!({"name": "lab"})).await.0, 201);
     a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
         .await;
+    // A file to keep, so that the save makes an image.
+    let container = labforge_web::runtime::container_name(&alice, "lab");
+    let wrote = Command::new("podman")
+        .args(["exec", &container, "sh", "-c", "echo kept > /tmp/kept"])
+        .status()
+        .unwrap();
+    assert!(wrote.success());
     let (code, save) = a
         .post(&format!("{notebooks}/lab/saves"), json!({"tag": "kept"}))
         .await;
@@ -388,7 +395,6 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
         "{}",
         String::from_utf8_lossy(&backup.stderr)
     );
-    let container = labforge_web::runtime::container_name(&alice, "lab");
     let running = crate::embedded::container_id(&container);
     assert!(up.stop());
     assert!(status(false).contains("Instance:      not running"));

@@ -146,8 +146,28 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     assert_eq!(
         images["images"].as_array().unwrap().len(),
         1,
-        "the failed save recorded nothing"
+        "the failed save and the unchanged one recorded nothing"
     );
+    let unchanged = &seen["unchangedSave"];
+    assert!(
+        unchanged["text"]
+            .as_str()
+            .unwrap()
+            .contains("no image was made"),
+        "{seen}"
+    );
+    assert_eq!(unchanged["bar"], 100, "{seen}");
+    assert_eq!(unchanged["buttonEnabled"], true, "{seen}");
+    let tags = reqwest::get(format!(
+        "http://{}/v2/{alice}/from-saved/tags/list",
+        up.registry
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(!tags.contains("nothing-new"), "no image pushed: {tags}");
     assert_eq!(seen["prefilledImage"], saved["image"]);
     assert_eq!(seen["existingNameShown"], true, "{seen}");
     assert_eq!(seen["dataVolumeShown"], true, "{seen}");

@@ -237,7 +237,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
             "--expect",
             "hello-from-workspace",
             "--run",
-            "echo vscode-$((6*7)) > /home/jovyan/from-terminal.txt",
+            "python3 -c 'print(\"vscode-%d\" % (6*7))' > /home/jovyan/from-terminal.txt",
             "--terminal-creates",
             "from-terminal.txt",
             "--terminal-expect",
@@ -254,7 +254,17 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         "empty screenshot"
     );
 
-    // What the terminal ran, it ran in the notebook's container, as jovyan.
+    // Python's own tools work for the notebook's user: a venv with pip in it.
+    assert!(
+        exec(
+            &container,
+            "python3 -m venv /tmp/venv && /tmp/venv/bin/pip --version"
+        )
+        .starts_with("pip "),
+        "pip in a venv"
+    );
+
+    // What the terminal ran (Python), it ran in the notebook's container, as jovyan.
     assert_eq!(
         exec(
             &container,

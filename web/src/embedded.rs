@@ -503,6 +503,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         runtime: RuntimeConfig::default(),
         scratch_dir: dir.join("scratch"),
         created_by: "labforge save (web)".into(),
+        // A save with nothing to keep makes no image: the notebook's own is that already.
+        push_unchanged: false,
     };
     std::fs::create_dir_all(&save_options.scratch_dir).map_err(|source| UpError::DataDir {
         path: save_options.scratch_dir.clone(),

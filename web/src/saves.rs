@@ -67,7 +67,8 @@ pub struct SaveStatus {
     pub namespace: String,
     pub notebook: String,
     pub target: String,
-    /// queued, indexing, scanning, writing, uploading, done, failed.
+    /// queued, indexing, scanning, writing, uploading; then done, unchanged (nothing changed
+    /// since the image the notebook runs: no image made) or failed.
     pub phase: String,
     pub entries_scanned: u64,
     pub files_changed: u64,
@@ -113,7 +114,7 @@ impl SaveStatus {
     }
 
     pub fn finished(&self) -> bool {
-        self.phase == "done" || self.phase == "failed"
+        matches!(self.phase.as_str(), "done" | "unchanged" | "failed")
     }
 }
 
@@ -226,12 +227,13 @@ impl SaveJobs {
             let report = sender.clone();
             let outcome = job.run(move |p| report.send_modify(|s| s.apply(p))).await;
             sender.send_modify(|s| match outcome {
-                Ok(record) => {
+                Ok(Some(record)) => {
                     s.phase = "done".into();
                     s.digest = Some(record.digest.clone());
                     s.layer_bytes = record.layer_bytes;
                     s.summary = record.summary.clone();
                 }
+                Ok(None) => s.phase = "unchanged".into(),
                 Err(message) => {
                     s.phase = "failed".into();
                     s.error = Some(message);
@@ -277,8 +279,7 @@ impl SaveJobs {
             .ok_or_else(|| "the notebook has no image".to_owned())?;
         let tag = format!("auto-{}", jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S"));
         let target = self.target(&namespace, &name, &tag);
-        let record = self.job(notebook, &base, &target).run(|_| {}).await?;
-        Ok((record.layer_bytes > 0).then_some(record))
+        self.job(notebook, &base, &target).run(|_| {}).await
     }
 }
 
@@ -297,11 +298,12 @@ struct SaveJob {
 }
 
 impl SaveJob {
-    /// Saves, records the image and its event, applies retention; the error is one line.
+    /// Saves, records the image and its event, applies retention; `None` when nothing changed
+    /// (no image is made); the error is one line.
     async fn run(
         self,
         progress: impl Fn(SaveProgress) + Send + Sync + Clone + 'static,
-    ) -> Result<SavedImage, String> {
+    ) -> Result<Option<SavedImage>, String> {
         let (ns, nb) = (self.namespace.as_str(), self.notebook.as_str());
         let saved = save(
             &self.source,
@@ -317,7 +319,17 @@ impl SaveJob {
         let _ = tokio::task::spawn_blocking(labforge_heap::release_free_memory).await;
         match saved {
             Ok(saved) => {
-                let digest = saved.image.manifest_digest.to_string();
+                let Some(image) = saved.image.as_ref().filter(|_| saved.layer.is_some()) else {
+                    self.store.record_event(
+                        ns,
+                        nb,
+                        "Normal",
+                        "NothingToSave",
+                        "nothing changed since the image it runs: no image made",
+                    );
+                    return Ok(None);
+                };
+                let digest = image.manifest_digest.to_string();
                 let layer_bytes = saved.layer.as_ref().map_or(0, |l| l.size);
                 let record = SavedImage {
                     image: self.target.clone(),
@@ -359,16 +371,8 @@ impl SaveJob {
                         ),
                     );
                     self.prune().await;
-                } else {
-                    self.store.record_event(
-                        ns,
-                        nb,
-                        "Normal",
-                        "NothingToSave",
-                        "nothing changed since the image it runs",
-                    );
                 }
-                Ok(record)
+                Ok(Some(record))
             }
             Err(err) => {
                 let message = error_chain(&err);

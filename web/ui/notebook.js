@@ -119,7 +119,7 @@ async function images() {
       } }, 'Restart this notebook on it')))));
 }
 
-const PHASES = { queued: [0, 2], indexing: [2, 8], scanning: [8, 30], writing: [30, 85], uploading: [85, 99], done: [100, 100], failed: [0, 0] };
+const PHASES = { queued: [0, 2], indexing: [2, 8], scanning: [8, 30], writing: [30, 85], uploading: [85, 99], done: [100, 100], unchanged: [100, 100], failed: [0, 0] };
 function showProgress(s) {
   const [low, high] = PHASES[s.phase] || [0, 0];
   let value = low;
@@ -133,6 +133,7 @@ function showProgress(s) {
     writing: `Writing the layer: ${s.bytesTotal ? Math.min(100, Math.round((100 * s.bytesWritten) / s.bytesTotal)) : 0} %`,
     uploading: `Uploading ${bytes(s.layerBytes)}…`,
     done: `Saved ${s.target} @ ${s.digest} (layer ${bytes(s.layerBytes)})`,
+    unchanged: 'Nothing changed since the image this notebook runs: no image was made',
     failed: 'Save failed',
   }[s.phase] || s.phase;
   document.getElementById('save-text').textContent = s.warning ? `${text} — ${s.warning}` : text;
@@ -157,7 +158,7 @@ document.getElementById('save').addEventListener('submit', async (event) => {
   stream.addEventListener('progress', (e) => {
     const s = JSON.parse(e.data);
     showProgress(s);
-    if (s.phase === 'done' || s.phase === 'failed') {
+    if (['done', 'unchanged', 'failed'].includes(s.phase)) {
       stream.close();
       button.disabled = current?.state !== 'ready';
       images();
