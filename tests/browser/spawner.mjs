@@ -2,7 +2,7 @@
 // wrong field at once under its own input, an image its registry lacks refused under the image
 // box, and notebooks created with no workspace and with an
 // existing one; then the pages around a notebook's URL: a stopped one's (state, Start) and the
-// proxy's 403 for another user. Prints one JSON line with what it saw; exits non-zero when a step
+// proxy's 403 for another user; last, a kept volume deleted once no notebook mounts it. Prints one JSON line with what it saw; exits non-zero when a step
 // fails or a page logs an error.
 //   node spawner.mjs CONFIG.json
 // CONFIG: {url, user: [name, password], other: [name, password], keptVolume, missingImage,
@@ -162,6 +162,24 @@ try {
   await page.getByRole('button', { name: 'Stop' }).click();
   await page.locator('#state.stopped').waitFor({ timeout: 60_000 });
   seen.details.activityAfterStop = await detail('Last activity');
+
+  // Volumes: the kept workspace is listed as mounted by the notebook that took it over, with no
+  // way to delete it; once that notebook is deleted it can be, after a question naming what is
+  // lost.
+  await page.goto(`${url}/`);
+  const volumeRow = page.locator(`#volumes tbody tr[data-name="${config.keptVolume}"]`);
+  await volumeRow.waitFor();
+  seen.volumeMountedBy = await volumeRow.locator('td').nth(1).textContent();
+  seen.volumeDeletableWhileMounted = await volumeRow.getByRole('button', { name: 'Delete' }).count();
+  const questions = [];
+  page.on('dialog', (dialog) => { questions.push(dialog.message()); dialog.accept(); });
+  const again = page.locator('#notebooks tr[data-name="again"]');
+  await again.getByRole('button', { name: 'Delete' }).click();
+  await again.waitFor({ state: 'detached', timeout: 60_000 });
+  await volumeRow.getByRole('button', { name: 'Delete' }).click();
+  await volumeRow.waitFor({ state: 'detached', timeout: 30_000 });
+  page.removeAllListeners('dialog');
+  seen.volumeQuestions = questions;
 
   guard.check();
   otherGuard.check();

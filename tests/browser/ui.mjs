@@ -226,6 +226,24 @@ try {
     bar: await page.locator('#save-bar').evaluate((bar) => bar.value),
     buttonEnabled: await page.getByRole('button', { name: 'Save environment' }).isEnabled(),
   };
+
+  // Saved images are deleted where they were saved: one a notebook runs on is refused, saying
+  // which; another goes, from the list and the registry, after a question naming it.
+  await page.goto(`${url}/notebooks/${config.alice[0]}/lab`);
+  await page.locator('#state.ready').waitFor({ timeout: READY });
+  await page.getByLabel('Tag').fill('spare');
+  await page.getByRole('button', { name: 'Save environment' }).click();
+  await page.locator('#save-text', { hasText: ':spare @ sha256:' }).waitFor({ timeout: 120_000 });
+  const imageRow = (tag) => page.locator('#images tbody tr', { hasText: `:${tag}` });
+  await imageRow('spare').waitFor();
+  const dialogs = [];
+  page.on('dialog', (dialog) => { dialogs.push(dialog.message()); dialog.accept(); });
+  await imageRow('ui-save').getByRole('button', { name: 'Delete' }).click();
+  for (let i = 0; i < 100 && dialogs.length < 2; i += 1) await page.waitForTimeout(100);
+  await imageRow('spare').getByRole('button', { name: 'Delete' }).click();
+  await imageRow('spare').waitFor({ state: 'detached', timeout: 30_000 });
+  page.removeAllListeners('dialog');
+  seen.imageDeletion = { dialogs, rowsLeft: await page.locator('#images tbody tr').count() };
   await page.goto(`${url}/`);
 
   // A narrow window still reads.

@@ -95,6 +95,10 @@ impl Session {
         self.call(reqwest::Method::PATCH, path, Some(body)).await
     }
 
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::DELETE, path, None).await
+    }
+
     /// Follows save `id` to its end: the stream's text and each progress event.
     pub async fn save_progress(&self, ns: &str, id: &str) -> (String, Vec<Value>) {
         let events = self
@@ -601,11 +605,36 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     // by name elsewhere.
     let (code, volumes) = a.get(&format!("/api/namespaces/{alice}/volumes")).await;
     assert_eq!(code, 200, "{volumes}");
-    assert_eq!(volumes["volumes"], json!([{"name": "lab-workspace"}]));
+    assert_eq!(
+        volumes["volumes"],
+        json!([{"name": "lab-workspace", "usedBy": ["lab"]}])
+    );
     assert_eq!(
         b.get(&format!("/api/namespaces/{alice}/volumes")).await.0,
         403
     );
+    // Volumes and saved images are deleted by their namespace's users only, a mounted volume and
+    // a name that is none of the namespace's never.
+    let workspace = format!("/api/namespaces/{alice}/volumes/lab-workspace");
+    assert_eq!(b.delete(&workspace).await.0, 403);
+    let (code, mounted) = a.delete(&workspace).await;
+    assert_eq!(code, 409, "{mounted}");
+    assert!(
+        mounted["error"]
+            .as_str()
+            .unwrap()
+            .contains("mounted by notebook lab"),
+        "{mounted}"
+    );
+    assert_eq!(
+        a.delete(&format!("/api/namespaces/{alice}/volumes/nope"))
+            .await
+            .0,
+        404
+    );
+    let image = format!("/api/namespaces/{alice}/images?image=example.com/x:1");
+    assert_eq!(b.delete(&image).await.0, 403);
+    assert_eq!(a.delete(&image).await.0, 404);
     for (session, ns) in [(&b, &bob), (&a, &alice)] {
         let name = if ns == &alice {
             "nope"

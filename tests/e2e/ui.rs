@@ -168,6 +168,32 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     .await
     .unwrap();
     assert!(!tags.contains("nothing-new"), "no image pushed: {tags}");
+
+    let deletion = &seen["imageDeletion"];
+    let dialogs: Vec<&str> = deletion["dialogs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(
+        dialogs.len() == 3
+            && dialogs[0].contains(":ui-save? It is deleted from the registry")
+            && dialogs[1].contains("from-saved runs on")
+            && dialogs[2].contains(":spare? It is deleted from the registry"),
+        "{seen}"
+    );
+    assert_eq!(deletion["rowsLeft"], 1, "{seen}");
+    let tags = reqwest::get(format!("http://{}/v2/{alice}/lab/tags/list", up.registry))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        tags.contains("ui-save") && !tags.contains("spare"),
+        "the registry keeps the one in use: {tags}"
+    );
     assert_eq!(seen["prefilledImage"], saved["image"]);
     assert_eq!(seen["existingNameShown"], true, "{seen}");
     assert_eq!(seen["dataVolumeShown"], true, "{seen}");
@@ -463,6 +489,26 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
             .exists(),
         "nothing made for it"
     );
+    assert_eq!(seen["volumeMountedBy"], "again", "{seen}");
+    assert_eq!(seen["volumeDeletableWhileMounted"], 0, "{seen}");
+    let questions = seen["volumeQuestions"].as_array().unwrap();
+    assert!(
+        questions[0]
+            .as_str()
+            .unwrap()
+            .contains("Delete notebook again")
+            && questions[1]
+                .as_str()
+                .unwrap()
+                .contains("Delete volume kept-workspace? Its files are lost"),
+        "{seen}"
+    );
+    let volume = labforge_web::runtime::volume_name(&user, "kept-workspace");
+    let exists = std::process::Command::new("podman")
+        .args(["volume", "exists", &volume])
+        .status()
+        .unwrap();
+    assert!(!exists.success(), "{volume} is gone");
     assert_eq!(seen["missingVolume"]["visible"], true, "{seen}");
     assert!(
         seen["missingVolume"]["message"]
@@ -498,7 +544,8 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
         serde_json::from_str::<Value>(&std::fs::read_to_string(&path).unwrap()).unwrap()
     };
     assert!(volumes_of(&raw("bare")).is_empty(), "no workspace");
-    assert_eq!(volumes_of(&raw("again")), ["kept-workspace"]);
+    // "again" mounted the kept volume: the volumes table said so before it was deleted.
+    assert_eq!(seen["volumeMountedBy"], "again", "{seen}");
 
     let narrow = &seen["narrow"];
     assert!(

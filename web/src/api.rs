@@ -222,8 +222,15 @@ pub fn router(state: ApiState) -> Router {
             post(start_save),
         )
         .route("/api/namespaces/{ns}/saves/{id}", get(follow_save))
-        .route("/api/namespaces/{ns}/images", get(saved_images))
+        .route(
+            "/api/namespaces/{ns}/images",
+            get(saved_images).delete(delete_saved_image),
+        )
         .route("/api/namespaces/{ns}/volumes", get(list_volumes))
+        .route(
+            "/api/namespaces/{ns}/volumes/{name}",
+            axum::routing::delete(delete_volume),
+        )
         .route(
             "/api/{*rest}",
             axum::routing::any(|| async {
@@ -873,18 +880,118 @@ async fn claims(state: &ApiState, ns: &str) -> ApiResult<Vec<String>> {
     }
 }
 
+/// The notebooks of `ns` that mount claim `claim`.
+async fn notebooks_using(state: &ApiState, ns: &str, claim: &str) -> ApiResult<Vec<String>> {
+    Ok(state
+        .backend
+        .list(Some(ns))
+        .await?
+        .into_iter()
+        .filter(|notebook| {
+            notebook
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|pod| pod.volumes.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|volume| volume.persistent_volume_claim.as_ref())
+                .any(|pvc| pvc.claim_name == claim)
+        })
+        .filter_map(|notebook| notebook.metadata.name)
+        .collect())
+}
+
 async fn list_volumes(
     user: SignedIn,
     State(state): State<ApiState>,
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
-    let volumes: Vec<serde_json::Value> = claims(&state, &ns)
-        .await?
-        .into_iter()
-        .map(|name| serde_json::json!({ "name": name }))
-        .collect();
+    let mut volumes = Vec::new();
+    for name in claims(&state, &ns).await? {
+        let used_by = notebooks_using(&state, &ns, &name).await?;
+        volumes.push(serde_json::json!({ "name": name, "usedBy": used_by }));
+    }
     Ok(Json(serde_json::json!({ "volumes": volumes })))
+}
+
+/// Deletes a volume (a workspace a deleted notebook kept, say) and its files; refused while a
+/// notebook mounts it.
+async fn delete_volume(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    Path((ns, name)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    user.may(&state, Verb::Delete, &ns).await?;
+    if !claims(&state, &ns).await?.contains(&name) {
+        return Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            format!("namespace {ns} has no volume {name:?}"),
+        ));
+    }
+    let used_by = notebooks_using(&state, &ns, &name).await?;
+    if !used_by.is_empty() {
+        return Err(Failure::new(
+            StatusCode::CONFLICT,
+            format!(
+                "volume {name} is mounted by notebook {}: delete that notebook first",
+                used_by.join(", ")
+            ),
+        ));
+    }
+    let failed = |e: String| {
+        Failure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("deleting volume {name} of {ns}: {e}"),
+        )
+    };
+    match &state.workloads {
+        Workloads::Engine(engine) => engine
+            .remove_volume(&ns, &name)
+            .await
+            .map_err(|e| failed(e.to_string()))?,
+        Workloads::Kubernetes(client) => {
+            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+                kube::Api::namespaced(client.clone(), &ns);
+            claims
+                .delete(&name, &Default::default())
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct ImageQuery {
+    image: String,
+}
+
+/// Deletes a saved image from its registry (never one a notebook runs on) and forgets it.
+async fn delete_saved_image(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    Path(ns): Path<String>,
+    Query(query): Query<ImageQuery>,
+) -> ApiResult<StatusCode> {
+    use crate::saves::DeleteImageError;
+    user.may(&state, Verb::Delete, &ns).await?;
+    let saves = state
+        .saves
+        .as_ref()
+        .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, "saving is not set up here"))?;
+    saves.delete_image(&ns, &query.image).await.map_err(|err| {
+        let status = match &err {
+            DeleteImageError::NotFound { .. } => StatusCode::NOT_FOUND,
+            DeleteImageError::InUse { .. } => StatusCode::CONFLICT,
+            DeleteImageError::Registry { .. } => StatusCode::BAD_GATEWAY,
+            DeleteImageError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+        };
+        Failure::new(status, err.to_string())
+    })?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn saved_images(

@@ -189,6 +189,17 @@ impl Saves for ImageBuildSaves {
         Ok(save_status(&created))
     }
 
+    async fn delete_image(
+        &self,
+        _namespace: &str,
+        image: &str,
+    ) -> Result<(), crate::saves::DeleteImageError> {
+        // The registry's credentials are the ImageBuild reconciler's, not the web app's.
+        Err(crate::saves::DeleteImageError::Unsupported(format!(
+            "in a cluster, {image} is deleted in its registry by whoever administers it; the web app holds no registry credentials"
+        )))
+    }
+
     async fn follow(&self, namespace: &str, id: &str) -> Option<watch::Receiver<SaveStatus>> {
         let builds: Api<ImageBuild> = Api::namespaced(self.client.clone(), namespace);
         let build = match builds.get_opt(id).await {

@@ -592,6 +592,26 @@ impl Engine {
         Ok(claims)
     }
 
+    /// Removes the volume standing in for `namespace`'s claim `claim`, and its files. A deleted
+    /// notebook's container may still hold it for a moment while the runtime removes it: that
+    /// is waited for, up to 15 s.
+    pub async fn remove_volume(&self, namespace: &str, claim: &str) -> Result<(), EngineError> {
+        let args = ["volume".into(), "rm".into(), volume_name(namespace, claim)];
+        let mut waited = 0;
+        loop {
+            match self.run(&args).await {
+                Ok(_) => return Ok(()),
+                Err(EngineError::Failed { stderr, .. })
+                    if stderr.contains("being used") && waited < 30 =>
+                {
+                    waited += 1;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     async fn volume_exists(&self, name: &str) -> bool {
         self.run(&["volume".into(), "exists".into(), name.into()])
             .await

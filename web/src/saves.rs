@@ -42,6 +42,22 @@ pub trait Saves: Send + Sync {
     ) -> Result<SaveStatus, StartSaveError>;
     /// Follows save `id` of `namespace`; `None` when there is no such save.
     async fn follow(&self, namespace: &str, id: &str) -> Option<watch::Receiver<SaveStatus>>;
+    /// Deletes `namespace`'s saved image `image` from its registry and forgets it; refused while
+    /// a notebook runs on it.
+    async fn delete_image(&self, namespace: &str, image: &str) -> Result<(), DeleteImageError>;
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DeleteImageError {
+    #[error("{image} is not an image saved in {namespace}")]
+    NotFound { namespace: String, image: String },
+    #[error("notebook {notebook} runs on {image}: delete it or move it to another image first")]
+    InUse { image: String, notebook: String },
+    #[error("deleting {image} from its registry: {reason}")]
+    Registry { image: String, reason: String },
+    /// What this platform cannot do.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 #[async_trait::async_trait]
@@ -54,6 +70,52 @@ impl Saves for SaveJobs {
     ) -> Result<SaveStatus, StartSaveError> {
         SaveJobs::start(self, namespace, name, tag)
     }
+    async fn delete_image(&self, namespace: &str, image: &str) -> Result<(), DeleteImageError> {
+        let record = self
+            .store
+            .saved_images(namespace)
+            .into_iter()
+            .find(|saved| saved.image == image)
+            .ok_or_else(|| DeleteImageError::NotFound {
+                namespace: namespace.to_owned(),
+                image: image.to_owned(),
+            })?;
+        if let Some(user) =
+            self.store.list(None).iter().find(|notebook| {
+                notebook.container().and_then(|c| c.image.as_deref()) == Some(image)
+            })
+        {
+            return Err(DeleteImageError::InUse {
+                image: image.to_owned(),
+                notebook: format!(
+                    "{}/{}",
+                    user.metadata.namespace.as_deref().unwrap_or_default(),
+                    user.metadata.name.as_deref().unwrap_or_default()
+                ),
+            });
+        }
+        delete_manifest(&self.http, &self.options.registry.insecure, &record)
+            .await
+            .map_err(|reason| DeleteImageError::Registry {
+                image: image.to_owned(),
+                reason,
+            })?;
+        self.store
+            .remove_saved_image(namespace, image)
+            .map_err(|err| DeleteImageError::Registry {
+                image: image.to_owned(),
+                reason: format!("deleted, but not forgotten: {err}"),
+            })?;
+        self.store.record_event(
+            namespace,
+            &record.notebook,
+            "Normal",
+            "ImageDeleted",
+            &format!("saved image {image} deleted from its registry"),
+        );
+        Ok(())
+    }
+
     async fn follow(&self, namespace: &str, id: &str) -> Option<watch::Receiver<SaveStatus>> {
         SaveJobs::follow(self, id).filter(|r| r.borrow().namespace == namespace)
     }

@@ -341,7 +341,12 @@ async fn notebooks_page(State(state): State<ApiState>, headers: HeaderMap) -> Re
 <div class="table-wrap"><table id="notebooks" aria-describedby="live"><thead><tr>
 <th scope="col">Name</th><th scope="col">State</th><th scope="col">Type</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th><th scope="col">Actions</th>
 </tr></thead><tbody></tbody></table></div>
-<p class="empty" id="empty" hidden>No notebooks yet. <a href="/new">Create one</a> to get JupyterLab or VSCode in your browser.</p>"#,
+<p class="empty" id="empty" hidden>No notebooks yet. <a href="/new">Create one</a> to get JupyterLab or VSCode in your browser.</p>
+<h2>Volumes</h2>
+<div class="table-wrap"><table id="volumes"><thead><tr>
+<th scope="col">Name</th><th scope="col">Mounted by</th><th scope="col">Actions</th>
+</tr></thead><tbody></tbody></table></div>
+<p class="empty" id="volumes-empty" hidden>No volumes.</p>"#,
             ns = escape(&user.namespace)
         ),
         Some("notebooks.js"),

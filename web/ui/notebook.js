@@ -116,7 +116,14 @@ async function images() {
         if (!confirm(`Restart ${name} on ${i.image}? Unsaved changes outside the workspace are lost.`)) return;
         const answer = await api('PATCH', path, { image: i.image, stopped: false });
         if (answer.status >= 400) alert(answer.body?.error);
-      } }, 'Restart this notebook on it')))));
+      } }, 'Restart this notebook on it'),
+      el('button', { type: 'button', class: 'danger', onclick: async () => {
+        if (!confirm(`Delete ${i.image}? It is deleted from the registry: no notebook can start from it again.`)) return;
+        const answer = await api('DELETE', `/api/namespaces/${ns}/images?image=${encodeURIComponent(i.image)}`);
+        if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
+        images();
+        events();
+      } }, 'Delete')))));
 }
 
 const PHASES = { queued: [0, 2], indexing: [2, 8], scanning: [8, 30], writing: [30, 85], uploading: [85, 99], done: [100, 100], unchanged: [100, 100], failed: [0, 0] };

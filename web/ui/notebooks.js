@@ -38,11 +38,34 @@ function render(notebooks) {
   }));
 }
 
+// Volumes outlive their notebooks (a deleted notebook's workspace is kept): listed with who
+// mounts them, and deleted here once nothing does.
+async function volumes() {
+  const { status, body: answer } = await api('GET', `/api/namespaces/${ns}/volumes`);
+  if (status !== 200) return;
+  document.getElementById('volumes-empty').hidden = answer.volumes.length > 0;
+  document.querySelector('#volumes tbody').replaceChildren(...answer.volumes.map((v) =>
+    el('tr', { 'data-name': v.name },
+      el('td', {}, v.name),
+      el('td', {}, v.usedBy.length ? v.usedBy.join(', ') : 'no notebook'),
+      el('td', {}, v.usedBy.length ? null : el('button', { type: 'button', class: 'danger', onclick: async () => {
+        if (!confirm(`Delete volume ${v.name}? Its files are lost for good.`)) return;
+        const deleted = await api('DELETE', `/api/namespaces/${ns}/volumes/${encodeURIComponent(v.name)}`);
+        if (deleted.status >= 400) alert(deleted.body?.error || `failed (HTTP ${deleted.status})`);
+        volumes();
+      } }, 'Delete')))));
+}
+
+let names = '';
 function connect() {
   const events = new EventSource(`/api/namespaces/${ns}/watch`);
   events.addEventListener('notebooks', (event) => {
-    render(JSON.parse(event.data).notebooks);
+    const notebooks = JSON.parse(event.data).notebooks;
+    render(notebooks);
     live.textContent = `Live · updated ${new Date().toLocaleTimeString()}`;
+    // Which volumes are mounted changes with the set of notebooks, not with their states.
+    const now = notebooks.map((nb) => nb.name).join(' ');
+    if (now !== names) { names = now; volumes(); }
   });
   events.onerror = () => { live.textContent = 'Reconnecting…'; };
 }
