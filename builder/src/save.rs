@@ -290,7 +290,9 @@ pub async fn save(
         tracing::info!("{ecosystem}: {line}");
     }
     // Only directories' own entries changed (their times: a container's start touches `/etc`,
-    // for one): nothing anyone made, so nothing to keep either.
+    // for one; or a directory made, removed or given another mode): no file to keep, and such a
+    // change alone is not kept. A layer already streamed to the registry stays there unreferenced
+    // until its garbage collection.
     if !options.push_unchanged && files.added + files.changed + files.deleted == 0 {
         tracing::info!("no file changed since the base: nothing pushed");
         return Ok(Saved {

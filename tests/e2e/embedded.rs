@@ -737,6 +737,12 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     let (_, images) = a.get(&format!("/api/namespaces/{alice}/images")).await;
     let saved = images["images"][0].clone();
     assert_eq!(saved["digest"], digest.as_str());
+    // One count everywhere: the record's and the progress's last are the summary's files.
+    let files = &saved["summary"]["files"];
+    let summarized = files["added"].as_u64().unwrap() + files["changed"].as_u64().unwrap();
+    assert!(summarized > 0, "{saved}");
+    assert_eq!(saved["filesChanged"].as_u64(), Some(summarized), "{saved}");
+    assert_eq!(last["filesChanged"].as_u64(), Some(summarized), "{events}");
     let saved_image = saved["image"].as_str().unwrap().to_owned();
     assert!(
         saved_image.ends_with(&format!("/{alice}/lab:with-probe")),

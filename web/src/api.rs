@@ -948,17 +948,32 @@ async fn delete_volume(
         )
     };
     match &state.workloads {
-        Workloads::Engine(engine) => engine
-            .remove_volume(&ns, &name)
-            .await
-            .map_err(|e| failed(e.to_string()))?,
-        Workloads::Kubernetes(client) => {
-            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-                kube::Api::namespaced(client.clone(), &ns);
-            claims
-                .delete(&name, &Default::default())
+        Workloads::Engine(engine) => {
+            engine
+                .remove_volume(&ns, &name)
                 .await
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| match e {
+                    crate::runtime::EngineError::Failed { ref stderr, .. }
+                        if crate::runtime::volume_in_use(stderr) =>
+                    {
+                        Failure::new(
+                            StatusCode::CONFLICT,
+                            format!("volume {name} is still in use by a container"),
+                        )
+                    }
+                    other => failed(other.to_string()),
+                })?
+        }
+        // A claim may be mounted by anything in the namespace (a pipeline's pod, another
+        // workload), which the web app cannot see, and the delete would be its own service
+        // account's, not the user's.
+        Workloads::Kubernetes(_) => {
+            return Err(Failure::new(
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "in a cluster, volume claims are deleted with kubectl by those RBAC lets (kubectl delete pvc {name} -n {ns})"
+                ),
+            ));
         }
     }
     Ok(StatusCode::NO_CONTENT)

@@ -204,7 +204,7 @@ pub struct SavedImage {
     /// `None` for a save recorded without it, offered for both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_type: Option<ServerType>,
-    /// Compressed size of the new layer; 0 when nothing had changed.
+    /// Compressed size of the new layer.
     pub layer_bytes: u64,
     pub files_changed: u64,
     pub files_deleted: u64,

@@ -394,6 +394,12 @@ pub enum EngineError {
     Output(String),
 }
 
+/// Whether `volume rm` failed because a container still uses the volume (podman: "being used",
+/// docker: "volume is in use").
+pub fn volume_in_use(stderr: &str) -> bool {
+    stderr.contains("being used") || stderr.contains("in use")
+}
+
 /// The engine's own reason on one line: its last `Error:` line (podman and docker print progress
 /// before it), else its last line; a long one keeps its end, where podman's chain of causes
 /// names the first (`…: dial tcp 127.0.0.1:5000: connect: connection refused`).
@@ -602,7 +608,7 @@ impl Engine {
             match self.run(&args).await {
                 Ok(_) => return Ok(()),
                 Err(EngineError::Failed { stderr, .. })
-                    if stderr.contains("being used") && waited < 30 =>
+                    if volume_in_use(&stderr) && waited < 30 =>
                 {
                     waited += 1;
                     tokio::time::sleep(Duration::from_millis(500)).await;

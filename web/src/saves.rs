@@ -51,7 +51,7 @@ pub trait Saves: Send + Sync {
 pub enum DeleteImageError {
     #[error("{image} is not an image saved in {namespace}")]
     NotFound { namespace: String, image: String },
-    #[error("notebook {notebook} runs on {image}: delete it or move it to another image first")]
+    #[error("a notebook ({notebook}) runs on {image}: delete it or move it to another image first")]
     InUse { image: String, notebook: String },
     #[error("deleting {image} from its registry: {reason}")]
     Registry { image: String, reason: String },
@@ -80,18 +80,27 @@ impl Saves for SaveJobs {
                 namespace: namespace.to_owned(),
                 image: image.to_owned(),
             })?;
-        if let Some(user) =
-            self.store.list(None).iter().find(|notebook| {
-                notebook.container().and_then(|c| c.image.as_deref()) == Some(image)
-            })
-        {
+        // By its tag or by its digest, in any namespace; only this namespace's notebook is named.
+        let by_digest = format!(
+            "{}@{}",
+            image
+                .rsplit_once(':')
+                .map_or(image, |(repository, _)| repository),
+            record.digest
+        );
+        if let Some(user) = self.store.list(None).iter().find(|notebook| {
+            notebook
+                .container()
+                .and_then(|c| c.image.as_deref())
+                .is_some_and(|runs| runs == image || runs == by_digest)
+        }) {
+            let notebook = match user.metadata.namespace.as_deref() {
+                Some(ns) if ns == namespace => user.metadata.name.clone().unwrap_or_default(),
+                _ => "in another namespace".to_owned(),
+            };
             return Err(DeleteImageError::InUse {
                 image: image.to_owned(),
-                notebook: format!(
-                    "{}/{}",
-                    user.metadata.namespace.as_deref().unwrap_or_default(),
-                    user.metadata.name.as_deref().unwrap_or_default()
-                ),
+                notebook,
             });
         }
         delete_manifest(&self.http, &self.options.registry.insecure, &record)
@@ -104,7 +113,7 @@ impl Saves for SaveJobs {
             .remove_saved_image(namespace, image)
             .map_err(|err| DeleteImageError::Registry {
                 image: image.to_owned(),
-                reason: format!("deleted, but not forgotten: {err}"),
+                reason: format!("deleted from the registry, but not forgotten here: {err}"),
             })?;
         self.store.record_event(
             namespace,
@@ -293,9 +302,16 @@ impl SaveJobs {
                     s.phase = "done".into();
                     s.digest = Some(record.digest.clone());
                     s.layer_bytes = record.layer_bytes;
+                    s.files_changed = record.files_changed;
+                    s.files_deleted = record.files_deleted;
                     s.summary = record.summary.clone();
                 }
-                Ok(None) => s.phase = "unchanged".into(),
+                Ok(None) => {
+                    // Directories' own entries may have changed; no file did.
+                    s.phase = "unchanged".into();
+                    s.files_changed = 0;
+                    s.files_deleted = 0;
+                }
                 Err(message) => {
                     s.phase = "failed".into();
                     s.error = Some(message);
@@ -401,8 +417,10 @@ impl SaveJob {
                     base: self.base.clone(),
                     server_type: Some(self.server_type),
                     layer_bytes,
-                    files_changed: saved.header.changed,
-                    files_deleted: saved.header.deleted,
+                    // The summary's counts, which leave out directories (the scan's include
+                    // every parent of a change), so that every number shown agrees.
+                    files_changed: saved.summary.files.added + saved.summary.files.changed,
+                    files_deleted: saved.summary.files.deleted,
                     created: jiff::Timestamp::now().to_string(),
                     summary: saved.layer.is_some().then(|| saved.summary.clone()),
                 };

@@ -56,14 +56,15 @@ async function volumes() {
       } }, 'Delete')))));
 }
 
-let names = '';
+// The notebooks' names when the volumes were last read: which volumes are mounted changes with
+// them, not with the notebooks' states.
+let names = null;
 function connect() {
   const events = new EventSource(`/api/namespaces/${ns}/watch`);
   events.addEventListener('notebooks', (event) => {
     const notebooks = JSON.parse(event.data).notebooks;
     render(notebooks);
     live.textContent = `Live · updated ${new Date().toLocaleTimeString()}`;
-    // Which volumes are mounted changes with the set of notebooks, not with their states.
     const now = notebooks.map((nb) => nb.name).join(' ');
     if (now !== names) { names = now; volumes(); }
   });
