@@ -128,6 +128,20 @@ pub struct Saved {
     pub summary: ChangeSummary,
 }
 
+impl Saved {
+    /// A save that kept nothing ([`SaveOptions::push_unchanged`] off).
+    fn nothing_pushed(header: ChangeSetHeader, cache: CacheOutcome, index: IndexOrigin) -> Self {
+        Saved {
+            layer: None,
+            image: None,
+            header,
+            cache,
+            index,
+            summary: ChangeSummary::default(),
+        }
+    }
+}
+
 /// Saves what changed in `source` since `base` (or all of it, without a base) as one new layer on
 /// `base`, pushed as `target`.
 pub async fn save(
@@ -192,18 +206,15 @@ pub async fn save(
     if unchanged && !options.push_unchanged {
         running.abandon();
         tracing::info!("nothing changed since the base: nothing pushed");
-        return Ok(Saved {
-            layer: None,
-            image: None,
-            header,
-            cache: match cache.unavailable() {
-                Some(reason) => CacheOutcome::Unavailable(reason),
-                None if cache.enabled() => CacheOutcome::Unused,
-                None => CacheOutcome::Disabled,
-            },
-            index,
-            summary: ChangeSummary::default(),
-        });
+        let outcome = if cache.enabled() {
+            CacheOutcome::Unused
+        } else {
+            CacheOutcome::Disabled
+        };
+        let outcome = cache
+            .unavailable()
+            .map_or(outcome, CacheOutcome::Unavailable);
+        return Ok(Saved::nothing_pushed(header, outcome, index));
     }
     let record_key = format!(
         "changesets/{}-{}.json",
@@ -295,17 +306,10 @@ pub async fn save(
     // until its garbage collection.
     if !options.push_unchanged && files.added + files.changed + files.deleted == 0 {
         tracing::info!("no file changed since the base: nothing pushed");
-        return Ok(Saved {
-            layer: None,
-            image: None,
-            header,
-            cache: match cache.unavailable() {
-                Some(reason) => CacheOutcome::Unavailable(reason),
-                None => outcome,
-            },
-            index,
-            summary: ChangeSummary::default(),
-        });
+        let outcome = cache
+            .unavailable()
+            .map_or(outcome, CacheOutcome::Unavailable);
+        return Ok(Saved::nothing_pushed(header, outcome, index));
     }
 
     let mut layer = layer;

@@ -79,6 +79,19 @@ pub struct NotebookCondition {
 }
 
 impl Notebook {
+    /// The PersistentVolumeClaims its pod mounts (workspace and data volumes).
+    pub fn claim_names(&self) -> impl Iterator<Item = &str> {
+        self.spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|pod| pod.volumes.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|volume| volume.persistent_volume_claim.as_ref())
+            .map(|claim| claim.claim_name.as_str())
+    }
+
     /// Whether the stop annotation is present (its value does not matter, as in Kubeflow).
     pub fn is_stopped(&self) -> bool {
         self.metadata

@@ -887,18 +887,7 @@ async fn notebooks_using(state: &ApiState, ns: &str, claim: &str) -> ApiResult<V
         .list(Some(ns))
         .await?
         .into_iter()
-        .filter(|notebook| {
-            notebook
-                .spec
-                .template
-                .spec
-                .as_ref()
-                .and_then(|pod| pod.volumes.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|volume| volume.persistent_volume_claim.as_ref())
-                .any(|pvc| pvc.claim_name == claim)
-        })
+        .filter(|notebook| notebook.claim_names().any(|mounted| mounted == claim))
         .filter_map(|notebook| notebook.metadata.name)
         .collect())
 }

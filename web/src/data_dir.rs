@@ -404,7 +404,7 @@ pub fn restore(archive: &Path, dir: &Path) -> Result<RestoreSummary, DataDirErro
 }
 
 /// Writes `bytes` to `path` through a temporary file, so a crash leaves the old file or the new.
-fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+pub(crate) fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     let temporary = path.with_extension("tmp");
     let mut file = std::fs::OpenOptions::new()
         .write(true)

@@ -243,10 +243,8 @@ impl RunningRecord {
     const FILE: &str = "running.json";
 
     fn write(&self, dir: &Path) -> std::io::Result<()> {
-        let path = dir.join(Self::FILE);
-        let temporary = path.with_extension("json.tmp");
-        std::fs::write(&temporary, serde_json::to_vec_pretty(self)?)?;
-        std::fs::rename(&temporary, &path)
+        let bytes = serde_json::to_vec_pretty(self)?;
+        crate::data_dir::write_replacing(&dir.join(Self::FILE), &bytes, 0o644)
     }
 
     /// The instance running on `dir` now, if one is: the lock is held and it said who it is.

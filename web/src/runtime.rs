@@ -812,18 +812,8 @@ impl Runtime {
             .collect();
         for notebook in &notebooks {
             let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
-            let claims = notebook
-                .spec
-                .template
-                .spec
-                .as_ref()
-                .and_then(|pod| pod.volumes.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.persistent_volume_claim.as_ref())
-                .map(|claim| claim.claim_name.clone());
-            for claim in claims {
-                let (new, legacy) = (volume_name(ns, &claim), legacy_volume_name(ns, &claim));
+            for claim in notebook.claim_names() {
+                let (new, legacy) = (volume_name(ns, claim), legacy_volume_name(ns, claim));
                 if self.engine.volume_exists(&new).await
                     || !self.engine.volume_exists(&legacy).await
                 {

@@ -6,12 +6,12 @@
 //! It is kept across restarts (a new one would make every browser ask again) and made anew only
 //! when the names it must cover change or it is about to expire.
 
+use crate::data_dir::write_replacing;
 use labforge_proxy::server::TlsFiles;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// How long a new certificate is valid: the longest Apple's platforms accept for a server
@@ -166,21 +166,6 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-}
-
-/// Writes `bytes` to `path` through a temporary file, so a crash leaves the old file or the new.
-fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let temporary = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&temporary)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&temporary, path)
 }
 
 #[cfg(test)]
