@@ -2,6 +2,7 @@
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::HumanBytes;
 use indicatif::{ProgressBar, ProgressStyle};
 use labforge_builder::cache::{BlobCache, S3Cache, S3CacheConfig};
 use labforge_builder::image::RuntimeConfig;
@@ -959,7 +960,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print!("{status}");
+                print!("{}", StatusText(&status));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -980,6 +981,86 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 print!("{}", labforge_crds::crd_yaml(&crd)?);
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `labforge status` as an admin reads it.
+struct StatusText<'a>(&'a labforge_web::status::Status);
+
+impl std::fmt::Display for StatusText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "Data dir:      {} (format {})",
+            self.0.data_dir.display(),
+            self.0.format
+        )?;
+        match &self.0.running {
+            Some(running) => {
+                writeln!(
+                    f,
+                    "Instance:      running, pid {}, since {}",
+                    running.pid,
+                    running.started.strftime("%Y-%m-%d %H:%M UTC")
+                )?;
+                writeln!(f, "URL:           {}", running.url)?;
+                let whose = if running.local_registry {
+                    "labforge's own, blobs in the data dir"
+                } else {
+                    "configured"
+                };
+                writeln!(f, "Registry:      {} ({whose})", running.registry)?;
+            }
+            None => writeln!(f, "Instance:      not running")?,
+        }
+        writeln!(
+            f,
+            "Users:         {} ({} admin)",
+            self.0.users, self.0.admins
+        )?;
+        let total: usize = self.0.notebooks.values().sum();
+        let by_state: Vec<String> = self
+            .0
+            .notebooks
+            .iter()
+            .map(|(state, count)| format!("{count} {state}"))
+            .collect();
+        if by_state.is_empty() {
+            writeln!(f, "Notebooks:     none")?;
+        } else {
+            writeln!(f, "Notebooks:     {total}: {}", by_state.join(", "))?;
+        }
+        writeln!(
+            f,
+            "Saved images:  {}, {} of layers",
+            self.0.saved_images,
+            HumanBytes(self.0.saved_layer_bytes)
+        )?;
+        writeln!(
+            f,
+            "Disk:          data dir {} (registry {}, cache {})",
+            HumanBytes(self.0.disk.data_dir),
+            HumanBytes(self.0.disk.registry),
+            HumanBytes(self.0.disk.cache)
+        )?;
+        match &self.0.engine_error {
+            None => {
+                let parts: Vec<String> = self
+                    .0
+                    .engine_storage
+                    .iter()
+                    .map(|line| {
+                        let size = line.size.parse::<u64>().map_or_else(
+                            |_| line.size.clone(),
+                            |bytes| HumanBytes(bytes).to_string(),
+                        );
+                        format!("{} {size} ({})", line.kind.to_lowercase(), line.count)
+                    })
+                    .collect();
+                writeln!(f, "Engine:        {}", parts.join(", "))
+            }
+            Some(why) => writeln!(f, "Engine:        unknown: {why}"),
         }
     }
 }

@@ -193,18 +193,7 @@ impl Session {
             .unwrap();
         expect_redirect("the code", &redeemed)?;
         assert_eq!(location(&redeemed), path, "back where the visit was going");
-        let grant = redeemed
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|c| c.starts_with("labforge_notebook="))
-            .unwrap_or_default();
-        assert_eq!(
-            grant.contains("; Secure"),
-            self.certificate.is_some(),
-            "the notebook's cookie is secure exactly when TLS is on: {grant}"
-        );
+        self.assert_secure_exactly_under_tls(&redeemed, "labforge_notebook");
         Ok(NotebookVisit {
             host,
             base: format!("{at_host}/notebook/{ns}/{name}"),
@@ -232,18 +221,7 @@ impl Session {
             .unwrap();
         expect_redirect("the notebook's host without a cookie", &visit)?;
         let state = set_cookie(&visit, "labforge_notebook_state").expect("a state cookie");
-        let state_attributes = visit
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|c| c.starts_with("labforge_notebook_state="))
-            .unwrap_or_default();
-        assert_eq!(
-            state_attributes.contains("; Secure"),
-            self.certificate.is_some(),
-            "the state cookie is secure exactly when TLS is on: {state_attributes}"
-        );
+        self.assert_secure_exactly_under_tls(&visit, "labforge_notebook_state");
         let sign_in = location(&visit);
         let sign_in_path = sign_in
             .strip_prefix(&format!("//{}:{}", self.domain(), self.port()))
@@ -264,6 +242,16 @@ impl Session {
         Ok((state, code_path))
     }
 
+    /// Cookie `name` of `response` carries `Secure` exactly when `labforge up` serves TLS.
+    fn assert_secure_exactly_under_tls(&self, response: &reqwest::Response, name: &str) {
+        let line = set_cookie_line(response, name).unwrap_or_default();
+        assert_eq!(
+            line.contains("; Secure"),
+            self.certificate.is_some(),
+            "{name} is secure exactly when TLS is on: {line}"
+        );
+    }
+
     /// A Jupyter client on notebook `ns/name`'s own host, signed in to it.
     pub async fn jupyter(&self, ns: &str, name: &str) -> JupyterClient {
         let visit = self.open_notebook(ns, name).await.unwrap();
@@ -279,15 +267,19 @@ fn location(response: &reqwest::Response) -> String {
     response.headers()["location"].to_str().unwrap().to_owned()
 }
 
-/// `name=value` of the cookie `name` a response sets.
-fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
+/// The whole `Set-Cookie` line of the cookie `name` a response sets (attributes included).
+fn set_cookie_line<'r>(response: &'r reqwest::Response, name: &str) -> Option<&'r str> {
     response
         .headers()
         .get_all("set-cookie")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .find(|c| c.starts_with(&format!("{name}=")))
-        .map(|c| c.split(';').next().unwrap_or_default().to_owned())
+}
+
+/// `name=value` of the cookie `name` a response sets.
+fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
+    set_cookie_line(response, name).map(|c| c.split(';').next().unwrap_or_default().to_owned())
 }
 
 /// `Ok` for a redirect; else which step answered what.

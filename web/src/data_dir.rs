@@ -62,6 +62,8 @@ pub enum DataDirError {
     Busy { dir: PathBuf },
     #[error("{}: {reason}", archive.display())]
     Archive { archive: PathBuf, reason: String },
+    #[error("{} holds no labforge data (no users.json, no store)", dir.display())]
+    NoData { dir: PathBuf },
     #[error(
         "{} already holds labforge data ({what}); restore into a new data dir, or move that one away first",
         dir.display()
@@ -163,9 +165,8 @@ struct FileRead {
 /// so the archive is one moment's state.
 pub fn backup(dir: &Path, archive: &Path) -> Result<BackupSummary, DataDirError> {
     if matches!(check_format(dir)?, Found::Fresh) {
-        return Err(DataDirError::Archive {
-            archive: dir.to_owned(),
-            reason: "no labforge data here to back up (no users.json, no store)".into(),
+        return Err(DataDirError::NoData {
+            dir: dir.to_owned(),
         });
     }
     let mut retries = 0;

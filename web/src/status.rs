@@ -12,8 +12,6 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    #[error("{} holds no labforge data (no users.json, no store)", dir.display())]
-    NoData { dir: PathBuf },
     #[error(transparent)]
     Format(#[from] DataDirError),
     #[error(transparent)]
@@ -71,9 +69,10 @@ pub struct EngineUse {
 pub fn read(dir: &Path, engine: &Path) -> Result<Status, StatusError> {
     let format = match check_format(dir)? {
         Found::Fresh => {
-            return Err(StatusError::NoData {
+            return Err(DataDirError::NoData {
                 dir: dir.to_owned(),
-            });
+            }
+            .into());
         }
         Found::Current => crate::data_dir::FORMAT,
         Found::Older(format) => format,
@@ -190,93 +189,6 @@ fn parse_system_df(text: &str) -> Vec<EngineUse> {
         .collect()
 }
 
-/// Bytes as people read them: `12.3 MiB`.
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "Data dir:      {} (format {})",
-            self.data_dir.display(),
-            self.format
-        )?;
-        match &self.running {
-            Some(running) => {
-                writeln!(
-                    f,
-                    "Instance:      running, pid {}, since {}",
-                    running.pid,
-                    running.started.strftime("%Y-%m-%d %H:%M UTC")
-                )?;
-                writeln!(f, "URL:           {}", running.url)?;
-                let whose = if running.local_registry {
-                    "labforge's own, blobs in the data dir"
-                } else {
-                    "configured"
-                };
-                writeln!(f, "Registry:      {} ({whose})", running.registry)?;
-            }
-            None => writeln!(f, "Instance:      not running")?,
-        }
-        writeln!(f, "Users:         {} ({} admin)", self.users, self.admins)?;
-        let total: usize = self.notebooks.values().sum();
-        let by_state: Vec<String> = self
-            .notebooks
-            .iter()
-            .map(|(state, count)| format!("{count} {state}"))
-            .collect();
-        if by_state.is_empty() {
-            writeln!(f, "Notebooks:     none")?;
-        } else {
-            writeln!(f, "Notebooks:     {total}: {}", by_state.join(", "))?;
-        }
-        writeln!(
-            f,
-            "Saved images:  {}, {} of layers",
-            self.saved_images,
-            human(self.saved_layer_bytes)
-        )?;
-        writeln!(
-            f,
-            "Disk:          data dir {} (registry {}, cache {})",
-            human(self.disk.data_dir),
-            human(self.disk.registry),
-            human(self.disk.cache)
-        )?;
-        match &self.engine_error {
-            None => {
-                let parts: Vec<String> = self
-                    .engine_storage
-                    .iter()
-                    .map(|line| {
-                        let size = line
-                            .size
-                            .parse::<u64>()
-                            .map_or_else(|_| line.size.clone(), human);
-                        format!("{} {size} ({})", line.kind.to_lowercase(), line.count)
-                    })
-                    .collect();
-                writeln!(f, "Engine:        {}", parts.join(", "))
-            }
-            Some(why) => writeln!(f, "Engine:        unknown: {why}"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,8 +222,6 @@ mod tests {
                 size: "1.2GB".into()
             }]
         );
-        assert_eq!(human(512), "512 B");
-        assert_eq!(human(1536), "1.5 KiB");
     }
 
     #[test]
