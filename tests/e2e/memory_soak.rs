@@ -37,6 +37,9 @@ impl SoakSize {
     }
 }
 
+/// Saves in the round before the first sample.
+const WARM_UP_SAVES: usize = 5;
+
 /// Idle blocking-pool threads are kept this long; sign-ins come further apart than that.
 const KEEP_ALIVE_MS: u64 = 100;
 
@@ -59,7 +62,8 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
 
     let sign_ins_per_round = size.sign_ins.div_ceil(size.cycles);
     let save_every = size.cycles.div_ceil(size.saves.max(1));
-    let round = |index: usize| {
+    // `saves` saves in this round, each of a file written for it.
+    let round = |index: usize, saves: usize| {
         let (up, session, user, password, notebooks) =
             (&up, &session, &user, &password, &notebooks);
         async move {
@@ -95,12 +99,12 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
             session
                 .wait_state(user, "soak", "ready", Duration::from_secs(120))
                 .await;
-            if index.is_multiple_of(save_every) {
+            for save in 0..saves {
                 // A file to keep: a save with none makes no image, and so measures less.
                 let container = labforge_web::runtime::container_name(user, "soak");
                 let wrote = std::process::Command::new("podman")
                     .args(["exec", &container, "sh", "-c"])
-                    .arg(format!("echo {index} > /tmp/soak-{index}"))
+                    .arg(format!("echo {index} > /tmp/soak-{index}-{save}"))
                     .status()
                     .unwrap();
                 assert!(wrote.success(), "writing a file in {container}");
@@ -126,12 +130,13 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
     };
 
     // One round first: the hashing threads, the base image's index, the connection pools and
-    // the allocator's arenas reach their working size.
-    round(0).await;
+    // the allocator's arenas reach their working size. Saves take a few to reach theirs (the
+    // heap grows over the first four or five, then stays put), so this round saves five times.
+    round(0, WARM_UP_SAVES).await;
     let started = Instant::now();
     let mut samples = Vec::with_capacity(size.cycles);
     for index in 0..size.cycles {
-        round(index).await;
+        round(index, usize::from(index.is_multiple_of(save_every))).await;
         samples.push(up.resident_kib().expect("labforge up's VmRSS"));
     }
     // Medians of the first and last thirds: a save that lands just before a sample moves that
