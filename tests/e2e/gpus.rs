@@ -1,6 +1,7 @@
 //! GPUs: in the embedded mode, CDI devices handed to notebooks exclusively through podman (fake
 //! devices described by a CDI spec that injects an env var), refused with a clear error when none
-//! is free, given back on stop; in cluster mode, only vendors some node has are offered.
+//! is free, given back on stop, and asked for through the spawner form in Chromium; in cluster
+//! mode, only vendors some node has are offered.
 
 use crate::controller::eventually;
 use crate::need;
@@ -170,14 +171,21 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         waiting["reason"],
         format!("1 {KIND} requested, but 0 of 2 are free")
     );
-    let stop = http
-        .patch(format!("{}/api/namespaces/{user}/notebooks/g1", up.url))
-        .header("cookie", &cookie)
-        .json(&json!({"stopped": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stop.status(), 200);
+    let stop = |name: &'static str| {
+        let http = http.clone();
+        let (url, cookie, user) = (up.url.clone(), cookie.clone(), user.clone());
+        async move {
+            let stop = http
+                .patch(format!("{url}/api/namespaces/{user}/notebooks/{name}"))
+                .header("cookie", cookie)
+                .json(&json!({"stopped": true}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(stop.status(), 200, "stopping {name}");
+        }
+    };
+    stop("g1").await;
     eventually("g3 ready", Duration::from_secs(120), || async {
         (notebook(&http, &up, &cookie, &user, "g3").await["state"] == "ready").then_some(())
     })
@@ -186,6 +194,43 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         env_in(&labforge_web::runtime::container_name(&user, "g3")),
         g1,
         "g1's device, freed by its stop"
+    );
+
+    // The same through the form in Chromium, with every device free again.
+    stop("g2").await;
+    stop("g3").await;
+    let browser_config = dir.path().join("gpu.json");
+    std::fs::write(
+        &browser_config,
+        json!({
+            "url": up.url,
+            "user": [user, password],
+            "image": image,
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output =
+        labforge_tests::browser::run_script("gpu.mjs", &[&browser_config.to_string_lossy()])
+            .unwrap_or_else(|e| panic!("{e}"));
+    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        seen["vendors"],
+        json!([{"value": "", "label": "None"}, {"value": KIND, "label": "Fake GPU"}]),
+        "only the vendor with devices here: {seen}"
+    );
+    assert_eq!(
+        seen["countMax"], "2",
+        "the form's limit is what exists: {seen}"
+    );
+    assert_eq!(seen["tooMany"]["message"], "at most 2 GPUs", "{seen}");
+    assert_eq!(seen["tooMany"]["visible"], true, "{seen}");
+    assert_eq!(seen["listed"], format!("1 × {KIND}"), "{seen}");
+    let given = env_in(&labforge_web::runtime::container_name(&user, "gform"));
+    assert!(
+        given == "0" || given == "1",
+        "the notebook made in the form got a device: {given:?}"
     );
 }
 

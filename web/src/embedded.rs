@@ -473,6 +473,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     spawner
         .gpu_vendors
         .retain(|v| available.contains(&v.limits_key));
+    // More than this machine has would wait forever: refused when asked, and the form's limit.
+    spawner.defaults.max_gpus = spawner.defaults.max_gpus.min(gpus.most_devices());
 
     let builder_config = BuilderConfig {
         notebook_domain: options.notebook_domain.clone(),

@@ -96,6 +96,12 @@ impl GpuPool {
             .collect()
     }
 
+    /// The most devices any one vendor has here.
+    pub fn most_devices(&self) -> u32 {
+        let most = self.devices.values().map(Vec::len).max().unwrap_or(0);
+        u32::try_from(most).unwrap_or(u32::MAX)
+    }
+
     /// The devices for `notebook`'s GPU limits: those it holds, those in `preferred` (what its
     /// running container has, after a restart) when free, else the first free ones.
     pub fn assign(
@@ -230,6 +236,8 @@ mod tests {
         }];
         let pool = GpuPool::discover(&vendors, &[dir.path().to_owned()]);
         assert_eq!(pool.available_vendors(), ["example.com/gpu"]);
+        assert_eq!(pool.most_devices(), 2);
+        assert_eq!(GpuPool::default().most_devices(), 0);
         let a = pool.assign(&notebook("a", 1), &[]).unwrap();
         let b = pool.assign(&notebook("b", 1), &[]).unwrap();
         assert_ne!(a, b);
