@@ -216,6 +216,11 @@ pub struct UpArgs {
     /// is printed at start, for users to compare with what their browser shows.
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     pub tls_self_signed: bool,
+    /// Serve Prometheus metrics (each running notebook's CPU and memory use) at
+    /// `http://<address>/metrics`; none when absent. Anyone who reaches it sees every
+    /// notebook's name: keep it on loopback or a monitoring network.
+    #[arg(long, env = "LABFORGE_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl UpArgs {
@@ -275,6 +280,9 @@ impl UpArgs {
         }
         if self.tls_self_signed {
             args.push("--tls-self-signed".to_owned());
+        }
+        if let Some(metrics) = self.metrics_listen {
+            args.extend(["--metrics-listen".to_owned(), metrics.to_string()]);
         }
         Ok(args)
     }
@@ -1524,6 +1532,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         culling,
         notebook_domain: notebook_domain(args)?,
         tls: args.tls(),
+        metrics_listen: args.metrics_listen,
         cdi_dirs: labforge_web::gpus::CDI_DIRS
             .iter()
             .map(Into::into)
@@ -1552,6 +1561,9 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             },
             certificate.fingerprint
         );
+    }
+    if let Some(metrics) = &running.metrics_url {
+        println!("  Metrics: {metrics}");
     }
     println!(
         "  Registry: http://{}   Data: {}",
@@ -1615,6 +1627,8 @@ mod tests {
             "--notebook-domain",
             "lab.example.com",
             "--notebook-paths",
+            "--metrics-listen",
+            "127.0.0.1:9464",
         ];
         for tls in [
             &[

@@ -26,6 +26,7 @@ mod s3_cache;
 mod save;
 mod team_server;
 mod ui;
+mod usage;
 mod vscode;
 mod web_cluster;
 

@@ -65,6 +65,10 @@ pub struct ApiState {
     /// Checks an image a user names (neither in the catalog nor saved) before a notebook is made
     /// or moved onto it; `None`: not checked.
     pub image_check: Option<Arc<dyn crate::image_check::ImageCheck>>,
+    /// The running notebooks' last sampled resource use; `None`: not measured here.
+    pub usage: Option<Arc<crate::usage::UsageBoard>>,
+    /// How long without activity a notebook counts as idle (the culling idle time).
+    pub idle_after: std::time::Duration,
 }
 
 impl ApiState {
@@ -463,6 +467,12 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             .resource_version
             .clone()
             .unwrap_or_default(),
+        // A sample taken just before a stop is not shown after it.
+        usage: api
+            .usage
+            .as_ref()
+            .filter(|_| !notebook.is_stopped())
+            .and_then(|board| board.get(&namespace, &name)),
         name,
         namespace,
     }
@@ -1023,11 +1033,11 @@ async fn watch_namespace(
         let ns = ns.clone();
         async move {
             match change {
-                Ok(Change::Notebook { namespace, .. } | Change::Status { namespace, .. })
-                    if namespace == ns =>
-                {
-                    Some(Ok(notebooks_event(&state, &ns).await))
-                }
+                Ok(
+                    Change::Notebook { namespace, .. }
+                    | Change::Status { namespace, .. }
+                    | Change::Usage { namespace },
+                ) if namespace == ns => Some(Ok(notebooks_event(&state, &ns).await)),
                 // Lagged behind: send the whole list again.
                 Err(_) => Some(Ok(notebooks_event(&state, &ns).await)),
                 Ok(_) => None,
@@ -1063,6 +1073,25 @@ struct AdminQuery {
     namespace: Option<String>,
     #[serde(default)]
     state: Option<NotebookState>,
+    /// Only running notebooks that hold GPUs and saw no activity for the idle time.
+    #[serde(default, rename = "idleHoldingGpus")]
+    idle_holding_gpus: bool,
+}
+
+/// Running, holding GPUs, and no activity seen for `idle_after` (or ever).
+fn idle_holding_gpus(view: &NotebookView, idle_after: std::time::Duration) -> bool {
+    let holds = view
+        .gpus
+        .as_ref()
+        .is_some_and(|g| g.count.parse::<u64>().is_ok_and(|n| n > 0));
+    let since = view
+        .last_activity
+        .as_deref()
+        .or(view.created.as_deref())
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let idle =
+        since.is_none_or(|t| jiff::Timestamp::now().duration_since(t).unsigned_abs() >= idle_after);
+    holds && matches!(view.state, NotebookState::Ready | NotebookState::Starting) && idle
 }
 
 /// Every user's notebooks in one answer (Kubeflow's web app asks namespace by namespace).
@@ -1089,6 +1118,7 @@ async fn admin_notebooks(
                 .is_none_or(|u| v.owner.to_lowercase().contains(&u.trim().to_lowercase()))
         })
         .filter(|v| query.state.is_none_or(|s| v.state == s))
+        .filter(|v| !query.idle_holding_gpus || idle_holding_gpus(v, state.idle_after))
         .collect();
     let running: Vec<&NotebookView> = notebooks
         .iter()
@@ -1106,8 +1136,58 @@ async fn admin_notebooks(
         "cpu": sum(&|v| v.cpu_limit.clone(), "cpu"),
         "memoryBytes": sum(&|v| v.memory_limit.clone(), "memory"),
         "gpus": sum(&|v| v.gpus.as_ref().map(|g| g.count.clone()).unwrap_or_default(), "gpus"),
+        // Measured use, beside the limits above.
+        "cpuUsed": running.iter().filter_map(|v| v.usage.as_ref()?.cpu_cores).sum::<f64>(),
+        "memoryBytesUsed": running.iter().filter_map(|v| Some(v.usage.as_ref()?.memory_bytes)).sum::<u64>(),
     });
     Ok(Json(
         serde_json::json!({ "notebooks": notebooks, "totals": totals }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn notebook(state: &str, gpus: Option<&str>, last_activity: Option<&str>) -> NotebookView {
+        serde_json::from_value(serde_json::json!({
+            "name": "lab", "namespace": "alice", "owner": "alice", "serverType": "jupyter",
+            "image": "lab:1", "cpu": "1", "cpuLimit": "1", "memory": "1Gi", "memoryLimit": "1Gi",
+            "gpus": gpus.map(|count| serde_json::json!({"vendor": "nvidia.com/gpu", "count": count})),
+            "state": state, "reason": "", "lastActivity": last_activity,
+            "created": "2026-01-01T00:00:00Z", "url": "/notebook/alice/lab/",
+            "resourceVersion": "1", "autoSave": false,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn idle_and_holding_gpus_means_running_with_gpus_and_no_activity_for_the_idle_time() {
+        let hour = Duration::from_secs(3600);
+        let long_ago = "2026-01-01T00:00:00Z";
+        let now = jiff::Timestamp::now().to_string();
+        assert!(idle_holding_gpus(
+            &notebook("ready", Some("1"), Some(long_ago)),
+            hour
+        ));
+        // Never used: idle since it was made.
+        assert!(idle_holding_gpus(&notebook("ready", Some("2"), None), hour));
+        assert!(!idle_holding_gpus(
+            &notebook("ready", Some("1"), Some(&now)),
+            hour
+        ));
+        assert!(!idle_holding_gpus(
+            &notebook("ready", None, Some(long_ago)),
+            hour
+        ));
+        assert!(!idle_holding_gpus(
+            &notebook("ready", Some("0"), Some(long_ago)),
+            hour
+        ));
+        assert!(!idle_holding_gpus(
+            &notebook("stopped", Some("1"), Some(long_ago)),
+            hour
+        ));
+    }
 }

@@ -50,6 +50,8 @@ pub async fn router(
         // The kubelet pulls with the namespace's pull secrets, which the web app does not see:
         // its pull is the check.
         image_check: None,
+        usage: None,
+        idle_after: labforge_notebook_controller::culler::CullingConfig::default().idle_time,
     };
     crate::api::router(state.clone())
         .merge(crate::ui::router(state))

@@ -68,6 +68,12 @@ pub enum UpError {
     EngineMissing { program: String },
     #[error("serving the web app: {0}")]
     Web(#[source] std::io::Error),
+    #[error("serving metrics on {address}: {source}; pass another --metrics-listen address")]
+    Metrics {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("starting the proxy: {0}")]
     Proxy(#[from] labforge_proxy::ProxyStartError),
     #[error("the self-signed certificate: {0}")]
@@ -118,6 +124,8 @@ pub struct UpOptions {
     /// HTTPS on the listen address (plain HTTP there is redirected to it), and cookies marked
     /// `Secure`; `None`: plain HTTP.
     pub tls: Option<TlsSource>,
+    /// Where Prometheus metrics are served (`/metrics`); `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// A running embedded mode; everything stops when it is dropped.
@@ -129,6 +137,8 @@ pub struct Running {
     pub created_admin: Option<(String, String)>,
     /// The self-signed certificate in use, when there is one.
     pub self_signed: Option<crate::self_signed::SelfSigned>,
+    /// Where the metrics are served, when they are.
+    pub metrics_url: Option<String>,
     pub store: Arc<Store>,
     pub runtime: Arc<Runtime>,
     pub proxy: RunningProxy,
@@ -609,6 +619,24 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Ok(adopted) => tracing::info!(adopted, "notebooks still running were adopted"),
         Err(err) => tracing::warn!(error = %err, "listing running notebooks"),
     }
+    let usage = Arc::new(crate::usage::UsageBoard::default());
+    let metrics = match options.metrics_listen {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| UpError::Metrics { address, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| UpError::Metrics { address, source })?;
+            Some((listener, format!("http://{bound}/metrics")))
+        }
+        None => None,
+    };
+    let sampler = tokio::spawn(crate::usage::sample_forever(
+        engine.clone(),
+        store.clone(),
+        usage.clone(),
+    ));
     let state = ApiState {
         backend: store.clone(),
         access: auth.clone(),
@@ -632,6 +660,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             },
             engine: Some(options.engine.clone()),
         })),
+        usage: Some(usage.clone()),
+        idle_after: options.culling.idle_time,
     };
     let api = crate::api::router(state.clone())
         .merge(crate::ui::router(state))
@@ -644,7 +674,12 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             }
         }),
         tokio::spawn(runtime.clone().run()),
+        sampler,
     ];
+    let metrics_url = metrics.map(|(listener, url)| {
+        tasks.push(tokio::spawn(crate::usage::serve_metrics(listener, usage)));
+        url
+    });
     if options.culling.enabled {
         tasks.push(tokio::spawn(cull(
             store.clone(),
@@ -677,6 +712,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         registry,
         created_admin,
         self_signed,
+        metrics_url,
         store,
         runtime,
         proxy,

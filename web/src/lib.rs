@@ -26,5 +26,6 @@ pub mod sign_in;
 pub mod status;
 pub mod store;
 pub mod ui;
+pub mod usage;
 pub mod users;
 pub mod validate;

@@ -168,6 +168,9 @@ pub struct NotebookView {
     pub resource_version: String,
     /// Saved before every stop.
     pub auto_save: bool,
+    /// What it uses now, while it runs and where it is measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::usage::Usage>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -498,6 +498,23 @@ impl Engine {
             .collect())
     }
 
+    /// The resource use of every running container (podman's stats; docker's give only
+    /// rounded text, so under docker none is read).
+    pub async fn stats(&self) -> Result<Vec<crate::usage::EngineStats>, EngineError> {
+        if self.is_docker() {
+            return Ok(Vec::new());
+        }
+        let out = self
+            .run(&[
+                "stats".into(),
+                "--no-stream".into(),
+                "--format".into(),
+                "{{json .ContainerStats}}".into(),
+            ])
+            .await?;
+        crate::usage::parse_stats(&out).map_err(|e| EngineError::Output(e.to_string()))
+    }
+
     fn insecure(&self, image: &str) -> bool {
         self.insecure_registries
             .iter()

@@ -57,6 +57,10 @@ pub enum Change {
     SavedImages {
         namespace: String,
     },
+    /// A new sample of the namespace's resource use (kept in memory, not in the store).
+    Usage {
+        namespace: String,
+    },
 }
 
 type Key = (String, String);
@@ -192,6 +196,13 @@ impl Store {
     fn notify(&self, change: Change) {
         // Nobody listening is fine.
         let _ = self.changes.send(change);
+    }
+
+    /// Tells the namespace's watchers that its notebooks' resource use was sampled again.
+    pub fn notify_usage(&self, namespace: &str) {
+        self.notify(Change::Usage {
+            namespace: namespace.to_owned(),
+        });
     }
 
     /// Notebooks of `namespace`, or of every namespace.

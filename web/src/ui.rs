@@ -560,6 +560,7 @@ async fn notebook_page(
 <div class="actions"><a class="button" id="connect" href="{connect}" target="_blank" rel="noopener">Connect</a>
 <button type="button" class="secondary" id="toggle">…</button></div></div>
 <p id="reason" class="hint"></p>
+<p class="warning" id="memory-warning" role="alert" hidden>This notebook uses over 90 % of its memory limit: at the limit its kernel is stopped. Free memory, or stop it and start it with a higher limit.</p>
 <section class="card"><h2>Save environment as image</h2>
 <p class="hint">Packages you installed (pip, conda, apt) become one new image layer on the image this notebook runs. Your workspace is not part of it.</p>
 <form id="save" class="inline" novalidate><label for="tag">Tag</label><input id="tag" name="tag">
@@ -601,7 +602,8 @@ async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Respon
 <form id="filters" class="inline"><div><label for="f-user">User</label><input id="f-user" name="user"></div>
 <div><label for="f-namespace">Namespace</label><input id="f-namespace" name="namespace"></div>
 <div><label for="f-state">State</label><select id="f-state" name="state"><option value="">Any</option><option>ready</option><option>starting</option><option>stopped</option><option>culled</option><option>error</option></select></div>
-<div><label for="f-sort">Sort by</label><select id="f-sort" name="sort"><option value="activity">Last activity</option><option value="cpu">CPU</option><option value="memory">Memory</option><option value="gpu">GPUs</option><option value="name">Name</option></select></div>
+<div><label for="f-sort">Sort by</label><select id="f-sort" name="sort"><option value="activity">Last activity</option><option value="cpuUsed">CPU in use</option><option value="memoryUsed">Memory in use</option><option value="cpu">CPU limit</option><option value="memory">Memory limit</option><option value="gpu">GPUs held</option><option value="name">Name</option></select></div>
+<div><label><input type="checkbox" id="f-idle-gpus" name="idleGpus"> Idle but holding GPUs</label></div>
 <button type="button" class="secondary" id="bulk-stop" disabled>Stop selected</button></form>
 <div class="table-wrap"><table id="all"><thead><tr><th scope="col"><input type="checkbox" id="select-all" aria-label="Select all"></th><th scope="col">Namespace</th><th scope="col">Name</th><th scope="col">Owner</th><th scope="col">State</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th></tr></thead><tbody></tbody></table></div>
 <p class="empty" id="empty" hidden>No notebook matches.</p>"#,

@@ -1,22 +1,17 @@
 // Every user's notebooks in one view, with filters, sorting, bulk stop and totals.
-import { api, el, stateBadge, ago, bytes, gpuText, breakable } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuText, breakable, quantity, cpuUse, memoryUse } from './common.js';
 
 const filters = document.getElementById('filters');
 const body = document.querySelector('#all tbody');
 const bulk = document.getElementById('bulk-stop');
 let notebooks = [];
 
-function quantity(text) {
-  const m = /^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$/.exec(text || '');
-  if (!m) return 0;
-  const unit = { m: 1e-3, k: 1e3, M: 1e6, G: 1e9, T: 1e12, Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3, Ti: 1024 ** 4 }[m[2]] || 1;
-  return Number(m[1]) * unit;
-}
-
 const SORTS = {
   activity: (a, b) => (Date.parse(b.lastActivity || 0) || 0) - (Date.parse(a.lastActivity || 0) || 0),
   cpu: (a, b) => quantity(b.cpuLimit) - quantity(a.cpuLimit),
   memory: (a, b) => quantity(b.memoryLimit) - quantity(a.memoryLimit),
+  cpuUsed: (a, b) => (b.usage?.cpuCores || 0) - (a.usage?.cpuCores || 0),
+  memoryUsed: (a, b) => (b.usage?.memoryBytes || 0) - (a.usage?.memoryBytes || 0),
   gpu: (a, b) => Number(b.gpus?.count || 0) - Number(a.gpus?.count || 0),
   name: (a, b) => `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`),
 };
@@ -31,15 +26,15 @@ function render() {
   const keep = new Set(selected());
   body.replaceChildren(...sorted.map((nb) => {
     const key = `${nb.namespace}/${nb.name}`;
-    return el('tr', {},
+    return el('tr', { 'data-key': key, class: nb.usage?.memoryNearLimit ? 'near-limit' : null },
       el('td', {}, el('input', { type: 'checkbox', value: key, checked: keep.has(key), 'aria-label': `Select ${key}`, onchange: update })),
       el('td', {}, nb.namespace),
       el('td', {}, el('a', { href: `/notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, nb.owner),
       el('td', {}, stateBadge(nb.state, nb.reason)),
       el('td', { class: 'wrap' }, breakable(nb.image)),
-      el('td', {}, nb.cpuLimit),
-      el('td', {}, nb.memoryLimit),
+      el('td', {}, cpuUse(nb)),
+      el('td', {}, memoryUse(nb)),
       el('td', {}, gpuText(nb.gpus)),
       el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)));
   }));
@@ -51,6 +46,7 @@ function update() { bulk.disabled = selected().length === 0; }
 async function load() {
   const query = new URLSearchParams();
   for (const key of ['user', 'namespace', 'state']) if (filters[key].value.trim()) query.set(key, filters[key].value.trim());
+  if (filters.idleGpus.checked) query.set('idleHoldingGpus', 'true');
   const { status, body: answer } = await api('GET', `/api/admin/notebooks?${query}`);
   if (status !== 200) return;
   notebooks = answer.notebooks;
@@ -58,9 +54,9 @@ async function load() {
   document.getElementById('totals').replaceChildren(
     el('div', {}, el('b', {}, t.running), 'running notebooks'),
     el('div', {}, el('b', {}, t.notebooks), 'notebooks listed'),
-    el('div', {}, el('b', {}, Number(t.cpu).toFixed(1)), 'CPUs in use (limits)'),
-    el('div', {}, el('b', {}, bytes(t.memoryBytes)), 'memory in use (limits)'),
-    el('div', {}, el('b', {}, t.gpus), 'GPUs in use'));
+    el('div', { id: 'total-cpu' }, el('b', {}, `${Number(t.cpuUsed).toFixed(2)} / ${Number(t.cpu).toFixed(1)}`), 'CPUs used now / limits'),
+    el('div', { id: 'total-memory' }, el('b', {}, `${bytes(t.memoryBytesUsed)} / ${bytes(t.memoryBytes)}`), 'memory used now / limits'),
+    el('div', {}, el('b', {}, t.gpus), 'GPUs held'));
   render();
 }
 

@@ -58,6 +58,41 @@ export function bytes(n) {
   return `${(n / 1024 ** i).toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+/** A Kubernetes quantity ("500m", "2", "1Gi") as a number; 0 when it is not one. */
+export function quantity(text) {
+  const m = /^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$/.exec(text || '');
+  if (!m) return 0;
+  const unit = { m: 1e-3, k: 1e3, M: 1e6, G: 1e9, T: 1e12, Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3, Ti: 1024 ** 4 }[m[2]] || 1;
+  return Number(m[1]) * unit;
+}
+
+/** CPU in use against the limit, with a bar; what was asked for while it is not measured. */
+export function cpuUse(nb) {
+  const asked = nb.cpuLimit || nb.cpu;
+  const used = nb.usage?.cpuCores;
+  if (used === undefined || used === null) return asked;
+  const limit = quantity(asked);
+  return el('span', { class: 'use', 'data-cpu-cores': used, title: `${used.toFixed(2)} cores in use of ${asked}` },
+    limit ? el('meter', { min: 0, max: limit, value: Math.min(used, limit), 'aria-label': 'CPU in use' }) : null,
+    `${used.toFixed(2)} / ${asked}`);
+}
+
+/** Memory in use against the limit, with a bar, marked near the limit; what was asked for while
+ * it is not measured. */
+export function memoryUse(nb) {
+  const usage = nb.usage;
+  if (!usage) return nb.memoryLimit || nb.memory;
+  const limit = usage.memoryLimitBytes;
+  return el('span', {
+    class: usage.memoryNearLimit ? 'use near-limit' : 'use',
+    'data-memory-bytes': usage.memoryBytes,
+    title: `${bytes(usage.memoryBytes)} in use${limit ? ` of ${bytes(limit)}` : ''}`,
+  },
+  limit ? el('meter', { min: 0, max: limit, high: limit * 0.9, optimum: 0, value: usage.memoryBytes, 'aria-label': 'Memory in use' }) : null,
+  `${bytes(usage.memoryBytes)}${limit ? ` / ${bytes(limit)}` : ''}`,
+  usage.memoryNearLimit ? el('strong', { class: 'near-limit-note' }, 'near its memory limit: the kernel may be stopped') : null);
+}
+
 export function gpuText(gpus) {
   return gpus ? `${gpus.count} × ${gpus.vendor}` : '—';
 }

@@ -1,6 +1,6 @@
 // One notebook: live status, events, following logs, and "Save environment as image" with its
 // progress, plus the images saved from it.
-import { api, el, stateBadge, ago, bytes, gpuText, showErrors, breakable } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuText, showErrors, breakable, cpuUse, memoryUse } from './common.js';
 
 const root = document.getElementById('notebook');
 const { ns, name } = root.dataset;
@@ -27,13 +27,23 @@ async function refresh() {
   document.getElementById('auto-save').checked = nb.autoSave;
   const details = [['Owner', nb.owner], ['Type', nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'], ['Image', nb.image],
     ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
+    ['CPU in use', el('span', { id: 'cpu-use' })], ['Memory in use', el('span', { id: 'memory-use' })],
     ['GPU', gpuText(nb.gpus)], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+  showUsage(nb);
   const conditions = body.status?.conditions || [];
   document.getElementById('conditions').replaceChildren(...(conditions.length
     ? conditions.map((c) => el('li', {}, `${c.type}: ${c.status}${c.reason ? ` (${c.reason})` : ''}${c.message ? ` — ${c.message}` : ''}`))
     : [el('li', { class: 'hint' }, 'none')]));
   followLogs(running);
+}
+
+/** What it uses now, from the latest sample (the namespace's stream brings one every few seconds). */
+function showUsage(nb) {
+  const measured = nb?.usage ? nb : null;
+  document.getElementById('cpu-use')?.replaceChildren(measured ? cpuUse(nb) : 'not running');
+  document.getElementById('memory-use')?.replaceChildren(measured ? memoryUse(nb) : 'not running');
+  document.getElementById('memory-warning').hidden = !nb?.usage?.memoryNearLimit;
 }
 
 /** "pip: added x 1.0; upgraded y 1.0→2.0 · files: 12 added, 3 changed, 0 deleted". */
@@ -176,7 +186,16 @@ document.getElementById('save').addEventListener('submit', async (event) => {
 });
 
 const watch = new EventSource(`/api/namespaces/${ns}/watch`);
-watch.addEventListener('notebooks', () => { refresh(); events(); });
+watch.addEventListener('notebooks', (event) => {
+  const nb = JSON.parse(event.data).notebooks.find((n) => n.name === name);
+  // A new sample alone changes no more than the use shown.
+  if (nb && current && nb.resourceVersion === current.resourceVersion) {
+    showUsage(nb);
+    return;
+  }
+  refresh();
+  events();
+});
 refresh();
 events();
 images();

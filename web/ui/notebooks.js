@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateBadge, ago, gpuText, notebookUrl, breakable } from './common.js';
+import { api, el, stateBadge, ago, gpuText, notebookUrl, breakable, cpuUse, memoryUse } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -18,13 +18,13 @@ function render(notebooks) {
   empty.hidden = notebooks.length > 0;
   body.replaceChildren(...notebooks.map((nb) => {
     const running = nb.state === 'ready' || nb.state === 'starting';
-    return el('tr', { 'data-name': nb.name },
+    return el('tr', { 'data-name': nb.name, class: nb.usage?.memoryNearLimit ? 'near-limit' : null },
       el('td', {}, el('a', { href: `/notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, stateBadge(nb.state, nb.reason)),
       el('td', {}, nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'),
       el('td', { class: 'wrap' }, breakable(nb.image)),
-      el('td', {}, nb.cpuLimit || nb.cpu),
-      el('td', {}, nb.memoryLimit || nb.memory),
+      el('td', {}, cpuUse(nb)),
+      el('td', {}, memoryUse(nb)),
       el('td', {}, gpuText(nb.gpus)),
       el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)),
       el('td', {},

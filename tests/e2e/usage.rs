@@ -1,0 +1,200 @@
+//! Live resource use with real podman: a kernel that fills most of its notebook's memory limit
+//! and spins a core shows as such within seconds, in the API, in Prometheus metrics and on the
+//! pages in Chromium (the list, the notebook's page with its warning, the admin's sort and
+//! totals), while an idle notebook shows near zero.
+
+use crate::embedded::{Session, up_with_jupyterlab};
+use crate::need;
+use labforge_tests::embedded::RemoveNotebooksOnDrop;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// Allocates until the container's cgroup counts 95 % of the 1 GiB limit, then spins a core for
+/// a minute on a thread of its own, so that the kernel still answers.
+const FILL_AND_SPIN: &str = r#"
+import threading, time
+def used():
+    for path in ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes"):
+        try:
+            return int(open(path).read())
+        except OSError:
+            pass
+    raise RuntimeError("no cgroup memory file")
+hog = []
+while used() < 0.95 * 1024**3:
+    hog.append(b"\x01" * (8 * 1024 * 1024))
+def spin(until):
+    while time.time() < until:
+        pass
+threading.Thread(target=spin, args=(time.time() + 90,), daemon=True).start()
+print(len(hog))
+"#;
+
+/// Waits until notebook `name`'s usage passes `check`; returns it.
+async fn usage_until(
+    session: &Session,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = session
+            .get(&format!("/api/namespaces/{ns}/notebooks/{name}"))
+            .await;
+        assert_eq!(code, 200, "{body}");
+        let usage = body["notebook"]["usage"].clone();
+        if check(&usage) {
+            return usage;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: {what} not seen within 30 s; last usage {usage}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_busy_kernel_shows_its_cpu_and_memory_and_an_idle_notebook_near_zero() {
+    crate::init_crypto();
+    let user = format!("use-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_with_jupyterlab(
+        &dir.path().join("data"),
+        &["--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
+    let password = need(up.add_user(&user));
+    let session = Session::sign_in(&up, &user, &password).await;
+    let notebooks = format!("/api/namespaces/{user}/notebooks");
+    for name in ["busy", "idle"] {
+        let (code, body) = session
+            .post(
+                &notebooks,
+                json!({"name": name, "cpuLimit": "2", "memoryLimit": "1Gi", "workspace": "none"}),
+            )
+            .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    for name in ["busy", "idle"] {
+        session
+            .wait_state(&user, name, "ready", Duration::from_secs(120))
+            .await;
+    }
+    let before = usage_until(&session, &user, "busy", "a first sample", |u| {
+        u["memoryBytes"].is_u64()
+    })
+    .await;
+    assert_eq!(before["memoryLimitBytes"], 1u64 << 30, "{before}");
+
+    let printed = need(
+        session
+            .jupyter(&user, "busy")
+            .await
+            .run_code(FILL_AND_SPIN)
+            .await,
+    );
+    assert!(printed.trim().parse::<u64>().is_ok(), "{printed}");
+    let busy = usage_until(
+        &session,
+        &user,
+        "busy",
+        "a core spun and memory near the limit",
+        |u| u["cpuCores"].as_f64().is_some_and(|c| c > 0.7) && u["memoryNearLimit"] == true,
+    )
+    .await;
+    assert!(
+        busy["cpuCores"].as_f64().unwrap() < 1.5,
+        "one spinning thread is about one core: {busy}"
+    );
+    let grown = busy["memoryBytes"].as_u64().unwrap() - before["memoryBytes"].as_u64().unwrap();
+    assert!(
+        grown > 600 << 20,
+        "the kernel's allocation shows: {before} → {busy}"
+    );
+    let idle = usage_until(&session, &user, "idle", "a CPU rate", |u| {
+        u["cpuCores"].is_f64()
+    })
+    .await;
+    assert!(
+        idle["cpuCores"].as_f64().unwrap() < 0.2,
+        "an idle notebook is near zero: {idle}"
+    );
+    assert_eq!(idle["memoryNearLimit"], false, "{idle}");
+
+    // Prometheus: per notebook, with Prometheus' names and units.
+    let stdout = up.stdout();
+    let metrics_url = stdout
+        .split("Metrics:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no metrics URL printed: {stdout}"));
+    let text = reqwest::get(metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in ["busy", "idle"] {
+        let labels = format!(r#"{{namespace="{user}",notebook="{name}"}}"#);
+        for metric in [
+            "labforge_notebook_cpu_usage_seconds_total",
+            "labforge_notebook_memory_working_set_bytes",
+            "labforge_notebook_memory_limit_bytes",
+        ] {
+            assert!(
+                text.contains(&format!("{metric}{labels} ")),
+                "{metric}{labels} missing: {text}"
+            );
+        }
+    }
+
+    // The pages, in Chromium, while the kernel still spins.
+    let admin = stdout
+        .split("Sign in as")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let config = dir.path().join("usage.json");
+    std::fs::write(
+        &config,
+        json!({
+            "url": up.url,
+            "user": [user, password],
+            "admin": [admin, up.admin_password.clone().unwrap()],
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("usage.mjs", &[&config.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    eprintln!("{seen:#}");
+    assert!(seen["listBusyCores"].as_f64().unwrap() > 0.7, "{seen}");
+    assert!(seen["listIdleCores"].as_f64().unwrap() < 0.2, "{seen}");
+    assert_eq!(seen["listBusyNearLimit"], true, "{seen}");
+    assert_eq!(seen["listIdleNearLimit"], false, "{seen}");
+    assert_eq!(seen["pageWarning"], true, "{seen}");
+    assert!(seen["pageCores"].as_f64().unwrap() > 0.7, "{seen}");
+    assert!(
+        seen["pageUpdates"].as_u64().unwrap() >= 2,
+        "the page follows new samples: {seen}"
+    );
+    assert_eq!(
+        seen["adminFirstByCpu"],
+        format!("{user}/busy"),
+        "admins sort by CPU in use: {seen}"
+    );
+    assert!(
+        seen["adminTotals"]
+            .as_str()
+            .unwrap()
+            .contains("CPUs used now"),
+        "{seen}"
+    );
+}
