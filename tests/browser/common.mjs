@@ -44,3 +44,14 @@ export function pageErrors(context) {
     },
   };
 }
+
+/**
+ * A new context of `browser` (at `width` × 900) with its error guard, and a page signed in there
+ * as `user`.
+ */
+export async function signedIn(browser, url, user, width = 1280) {
+  const context = await browser.newContext({ viewport: { width, height: 900 } });
+  const guard = pageErrors(context);
+  const page = await signIn(context, url, user);
+  return { context, guard, page };
+}

@@ -5,16 +5,14 @@
 //   node gpu.mjs CONFIG.json
 // CONFIG: {url, user: [name, password], image, screenshots}
 import { readFileSync } from 'node:fs';
-import { launch, pageErrors, signIn } from './common.mjs';
+import { launch, signedIn } from './common.mjs';
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const { url, screenshots } = config;
 const seen = {};
 const browser = await launch();
 try {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const guard = pageErrors(context);
-  const page = await signIn(context, url, config.user);
+  const { guard, page } = await signedIn(browser, url, config.user);
   await page.goto(`${url}/new`);
   seen.vendors = await page.locator('#gpuVendor option')
     .evaluateAll((options) => options.map((o) => ({ value: o.value, label: o.textContent })));

@@ -8,16 +8,14 @@
 // CONFIG: {url, user: [name, password], other: [name, password], keptVolume, missingImage,
 //          screenshots}
 import { readFileSync } from 'node:fs';
-import { launch, pageErrors, signIn } from './common.mjs';
+import { launch, signedIn } from './common.mjs';
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const { url, screenshots } = config;
 const seen = {};
 const browser = await launch();
 try {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const guard = pageErrors(context);
-  const page = await signIn(context, url, config.user);
+  const { guard, page } = await signedIn(browser, url, config.user);
   await page.goto(`${url}/new`);
   const visible = (selector) => page.locator(selector).isVisible();
   const shown = async () => ({
@@ -145,9 +143,7 @@ try {
   seen.details = { created: await detail('Created'), activityAfterStart: await detail('Last activity') };
 
   // Another user at this notebook's URL: a 403 in the app's look, with a way back.
-  const other = await browser.newContext();
-  const otherGuard = pageErrors(other);
-  const visitor = await signIn(other, url, config.other);
+  const { guard: otherGuard, page: visitor } = await signedIn(browser, url, config.other);
   const refused = await visitor.goto(`${url}/notebook/${ns}/bare/lab`);
   seen.forbidden = {
     status: refused.status(),

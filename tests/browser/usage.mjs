@@ -5,7 +5,7 @@
 //   node usage.mjs CONFIG.json
 // CONFIG: {url, user: [name, password], admin: [name, password], screenshots}
 import { readFileSync } from 'node:fs';
-import { launch, pageErrors, signIn } from './common.mjs';
+import { launch, signedIn } from './common.mjs';
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const { url, screenshots } = config;
@@ -13,9 +13,7 @@ const ns = config.user[0];
 const seen = {};
 const browser = await launch();
 try {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const guard = pageErrors(context);
-  const page = await signIn(context, url, config.user);
+  const { guard, page } = await signedIn(browser, url, config.user);
   const row = (name) => page.locator(`#notebooks tr[data-name="${name}"]`);
   await row('busy').locator('[data-cpu-cores]').waitFor({ timeout: 30_000 });
   await row('idle').locator('[data-cpu-cores]').waitFor({ timeout: 30_000 });
@@ -40,9 +38,7 @@ try {
   }));
   await page.screenshot({ path: `${screenshots}/notebook-usage.png`, fullPage: true });
 
-  const adminContext = await browser.newContext({ viewport: { width: 1400, height: 900 } });
-  const adminGuard = pageErrors(adminContext);
-  const admin = await signIn(adminContext, url, config.admin);
+  const { guard: adminGuard, page: admin } = await signedIn(browser, url, config.admin, 1400);
   await admin.goto(`${url}/admin`);
   await admin.locator('#all tbody tr').first().waitFor();
   await admin.getByLabel('Sort by').selectOption('cpuUsed');

@@ -199,22 +199,17 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
     // The same through the form in Chromium, with every device free again.
     stop("g2").await;
     stop("g3").await;
-    let browser_config = dir.path().join("gpu.json");
-    std::fs::write(
-        &browser_config,
-        json!({
+    let seen = labforge_tests::browser::run_with_config(
+        "gpu.mjs",
+        dir.path(),
+        &json!({
             "url": up.url,
             "user": [user, password],
             "image": image,
             "screenshots": need(labforge_tests::artifacts_dir()),
-        })
-        .to_string(),
+        }),
     )
-    .unwrap();
-    let output =
-        labforge_tests::browser::run_script("gpu.mjs", &[&browser_config.to_string_lossy()])
-            .unwrap_or_else(|e| panic!("{e}"));
-    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         seen["vendors"],
         json!([{"value": "", "label": "None"}, {"value": KIND, "label": "Fake GPU"}]),

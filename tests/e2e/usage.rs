@@ -159,21 +159,17 @@ async fn a_busy_kernel_shows_its_cpu_and_memory_and_an_idle_notebook_near_zero()
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap()
         .to_owned();
-    let config = dir.path().join("usage.json");
-    std::fs::write(
-        &config,
-        json!({
+    let seen = labforge_tests::browser::run_with_config(
+        "usage.mjs",
+        dir.path(),
+        &json!({
             "url": up.url,
             "user": [user, password],
             "admin": [admin, up.admin_password.clone().unwrap()],
             "screenshots": need(labforge_tests::artifacts_dir()),
-        })
-        .to_string(),
+        }),
     )
-    .unwrap();
-    let output = labforge_tests::browser::run_script("usage.mjs", &[&config.to_string_lossy()])
-        .unwrap_or_else(|e| panic!("{e}"));
-    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{seen:#}");
     assert!(seen["listBusyCores"].as_f64().unwrap() > 0.7, "{seen}");
     assert!(seen["listIdleCores"].as_f64().unwrap() < 0.2, "{seen}");
