@@ -632,11 +632,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         }
         None => None,
     };
-    let sampler = tokio::spawn(crate::usage::sample_forever(
-        engine.clone(),
-        store.clone(),
-        usage.clone(),
-    ));
+    let sampler = tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone()));
     let state = ApiState {
         backend: store.clone(),
         access: auth.clone(),

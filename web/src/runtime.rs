@@ -498,21 +498,21 @@ impl Engine {
             .collect())
     }
 
-    /// The resource use of every running container (podman's stats; docker's give only
-    /// rounded text, so under docker none is read).
-    pub async fn stats(&self) -> Result<Vec<crate::usage::EngineStats>, EngineError> {
-        if self.is_docker() {
-            return Ok(Vec::new());
-        }
+    /// The process id of running container `name` (in this machine's process namespace).
+    pub async fn pid_of(&self, name: &str) -> Result<u32, EngineError> {
         let out = self
             .run(&[
-                "stats".into(),
-                "--no-stream".into(),
+                "inspect".into(),
                 "--format".into(),
-                "{{json .ContainerStats}}".into(),
+                "{{.State.Pid}}".into(),
+                name.into(),
             ])
             .await?;
-        crate::usage::parse_stats(&out).map_err(|e| EngineError::Output(e.to_string()))
+        out.trim()
+            .parse()
+            .ok()
+            .filter(|pid| *pid > 0)
+            .ok_or_else(|| EngineError::Output(format!("{name} has no process: {}", out.trim())))
     }
 
     fn insecure(&self, image: &str) -> bool {

@@ -1,12 +1,13 @@
 //! What each running notebook uses right now, beside what it asked for: owners see whether a
 //! kernel is near its memory limit before it dies, admins who holds the CPUs and memory.
 //!
-//! One task samples every running notebook at a fixed interval (the container engine's stats in
-//! the embedded mode), whatever the number of pages open; pages and `/metrics` read the last
-//! sample from a [`UsageBoard`] in memory. CPU use is the change in CPU time between two samples
-//! over the time between them, so it is known from the second sample on.
+//! One task samples every running notebook at a fixed interval, whatever the number of pages
+//! open; pages and `/metrics` read the last sample from a [`UsageBoard`] in memory. In the
+//! embedded mode a sample reads each container's cgroup counters ([`CgroupFiles`]): a few small
+//! files, where asking the engine (`podman stats`) would start a process of its own each time.
+//! CPU use is the change in CPU time between two samples over the time between them, so it is
+//! known from the second sample on.
 
-use crate::store::Store;
 use axum::response::IntoResponse;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -14,6 +15,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -41,49 +44,142 @@ pub struct Usage {
     pub sampled_at: String,
 }
 
-/// One container's reading, as podman's `ContainerStats` reports it.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-pub struct EngineStats {
-    #[serde(rename = "Name")]
-    pub name: String,
+/// One container's counters at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
     /// CPU time since the container started.
-    #[serde(rename = "CPUNano")]
     pub cpu_nanos: u64,
-    /// The machine's clock when read.
-    #[serde(rename = "SystemNano")]
-    pub system_nanos: u64,
-    #[serde(rename = "MemUsage")]
+    /// The wall clock when read, since the Unix epoch.
+    pub at_nanos: u64,
+    /// Memory in use, less the page cache the kernel could drop (what cAdvisor and the kubelet
+    /// call the working set).
     pub memory_bytes: u64,
-    /// The container's memory limit, or the machine's memory when it has none.
-    #[serde(rename = "MemLimit")]
-    pub memory_limit_bytes: u64,
+    /// Its memory limit; `None` without one.
+    pub memory_limit_bytes: Option<u64>,
 }
 
-/// The engine's stats output: one JSON object per line (`--format '{{json .ContainerStats}}'`).
-pub fn parse_stats(output: &str) -> Result<Vec<EngineStats>, serde_json::Error> {
-    output
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(serde_json::from_str)
-        .collect()
+/// Where a process's CPU and memory counters are, under cgroup v1 or v2.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CgroupFiles {
+    V1 { cpuacct: PathBuf, memory: PathBuf },
+    V2 { dir: PathBuf },
+}
+
+impl CgroupFiles {
+    /// The cgroup of process `pid`, from `/proc/<pid>/cgroup`, with `root` the filesystem's root
+    /// (`/`, but for tests). With both, the v1 controllers are read: on a hybrid machine the v2
+    /// hierarchy has none.
+    pub fn of_process(root: &Path, pid: u32) -> io::Result<Self> {
+        let text = std::fs::read_to_string(root.join(format!("proc/{pid}/cgroup")))?;
+        let (mut cpuacct, mut memory, mut unified) = (None, None, None);
+        for line in text.lines() {
+            let mut fields = line.splitn(3, ':');
+            let (Some(_), Some(controllers), Some(path)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            let path = path.trim_start_matches('/');
+            if controllers.is_empty() {
+                unified = Some(path);
+            }
+            for controller in controllers.split(',') {
+                match controller {
+                    "cpuacct" => cpuacct = Some((controllers, path)),
+                    "memory" => memory = Some(path),
+                    _ => {}
+                }
+            }
+        }
+        let mounts = root.join("sys/fs/cgroup");
+        match (cpuacct, memory, unified) {
+            (Some((controllers, cpu_path)), Some(memory_path), _) => {
+                // Mounted under its controllers' names ("cpu,cpuacct"), often with a link for each.
+                let cpu_mount = [controllers, "cpuacct", "cpu,cpuacct"]
+                    .iter()
+                    .map(|name| mounts.join(name))
+                    .find(|dir| dir.is_dir())
+                    .ok_or_else(|| io::Error::other("no cpuacct hierarchy under /sys/fs/cgroup"))?;
+                Ok(Self::V1 {
+                    cpuacct: cpu_mount.join(cpu_path),
+                    memory: mounts.join("memory").join(memory_path),
+                })
+            }
+            (_, _, Some(path)) => Ok(Self::V2 {
+                dir: mounts.join(path),
+            }),
+            _ => Err(io::Error::other(format!(
+                "process {pid} has neither cgroup v1 cpuacct and memory nor a v2 cgroup"
+            ))),
+        }
+    }
+
+    /// The counters now.
+    pub fn read(&self) -> io::Result<Reading> {
+        let number = |path: PathBuf| -> io::Result<u64> {
+            let text = std::fs::read_to_string(&path)?;
+            text.trim().parse().map_err(|_| {
+                io::Error::other(format!(
+                    "{}: not a number: {:?}",
+                    path.display(),
+                    text.trim()
+                ))
+            })
+        };
+        let stat = |path: PathBuf, key: &str| -> io::Result<u64> {
+            let text = std::fs::read_to_string(&path)?;
+            text.lines()
+                .find_map(|line| {
+                    line.strip_prefix(key)?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .ok_or_else(|| io::Error::other(format!("{}: no {key}", path.display())))
+        };
+        let at_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        match self {
+            Self::V1 { cpuacct, memory } => {
+                let usage = number(memory.join("memory.usage_in_bytes"))?;
+                let inactive = stat(memory.join("memory.stat"), "total_inactive_file")?;
+                Ok(Reading {
+                    cpu_nanos: number(cpuacct.join("cpuacct.usage"))?,
+                    at_nanos,
+                    memory_bytes: usage.saturating_sub(inactive),
+                    // No limit is the largest page-aligned value: larger than the machine.
+                    memory_limit_bytes: Some(number(memory.join("memory.limit_in_bytes"))?),
+                })
+            }
+            Self::V2 { dir } => {
+                let usage = number(dir.join("memory.current"))?;
+                let inactive = stat(dir.join("memory.stat"), "inactive_file")?;
+                let limit = std::fs::read_to_string(dir.join("memory.max"))?;
+                Ok(Reading {
+                    cpu_nanos: stat(dir.join("cpu.stat"), "usage_usec")?.saturating_mul(1000),
+                    at_nanos,
+                    memory_bytes: usage.saturating_sub(inactive),
+                    memory_limit_bytes: limit.trim().parse().ok(),
+                })
+            }
+        }
+    }
 }
 
 /// The use `now` shows, given the notebook's previous reading (for CPU) and the machine's memory
 /// (a limit that large is no limit).
-pub fn usage_of(
-    now: &EngineStats,
-    before: Option<&EngineStats>,
-    machine_memory_bytes: u64,
-) -> Usage {
+pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u64) -> Usage {
     let cpu_cores = before.and_then(|before| {
-        let wall = now.system_nanos.checked_sub(before.system_nanos)?;
+        let wall = now.at_nanos.checked_sub(before.at_nanos)?;
         // A restarted container's CPU time starts again from zero.
         let cpu = now.cpu_nanos.checked_sub(before.cpu_nanos)?;
         (wall > 0).then(|| cpu as f64 / wall as f64)
     });
-    let memory_limit_bytes = (now.memory_limit_bytes > 0
-        && now.memory_limit_bytes < machine_memory_bytes)
-        .then_some(now.memory_limit_bytes);
+    let memory_limit_bytes = now
+        .memory_limit_bytes
+        .filter(|limit| *limit > 0 && *limit < machine_memory_bytes);
     Usage {
         cpu_cores,
         cpu_seconds: now.cpu_nanos as f64 / 1e9,
@@ -91,7 +187,7 @@ pub fn usage_of(
         memory_limit_bytes,
         memory_near_limit: memory_limit_bytes
             .is_some_and(|limit| now.memory_bytes as f64 >= limit as f64 * NEAR_LIMIT),
-        sampled_at: jiff::Timestamp::from_nanosecond(i128::from(now.system_nanos))
+        sampled_at: jiff::Timestamp::from_nanosecond(i128::from(now.at_nanos))
             .unwrap_or_else(|_| jiff::Timestamp::now())
             .to_string(),
     }
@@ -102,7 +198,7 @@ type Key = (String, String);
 /// The last sample of every running notebook.
 #[derive(Debug, Default)]
 pub struct UsageBoard {
-    samples: RwLock<BTreeMap<Key, (EngineStats, Usage)>>,
+    samples: RwLock<BTreeMap<Key, (Reading, Usage)>>,
 }
 
 impl UsageBoard {
@@ -117,15 +213,15 @@ impl UsageBoard {
     /// returns the namespaces whose samples changed.
     pub fn record(
         &self,
-        readings: Vec<(Key, EngineStats)>,
+        readings: Vec<(Key, Reading)>,
         machine_memory_bytes: u64,
     ) -> BTreeSet<String> {
         let mut samples = self.samples.write().unwrap_or_else(|e| e.into_inner());
         let mut next = BTreeMap::new();
-        for (key, stats) in readings {
-            let before = samples.get(&key).map(|(stats, _)| stats);
-            let usage = usage_of(&stats, before, machine_memory_bytes);
-            next.insert(key, (stats, usage));
+        for (key, reading) in readings {
+            let before = samples.get(&key).map(|(reading, _)| reading);
+            let usage = usage_of(&reading, before, machine_memory_bytes);
+            next.insert(key, (reading, usage));
         }
         let mut changed: BTreeSet<String> = samples
             .keys()
@@ -230,41 +326,73 @@ pub fn machine_memory_bytes() -> u64 {
 }
 
 /// Samples the running notebooks' containers every [`SAMPLE_INTERVAL`], forever, and tells the
-/// namespaces' watchers (a [`crate::store::Change::Usage`]) after each sample.
-pub async fn sample_forever(
-    engine: crate::runtime::Engine,
-    store: Arc<Store>,
-    board: Arc<UsageBoard>,
-) {
+/// namespaces' watchers (a [`crate::store::Change::Usage`]) after each sample. Each container's
+/// cgroup is found once, from its process; a container replaced since is found again.
+pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<UsageBoard>) {
     let machine_memory = machine_memory_bytes();
+    let mut cgroups: BTreeMap<String, CgroupFiles> = BTreeMap::new();
     let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let stats = match engine.stats().await {
-            Ok(stats) => stats,
-            Err(err) => {
-                // A container removed while being read fails the whole call: the next one reads
-                // the rest.
-                tracing::debug!(error = %err, "reading the notebooks' resource use");
-                continue;
-            }
-        };
-        let by_container: BTreeMap<String, Key> = store
+        let running: Vec<(Key, String)> = runtime
+            .store
             .list(None)
             .iter()
-            .map(|nb| {
+            .filter_map(|nb| {
                 let ns = nb.metadata.namespace.clone().unwrap_or_default();
                 let name = nb.metadata.name.clone().unwrap_or_default();
-                (crate::runtime::container_name(&ns, &name), (ns, name))
+                runtime.port_of(&ns, &name)?;
+                let container = crate::runtime::container_name(&ns, &name);
+                Some(((ns, name), container))
             })
             .collect();
-        let readings = stats
+        cgroups.retain(|container, _| running.iter().any(|(_, c)| c == container));
+        for (_, container) in &running {
+            if cgroups.contains_key(container) {
+                continue;
+            }
+            let found = match runtime.engine.pid_of(container).await {
+                Ok(pid) => CgroupFiles::of_process(Path::new("/"), pid).map_err(|e| e.to_string()),
+                Err(err) => Err(err.to_string()),
+            };
+            match found {
+                Ok(files) => {
+                    cgroups.insert(container.clone(), files);
+                }
+                Err(err) => tracing::debug!(%container, error = %err, "finding its cgroup"),
+            }
+        }
+        let files: Vec<(Key, String, CgroupFiles)> = running
             .into_iter()
-            .filter_map(|s| Some((by_container.get(&s.name)?.clone(), s)))
+            .filter_map(|(key, container)| {
+                let files = cgroups.get(&container)?.clone();
+                Some((key, container, files))
+            })
             .collect();
+        let Ok(read) = tokio::task::spawn_blocking(move || {
+            files
+                .into_iter()
+                .map(|(key, container, files)| (key, container, files.read()))
+                .collect::<Vec<_>>()
+        })
+        .await
+        else {
+            continue;
+        };
+        let mut readings = Vec::new();
+        for (key, container, reading) in read {
+            match reading {
+                Ok(reading) => readings.push((key, reading)),
+                Err(err) => {
+                    // Gone or replaced: looked up again next time.
+                    tracing::debug!(%container, error = %err, "reading its cgroup");
+                    cgroups.remove(&container);
+                }
+            }
+        }
         for namespace in board.record(readings, machine_memory) {
-            store.notify_usage(&namespace);
+            runtime.store.notify_usage(&namespace);
         }
     }
 }
@@ -275,31 +403,86 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    fn stats(cpu_ms: u64, at_ms: u64, memory: u64, limit: u64) -> EngineStats {
-        EngineStats {
-            name: "labforge-alice_lab".into(),
+    fn stats(cpu_ms: u64, at_ms: u64, memory: u64, limit: u64) -> Reading {
+        Reading {
             cpu_nanos: cpu_ms * 1_000_000,
-            system_nanos: 1_800_000_000_000_000_000 + at_ms * 1_000_000,
+            at_nanos: 1_800_000_000_000_000_000 + at_ms * 1_000_000,
             memory_bytes: memory,
-            memory_limit_bytes: limit,
+            memory_limit_bytes: Some(limit),
         }
     }
 
+    /// A filesystem root with `/proc/<pid>/cgroup` and the files under `/sys/fs/cgroup`.
+    fn root_with(cgroup: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let write = |path: &str, text: &str| {
+            let path = root.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("proc/42/cgroup", cgroup);
+        for (path, text) in files {
+            write(&format!("sys/fs/cgroup/{path}"), text);
+        }
+        root
+    }
+
     #[test]
-    fn podmans_stats_lines_are_read() {
-        let line = r#"{"AvgCPU":3.7,"ContainerID":"898b","Name":"labforge-alice_lab","PerCPU":null,"CPU":3.7,"CPUNano":40124421,"CPUSystemNano":1,"SystemNano":1795685189707279470,"MemUsage":1019904,"MemLimit":536870912,"MemPerc":0.19,"NetInput":472,"NetOutput":916,"BlockInput":0,"BlockOutput":0,"PIDs":2,"UpTime":40124421,"Duration":40124421}"#;
-        let parsed = parse_stats(&format!("{line}\n\n")).unwrap();
-        assert_eq!(
-            parsed,
-            [EngineStats {
-                name: "labforge-alice_lab".into(),
-                cpu_nanos: 40_124_421,
-                system_nanos: 1_795_685_189_707_279_470,
-                memory_bytes: 1_019_904,
-                memory_limit_bytes: 536_870_912,
-            }]
+    fn cgroup_v1_counters_are_read_from_the_cpuacct_and_memory_hierarchies() {
+        let c = "libpod_parent/libpod-898b";
+        let root = root_with(
+            &format!("9:name=systemd:/{c}\n4:memory:/{c}\n2:cpu,cpuacct:/{c}\n0::/{c}\n"),
+            &[
+                (&format!("cpu,cpuacct/{c}/cpuacct.usage"), "40124421\n"),
+                (&format!("memory/{c}/memory.usage_in_bytes"), "5000000\n"),
+                (
+                    &format!("memory/{c}/memory.stat"),
+                    "cache 1\ninactive_file 7\ntotal_inactive_file 1000000\n",
+                ),
+                (&format!("memory/{c}/memory.limit_in_bytes"), "536870912\n"),
+            ],
         );
-        assert!(parse_stats("not json").is_err());
+        let files = CgroupFiles::of_process(root.path(), 42).unwrap();
+        assert!(matches!(files, CgroupFiles::V1 { .. }), "{files:?}");
+        let reading = files.read().unwrap();
+        assert_eq!(reading.cpu_nanos, 40_124_421);
+        assert_eq!(
+            reading.memory_bytes, 4_000_000,
+            "the page cache it could drop is left out"
+        );
+        assert_eq!(reading.memory_limit_bytes, Some(536_870_912));
+    }
+
+    #[test]
+    fn cgroup_v2_counters_are_read_from_the_unified_hierarchy() {
+        let c = "machine.slice/libpod-898b.scope/container";
+        let root = root_with(
+            &format!("0::/{c}\n"),
+            &[
+                (
+                    &format!("{c}/cpu.stat"),
+                    "usage_usec 1500\nuser_usec 1000\n",
+                ),
+                (&format!("{c}/memory.current"), "3000\n"),
+                (&format!("{c}/memory.stat"), "anon 1\ninactive_file 1000\n"),
+                (&format!("{c}/memory.max"), "max\n"),
+            ],
+        );
+        let files = CgroupFiles::of_process(root.path(), 42).unwrap();
+        assert!(matches!(files, CgroupFiles::V2 { .. }), "{files:?}");
+        let reading = files.read().unwrap();
+        assert_eq!(reading.cpu_nanos, 1_500_000);
+        assert_eq!(reading.memory_bytes, 2000);
+        assert_eq!(reading.memory_limit_bytes, None, "max is no limit");
+
+        // The container gone: an error, so the sampler looks for it again.
+        std::fs::remove_file(
+            root.path()
+                .join(format!("sys/fs/cgroup/{c}/memory.current")),
+        )
+        .unwrap();
+        assert!(files.read().is_err());
+        assert!(CgroupFiles::of_process(root.path(), 43).is_err());
     }
 
     #[test]
