@@ -47,6 +47,8 @@ pub(crate) struct App {
     pub access_rule: RwLock<Arc<AccessRule>>,
     pub exec_runner: RwLock<super::exec::SharedRunner>,
     pub log_source: RwLock<Option<Arc<LogSource>>>,
+    /// What `metrics.k8s.io` serves.
+    pub pod_metrics: RwLock<super::metrics::PodSamples>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub address: String,
     /// Bearer tokens of [`super::FakeApiServer::client_as`]'s clients, and their users.
@@ -258,6 +260,14 @@ fn route(
         ["apis", group, version] => {
             return get_only(discovery::resource_list(catalog, group, version));
         }
+        [
+            "apis",
+            super::metrics::GROUP,
+            super::metrics::VERSION,
+            rest @ ..,
+        ] => {
+            return pod_metrics(app, method, headers, rest);
+        }
         ["api", version, rest @ ..] => ("", *version, rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return Err(ApiError::path_not_found()),
@@ -373,6 +383,51 @@ fn authorize_blocking_owners(
 /// Lets a request through when it carries no token (the admin's), or when RBAC allows what
 /// `request` describes for the token's user; 401 for an unknown token, 403 with Kubernetes'
 /// message otherwise.
+/// `metrics.k8s.io/v1beta1` PodMetrics: what the test set, read only.
+fn pod_metrics(
+    app: &App,
+    method: &Method,
+    headers: &HeaderMap,
+    rest: &[&str],
+) -> Result<Response, ApiError> {
+    let (namespace, name) = match rest {
+        ["pods"] => (None, None),
+        ["namespaces", ns, "pods"] => (Some(*ns), None),
+        ["namespaces", ns, "pods", name] => (Some(*ns), Some(*name)),
+        _ => return Err(ApiError::path_not_found()),
+    };
+    if method != Method::GET {
+        return Err(ApiError::method_not_allowed(method.as_str()));
+    }
+    let verb = if name.is_some() { "get" } else { "list" };
+    *app.stats()
+        .requests_by
+        .entry(format!("{verb} pods.{}", super::metrics::GROUP))
+        .or_default() += 1;
+    authorize(app, headers, |user| rbac::Request {
+        user,
+        verb,
+        group: super::metrics::GROUP,
+        resource: "pods".into(),
+        namespace,
+        name,
+    })?;
+    let samples = app
+        .pod_metrics
+        .read()
+        .unwrap_or_else(PoisonError::into_inner);
+    let body = match (namespace, name) {
+        (Some(ns), Some(name)) => {
+            let sample = samples
+                .get(&(ns.to_owned(), name.to_owned()))
+                .ok_or_else(|| ApiError::named_not_found("podmetrics.metrics.k8s.io", name))?;
+            super::metrics::pod_metrics(ns, name, sample)
+        }
+        (namespace, _) => super::metrics::list(&samples, namespace),
+    };
+    Ok(json_response(StatusCode::OK, &body))
+}
+
 fn authorize<'a>(
     app: &App,
     headers: &HeaderMap,

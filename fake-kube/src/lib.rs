@@ -9,7 +9,7 @@
 //! waiting for `blockOwnerDeletion` dependents), label and field selectors, and
 //! Kubernetes `Status` errors, and `pods/<name>/exec` over remotecommand's websocket protocol with
 //! a runner the test sets standing in for the kubelet, `pods/<name>/log` from a log source the test
-//! sets, and, when asked, a minimal StatefulSet
+//! sets, `metrics.k8s.io` PodMetrics the test sets (`metrics`), and, when asked, a minimal StatefulSet
 //! controller and kubelet (`kubelet`). Validation is strict: a field the schema does not declare is an
 //! error, so a typo in an object builder fails a test instead of being pruned silently.
 //!
@@ -27,6 +27,7 @@ mod discovery;
 mod exec;
 mod http;
 mod kubelet;
+mod metrics;
 mod patch;
 mod rbac;
 mod schema;
@@ -173,6 +174,7 @@ impl FakeApiServer {
             access_rule: RwLock::new(Arc::new(|_: &serde_json::Value| true)),
             exec_runner: RwLock::new(None),
             log_source: RwLock::new(None),
+            pod_metrics: RwLock::default(),
             shutdown: shutdown_rx.clone(),
             address: address.to_string(),
             tokens: RwLock::default(),
@@ -360,6 +362,35 @@ impl FakeApiServer {
             .log_source
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(f));
+    }
+
+    /// Sets what `metrics.k8s.io` reports for pod `namespace/pod`, as metrics-server would after
+    /// scraping it: its labels and, per container, CPU and memory quantities (`"250m"`,
+    /// `"300Mi"`). The pod need not exist.
+    pub fn set_pod_metrics(
+        &self,
+        namespace: &str,
+        pod: &str,
+        labels: &[(&str, &str)],
+        containers: &[(&str, &str, &str)],
+    ) {
+        let sample = metrics::PodSample {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            containers: containers
+                .iter()
+                .map(|(name, cpu, memory)| {
+                    ((*name).to_owned(), (*cpu).to_owned(), (*memory).to_owned())
+                })
+                .collect(),
+        };
+        self.app
+            .pod_metrics
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((namespace.to_owned(), pod.to_owned()), sample);
     }
 
     /// Forgets the kept watch history, as an etcd compaction would: watches resuming from an

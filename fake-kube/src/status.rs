@@ -45,6 +45,15 @@ impl ApiError {
         .with_details(Self::resource_details(resource, name))
     }
 
+    /// Not found, for an object outside the catalog (an aggregated API's).
+    pub(crate) fn named_not_found(group_resource: &str, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{group_resource} \"{name}\" not found"),
+        )
+    }
+
     pub(crate) fn path_not_found() -> Self {
         Self::new(
             404,

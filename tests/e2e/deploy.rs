@@ -1021,13 +1021,14 @@ fn rbac_is_least_privilege_everywhere() {
             ("", "nodes", &["list"]),
             ("", "persistentvolumeclaims", &["list", "create", "delete"]),
             ("", "serviceaccounts", &["get"]),
+            ("metrics.k8s.io", "pods", &["list"]),
             (
                 "labforge.dev",
                 "imagebuilds",
                 &["get", "list", "watch", "create"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, volume claims, default-editor, saves"
+        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, volume claims, default-editor, pods' resource use, saves"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

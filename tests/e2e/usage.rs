@@ -1,7 +1,8 @@
 //! Live resource use with real podman: a kernel that fills most of its notebook's memory limit
 //! and spins a core shows as such within seconds, in the API, in Prometheus metrics and on the
 //! pages in Chromium (the list, the notebook's page with its warning, the admin's sort and
-//! totals), while an idle notebook shows near zero.
+//! totals), while an idle notebook shows near zero. In a cluster, use comes from the metrics API
+//! (metrics-server's PodMetrics, served by the fake API server), read with `deploy/`'s RBAC.
 
 use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
@@ -192,5 +193,78 @@ async fn a_busy_kernel_shows_its_cpu_and_memory_and_an_idle_notebook_near_zero()
             .unwrap()
             .contains("CPUs used now"),
         "{seen}"
+    );
+}
+
+#[tokio::test]
+async fn in_a_cluster_use_comes_from_the_metrics_api_read_with_deploys_rbac() {
+    use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
+    const ALICE: &str = "alice@example.com";
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    server.set_access_rule(|spec| {
+        spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
+    });
+    // What metrics-server would report: the notebook's pod (Kubeflow's label on it) with its
+    // container and an Istio sidecar, and a pod that is no notebook's. Without deploy/'s rule for
+    // metrics.k8s.io the web app could not list them, and no use would show.
+    server.set_pod_metrics(
+        "alice",
+        "lab-0",
+        &[("notebook-name", "lab"), ("statefulset", "lab")],
+        &[
+            ("lab", "1200000000n", "950Mi"),
+            ("istio-proxy", "3m", "50Mi"),
+        ],
+    );
+    server.set_pod_metrics("alice", "other-0", &[], &[("other", "2", "1Gi")]);
+    let web = crate::web_cluster::WebApp::start(&server, None, None).await;
+    let api = web.client();
+    let (code, body) = api
+        .post(
+            Some(ALICE),
+            "/api/namespaces/alice/notebooks",
+            json!({"name": "lab", "memoryLimit": "1Gi", "workspace": "none"}),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    let usage = crate::controller::eventually(
+        "lab's use read from metrics.k8s.io",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = api
+                .get(Some(ALICE), "/api/namespaces/alice/notebooks/lab")
+                .await;
+            let usage = body["notebook"]["usage"].clone();
+            (!usage.is_null()).then_some(usage)
+        },
+    )
+    .await;
+    assert_eq!(
+        usage["cpuCores"].as_f64(),
+        Some(1.2),
+        "the notebook's container: {usage}"
+    );
+    assert_eq!(
+        usage["memoryBytes"],
+        950u64 << 20,
+        "its sidecar left out: {usage}"
+    );
+    assert_eq!(
+        usage["memoryLimitBytes"],
+        1u64 << 30,
+        "the notebook's own limit: {usage}"
+    );
+    assert_eq!(usage["memoryNearLimit"], true, "{usage}");
+    assert!(
+        usage["cpuSeconds"].is_null(),
+        "the metrics API gives only a rate: {usage}"
+    );
+    let requests = server.requests_by();
+    assert!(
+        requests.contains_key("list pods.metrics.k8s.io"),
+        "read through the metrics API: {requests:?}"
     );
 }

@@ -472,7 +472,13 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             .usage
             .as_ref()
             .filter(|_| !notebook.is_stopped())
-            .and_then(|board| board.get(&namespace, &name)),
+            .and_then(|board| board.get(&namespace, &name))
+            .map(|usage| {
+                let limit = labforge_crds::quantity::value(&quantity(true, "memory"))
+                    .ok()
+                    .filter(|bytes| *bytes > 0.0);
+                usage.within(limit.map(|bytes| bytes as u64))
+            }),
         name,
         namespace,
     }

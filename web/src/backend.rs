@@ -305,6 +305,11 @@ impl KubernetesBackend {
         }
     }
 
+    /// Where changes the live views follow are sent (the usage sampler's too).
+    pub fn change_sender(&self) -> broadcast::Sender<Change> {
+        self.changes.clone()
+    }
+
     /// Starts watching Notebooks (for the live views).
     pub fn new(client: kube::Client) -> Self {
         let (changes, _) = broadcast::channel(1024);

@@ -10,7 +10,8 @@ use labforge_proxy::authz::TrustedHeader;
 use std::sync::Arc;
 
 /// The app's routes for a cluster reached through `client`. GPU vendors are offered only when some
-/// node has them in its capacity (read once, at start). Saves are ImageBuilds pushing under
+/// node has them in its capacity (read once, at start). Notebooks' resource use comes from the
+/// cluster's metrics API (metrics-server), read in the background. Saves are ImageBuilds pushing under
 /// `save_registry` (`host[/path]`); without it, saving is not offered. With `notebook_domain`,
 /// notebooks are opened on their own hosts below it, as the proxy and controller serve them.
 pub async fn router(
@@ -26,8 +27,15 @@ pub async fn router(
             .gpu_vendors
             .retain(|v| found.contains(&v.limits_key));
     }
+    let backend = KubernetesBackend::new(client.clone());
+    let usage = Arc::new(crate::usage::UsageBoard::default());
+    tokio::spawn(crate::usage::sample_metrics_api(
+        client.clone(),
+        usage.clone(),
+        backend.change_sender(),
+    ));
     let state = ApiState {
-        backend: Arc::new(KubernetesBackend::new(client.clone())),
+        backend: Arc::new(backend),
         access: Arc::new(KubernetesAccess {
             client: client.clone(),
             header,
@@ -50,7 +58,7 @@ pub async fn router(
         // The kubelet pulls with the namespace's pull secrets, which the web app does not see:
         // its pull is the check.
         image_check: None,
-        usage: None,
+        usage: Some(usage),
         idle_after: labforge_notebook_controller::culler::CullingConfig::default().idle_time,
     };
     crate::api::router(state.clone())

@@ -32,8 +32,9 @@ pub const NEAR_LIMIT: f64 = 0.9;
 pub struct Usage {
     /// Cores used on average since the sample before; `None` on a notebook's first sample.
     pub cpu_cores: Option<f64>,
-    /// CPU time its container used since it started.
-    pub cpu_seconds: f64,
+    /// CPU time its container used since it started; `None` where only a rate is reported
+    /// (a cluster's metrics API).
+    pub cpu_seconds: Option<f64>,
     /// Memory in use, as the engine counts it (page cache it could drop left out).
     pub memory_bytes: u64,
     /// Its memory limit; `None` when it has none below the machine's memory.
@@ -182,7 +183,7 @@ pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u
         .filter(|limit| *limit > 0 && *limit < machine_memory_bytes);
     Usage {
         cpu_cores,
-        cpu_seconds: now.cpu_nanos as f64 / 1e9,
+        cpu_seconds: Some(now.cpu_nanos as f64 / 1e9),
         memory_bytes: now.memory_bytes,
         memory_limit_bytes,
         memory_near_limit: memory_limit_bytes
@@ -233,6 +234,27 @@ impl UsageBoard {
         changed
     }
 
+    /// Replaces every sample with `usages`, measured elsewhere (a cluster's metrics API);
+    /// returns the namespaces whose samples changed.
+    pub fn replace(&self, usages: Vec<(Key, Usage)>) -> BTreeSet<String> {
+        let mut samples = self.samples.write().unwrap_or_else(|e| e.into_inner());
+        let mut changed: BTreeSet<String> = samples.keys().map(|(ns, _)| ns.clone()).collect();
+        changed.extend(usages.iter().map(|((ns, _), _)| ns.clone()));
+        *samples = usages
+            .into_iter()
+            .map(|(key, usage)| {
+                let reading = Reading {
+                    cpu_nanos: 0,
+                    at_nanos: 0,
+                    memory_bytes: usage.memory_bytes,
+                    memory_limit_bytes: usage.memory_limit_bytes,
+                };
+                (key, (reading, usage))
+            })
+            .collect();
+        changed
+    }
+
     fn all(&self) -> Vec<(Key, Usage)> {
         let samples = self.samples.read().unwrap_or_else(|e| e.into_inner());
         samples
@@ -255,7 +277,9 @@ impl Collector for UsageBoard {
         )?;
         let mut cpu = cpu;
         for (key, usage) in &all {
-            ConstCounter::new(usage.cpu_seconds).encode(cpu.encode_family(&labels(key))?)?;
+            if let Some(seconds) = usage.cpu_seconds {
+                ConstCounter::new(seconds).encode(cpu.encode_family(&labels(key))?)?;
+            }
         }
         let mut memory = encoder.encode_descriptor(
             "labforge_notebook_memory_working_set_bytes",
@@ -397,6 +421,108 @@ pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<Us
     }
 }
 
+/// How often a cluster's metrics API is read: metrics-server scrapes every 15 s by default.
+pub const METRICS_API_INTERVAL: Duration = Duration::from_secs(15);
+
+/// `metrics.k8s.io/v1beta1` PodMetrics, as metrics-server serves them.
+fn pod_metrics_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "metrics.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "metrics.k8s.io/v1beta1".into(),
+        kind: "PodMetrics".into(),
+        plural: "pods".into(),
+    }
+}
+
+/// Every notebook pod's use, from one list of the cluster's PodMetrics: CPU cores (averaged over
+/// metrics-server's window) and working-set memory of the notebook's own container (named as
+/// the notebook, as Kubeflow names it; its limits are that container's), or of all its
+/// containers when none is. Notebook pods are those with Kubeflow's `notebook-name` label.
+pub async fn read_metrics_api(client: &kube::Client) -> Result<Vec<(Key, Usage)>, kube::Error> {
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::all_with(client.clone(), &pod_metrics_resource());
+    let list = api.list(&Default::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|pod| {
+            let name = pod
+                .metadata
+                .labels
+                .as_ref()?
+                .get(labforge_crds::notebook::NOTEBOOK_NAME_LABEL)?
+                .clone();
+            let namespace = pod.metadata.namespace.clone()?;
+            let all = pod.data["containers"].as_array()?;
+            let own: Vec<&serde_json::Value> = all.iter().filter(|c| c["name"] == name).collect();
+            let containers = if own.is_empty() {
+                all.iter().collect()
+            } else {
+                own
+            };
+            let amount = |resource: &str| -> f64 {
+                containers
+                    .iter()
+                    .filter_map(|c| c["usage"][resource].as_str())
+                    .filter_map(|q| labforge_crds::quantity::value(q).ok())
+                    .sum()
+            };
+            let usage = Usage {
+                cpu_cores: Some(amount("cpu")),
+                cpu_seconds: None,
+                memory_bytes: amount("memory") as u64,
+                memory_limit_bytes: None,
+                memory_near_limit: false,
+                sampled_at: pod.data["timestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            };
+            Some(((namespace, name), usage))
+        })
+        .collect())
+}
+
+/// Reads the cluster's metrics API every [`METRICS_API_INTERVAL`], forever, and sends a
+/// [`crate::store::Change::Usage`] for each namespace whose samples changed. Without
+/// metrics-server (or the RBAC to read it) no use is shown.
+pub async fn sample_metrics_api(
+    client: kube::Client,
+    board: Arc<UsageBoard>,
+    changes: tokio::sync::broadcast::Sender<crate::store::Change>,
+) {
+    let mut ticks = tokio::time::interval(METRICS_API_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match read_metrics_api(&client).await {
+            Ok(usages) => {
+                for namespace in board.replace(usages) {
+                    // Nobody watching is fine.
+                    let _ = changes.send(crate::store::Change::Usage { namespace });
+                }
+            }
+            Err(err) => tracing::debug!(
+                error = %labforge_messages::error_chain(&err),
+                "reading notebook pods' use from metrics.k8s.io"
+            ),
+        }
+    }
+}
+
+impl Usage {
+    /// This use against `limit_bytes` (the notebook's own limit), when the sample has none.
+    pub fn within(mut self, limit_bytes: Option<u64>) -> Self {
+        if self.memory_limit_bytes.is_none() {
+            self.memory_limit_bytes = limit_bytes;
+            self.memory_near_limit = limit_bytes
+                .is_some_and(|limit| self.memory_bytes as f64 >= limit as f64 * NEAR_LIMIT);
+        }
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,7 +615,7 @@ mod tests {
     fn cpu_is_the_change_in_cpu_time_over_the_time_between_samples() {
         let first = usage_of(&stats(1_000, 0, GIB, 2 * GIB), None, 16 * GIB);
         assert_eq!(first.cpu_cores, None, "one sample tells no rate");
-        assert_eq!(first.cpu_seconds, 1.0);
+        assert_eq!(first.cpu_seconds, Some(1.0));
         let before = stats(1_000, 0, GIB, 2 * GIB);
         let busy = usage_of(&stats(4_000, 2_000, GIB, 2 * GIB), Some(&before), 16 * GIB);
         assert_eq!(busy.cpu_cores, Some(1.5));
