@@ -1,6 +1,6 @@
 // The spawner form's GPU fields where CDI devices exist: which vendors are offered, more GPUs
 // than the machine has refused under the count, and a notebook created with one GPU, shown in
-// the list. Prints one JSON line with what it saw; exits non-zero when a step fails or a page
+// the list with its GPU's use. Prints one JSON line with what it saw; exits non-zero when a step fails or a page
 // logs an error.
 //   node gpu.mjs CONFIG.json
 // CONFIG: {url, user: [name, password], image, screenshots}
@@ -34,6 +34,7 @@ try {
   await page.waitForURL(`${url}/`);
   const row = page.locator('#notebooks tr[data-name="gform"]');
   await row.locator('.state.ready').waitFor({ timeout: 120_000 });
+  await row.locator('[data-gpu-utilization]').waitFor({ timeout: 30_000 });
   seen.listed = await row.locator('td').nth(6).textContent();
 
   guard.check();

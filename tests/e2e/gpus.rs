@@ -75,6 +75,15 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
+    // The devices' use as nvidia-smi reports it: device 0 busy, device 1 nearly idle.
+    let smi = dir.path().join("fake-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\n[ \"$1 $2\" = \"--query-gpu=index,uuid,utilization.gpu,memory.used --format=csv,noheader,nounits\" ] || exit 2\n\
+         printf '0, GPU-e2e-0, 87, 2048\\n1, GPU-e2e-1, 3, 256\\n'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let agent = need(labforge_tests::agent::agent_binary());
     // The registry address is only known once labforge runs: the catalog allows custom images.
     let config = dir.path().join("spawner.json");
@@ -83,7 +92,7 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         json!({
             "images": [],
             "allowCustomImages": true,
-            "gpuVendors": [{"limitsKey": KIND, "name": "Fake GPU"}, {"limitsKey": "nvidia.com/gpu", "name": "NVIDIA"}],
+            "gpuVendors": [{"limitsKey": KIND, "name": "Fake GPU", "smi": smi}, {"limitsKey": "nvidia.com/gpu", "name": "NVIDIA"}],
         })
         .to_string(),
     )
@@ -159,6 +168,23 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         ["0".to_owned(), "1".to_owned()],
         "each got its own device"
     );
+    // Each notebook's GPU use is its own device's, as the vendor's program reports it.
+    for (name, device) in [("g1", &g1), ("g2", &g2)] {
+        let want = if device == "0" {
+            json!({"utilizationPercent": 87.0, "memoryBytes": 2048u64 << 20})
+        } else {
+            json!({"utilizationPercent": 3.0, "memoryBytes": 256u64 << 20})
+        };
+        eventually(
+            &format!("{name}'s GPU use"),
+            Duration::from_secs(30),
+            || async {
+                let nb = notebook(&http, &up, &cookie, &user, name).await;
+                (nb["usage"]["gpu"] == want).then_some(())
+            },
+        )
+        .await;
+    }
 
     // A third waits with a clear error, and gets g1's device once g1 stops.
     create("g3").await;
@@ -221,7 +247,12 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
     );
     assert_eq!(seen["tooMany"]["message"], "at most 2 GPUs", "{seen}");
     assert_eq!(seen["tooMany"]["visible"], true, "{seen}");
-    assert_eq!(seen["listed"], format!("1 × {KIND}"), "{seen}");
+    let listed = seen["listed"].as_str().unwrap();
+    assert!(
+        listed == format!("1 × {KIND} · 87 % · 2.0 GiB")
+            || listed == format!("1 × {KIND} · 3 % · 256.0 MiB"),
+        "the list shows the GPU's use: {seen}"
+    );
     let given = env_in(&labforge_web::runtime::container_name(&user, "gform"));
     assert!(
         given == "0" || given == "1",

@@ -41,6 +41,11 @@ pub struct GpuVendor {
     /// Embedded mode: the CDI kind whose devices are handed out, e.g. `nvidia.com/gpu`.
     #[serde(default)]
     pub cdi_kind: Option<String>,
+    /// Embedded mode: the program that reports the devices' use as `nvidia-smi` does; default
+    /// `nvidia-smi` for `nvidia.com/gpu`, none for other vendors (their use is shown as unknown).
+    /// Not sent to browsers.
+    #[serde(default, skip_serializing)]
+    pub smi: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

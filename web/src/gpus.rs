@@ -33,6 +33,43 @@ pub struct GpuPool {
     devices: BTreeMap<String, Vec<String>>,
     /// (namespace, notebook) → devices held.
     held: Mutex<HashMap<(String, String), Vec<String>>>,
+    /// limits key → the program that reports its devices' use (`nvidia-smi`'s queries).
+    smi: BTreeMap<String, PathBuf>,
+}
+
+/// One device's use, as `nvidia-smi --query-gpu` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceUse {
+    pub index: String,
+    pub uuid: String,
+    pub utilization_percent: f64,
+    pub memory_bytes: u64,
+}
+
+/// The arguments that make `nvidia-smi` print one CSV line per device.
+pub const SMI_QUERY: [&str; 2] = [
+    "--query-gpu=index,uuid,utilization.gpu,memory.used",
+    "--format=csv,noheader,nounits",
+];
+
+/// `nvidia-smi`'s answer to [`SMI_QUERY`]: `index, uuid, utilization %, memory MiB` per line;
+/// lines it cannot read (`[N/A]` on some boards) are left out.
+pub fn parse_smi(output: &str) -> Vec<DeviceUse> {
+    output
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let [index, uuid, utilization, memory] = fields[..] else {
+                return None;
+            };
+            Some(DeviceUse {
+                index: index.to_owned(),
+                uuid: uuid.to_owned(),
+                utilization_percent: utilization.parse().ok()?,
+                memory_bytes: memory.parse::<u64>().ok()?.checked_mul(1 << 20)?,
+            })
+        })
+        .collect()
 }
 
 #[derive(serde::Deserialize)]
@@ -81,10 +118,37 @@ impl GpuPool {
                 )
             })
             .collect();
+        let smi = vendors
+            .iter()
+            .filter_map(|v| {
+                let program = v.smi.clone().or_else(|| {
+                    (v.limits_key == "nvidia.com/gpu").then(|| PathBuf::from("nvidia-smi"))
+                })?;
+                Some((v.limits_key.clone(), program))
+            })
+            .collect();
         Self {
             devices,
             held: Mutex::default(),
+            smi,
         }
+    }
+
+    /// The devices notebook `namespace/name` holds (`kind=name`).
+    pub fn held_by(&self, namespace: &str, name: &str) -> Vec<String> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The program that reports `device`'s use, when its vendor has one.
+    pub fn smi_for(&self, device: &str) -> Option<&Path> {
+        let (vendor, _) = self
+            .devices
+            .iter()
+            .find(|(_, d)| d.iter().any(|d| d == device))?;
+        self.smi.get(vendor).map(PathBuf::as_path)
     }
 
     /// Vendors that have at least one device.
@@ -222,6 +286,73 @@ mod tests {
     }
 
     #[test]
+    fn nvidia_smis_query_lines_are_read_and_unreadable_ones_left_out() {
+        let out = "0, GPU-3b1c, 37, 1024\n1, GPU-9f00, [N/A], 512\n2, GPU-77aa, 5, 0\n\n";
+        assert_eq!(
+            parse_smi(out),
+            [
+                DeviceUse {
+                    index: "0".into(),
+                    uuid: "GPU-3b1c".into(),
+                    utilization_percent: 37.0,
+                    memory_bytes: 1 << 30,
+                },
+                DeviceUse {
+                    index: "2".into(),
+                    uuid: "GPU-77aa".into(),
+                    utilization_percent: 5.0,
+                    memory_bytes: 0,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn nvidia_devices_are_reported_by_nvidia_smi_unless_told_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("specs.yaml"),
+            "cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("other.yaml"),
+            "cdiVersion: 0.6.0\nkind: example.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {}\n",
+        )
+        .unwrap();
+        let vendor = |key: &str, smi: Option<&str>| GpuVendor {
+            limits_key: key.into(),
+            name: key.into(),
+            cdi_kind: None,
+            smi: smi.map(PathBuf::from),
+        };
+        let pool = GpuPool::discover(
+            &[
+                vendor("nvidia.com/gpu", None),
+                vendor("example.com/gpu", None),
+            ],
+            &[dir.path().to_owned()],
+        );
+        assert_eq!(
+            pool.smi_for("nvidia.com/gpu=0"),
+            Some(Path::new("nvidia-smi"))
+        );
+        assert_eq!(
+            pool.smi_for("example.com/gpu=0"),
+            None,
+            "unknown, not guessed"
+        );
+        let told = GpuPool::discover(
+            &[vendor("example.com/gpu", Some("/opt/smi"))],
+            &[dir.path().to_owned()],
+        );
+        assert_eq!(
+            told.smi_for("example.com/gpu=0"),
+            Some(Path::new("/opt/smi"))
+        );
+    }
+
+    #[test]
     fn devices_are_exclusive_and_come_back_on_release() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
@@ -233,6 +364,7 @@ mod tests {
             limits_key: "example.com/gpu".into(),
             name: "Example".into(),
             cdi_kind: None,
+            smi: None,
         }];
         let pool = GpuPool::discover(&vendors, &[dir.path().to_owned()]);
         assert_eq!(pool.available_vendors(), ["example.com/gpu"]);
@@ -241,6 +373,7 @@ mod tests {
         let a = pool.assign(&notebook("a", 1), &[]).unwrap();
         let b = pool.assign(&notebook("b", 1), &[]).unwrap();
         assert_ne!(a, b);
+        assert_eq!(pool.held_by("alice", "a"), a);
         // Asking again keeps what it holds.
         assert_eq!(pool.assign(&notebook("a", 1), &[]).unwrap(), a);
         let err = pool.assign(&notebook("c", 1), &[]).unwrap_err();

@@ -679,6 +679,7 @@ mod tests {
             limits_key: "nvidia.com/gpu".into(),
             name: "NVIDIA".into(),
             cdi_kind: None,
+            smi: None,
         });
         config.allow_custom_images = false;
         let saved = crate::model::SavedImage {

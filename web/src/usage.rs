@@ -43,6 +43,17 @@ pub struct Usage {
     pub memory_near_limit: bool,
     /// When it was read (RFC 3339).
     pub sampled_at: String,
+    /// Its GPUs' use, where their vendor reports it (`nvidia-smi`); absent: unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuUse>,
+}
+
+/// What a notebook's GPUs do: the mean utilization of its devices and their memory in use.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUse {
+    pub utilization_percent: f64,
+    pub memory_bytes: u64,
 }
 
 /// One container's counters at one moment.
@@ -191,6 +202,7 @@ pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u
         sampled_at: jiff::Timestamp::from_nanosecond(i128::from(now.at_nanos))
             .unwrap_or_else(|_| jiff::Timestamp::now())
             .to_string(),
+        gpu: None,
     }
 }
 
@@ -215,13 +227,15 @@ impl UsageBoard {
     pub fn record(
         &self,
         readings: Vec<(Key, Reading)>,
+        gpu_use: &BTreeMap<Key, GpuUse>,
         machine_memory_bytes: u64,
     ) -> BTreeSet<String> {
         let mut samples = self.samples.write().unwrap_or_else(|e| e.into_inner());
         let mut next = BTreeMap::new();
         for (key, reading) in readings {
             let before = samples.get(&key).map(|(reading, _)| reading);
-            let usage = usage_of(&reading, before, machine_memory_bytes);
+            let mut usage = usage_of(&reading, before, machine_memory_bytes);
+            usage.gpu = gpu_use.get(&key).cloned();
             next.insert(key, (reading, usage));
         }
         let mut changed: BTreeSet<String> = samples
@@ -302,8 +316,104 @@ impl Collector for UsageBoard {
                 ConstGauge::new(bytes as i64).encode(limit.encode_family(&labels(key))?)?;
             }
         }
+        let mut gpu = encoder.encode_descriptor(
+            "labforge_notebook_gpu_utilization_ratio",
+            "Mean utilization of a running notebook's GPUs, where their vendor reports it",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (key, usage) in &all {
+            if let Some(used) = &usage.gpu {
+                ConstGauge::new(used.utilization_percent / 100.0)
+                    .encode(gpu.encode_family(&labels(key))?)?;
+            }
+        }
+        let mut gpu_memory = encoder.encode_descriptor(
+            "labforge_notebook_gpu_memory_used_bytes",
+            "Memory in use on a running notebook's GPUs, where their vendor reports it",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (key, usage) in &all {
+            if let Some(used) = &usage.gpu {
+                ConstGauge::new(used.memory_bytes as i64)
+                    .encode(gpu_memory.encode_family(&labels(key))?)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// How long a GPU vendor's program may take to report.
+const SMI_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Each running notebook's GPU use, from its devices' vendor's program (`nvidia-smi`), run once
+/// per sample whatever the number of notebooks. A notebook any of whose devices is not reported
+/// is left out: its use is unknown, never guessed.
+async fn gpu_use(gpus: &crate::gpus::GpuPool, running: &[Key]) -> BTreeMap<Key, GpuUse> {
+    let held: Vec<(Key, Vec<String>)> = running
+        .iter()
+        .map(|key| (key.clone(), gpus.held_by(&key.0, &key.1)))
+        .filter(|(_, devices)| !devices.is_empty())
+        .collect();
+    let programs: BTreeSet<PathBuf> = held
+        .iter()
+        .flat_map(|(_, devices)| devices.iter())
+        .filter_map(|device| gpus.smi_for(device).map(Path::to_owned))
+        .collect();
+    let mut reported: BTreeMap<PathBuf, Vec<crate::gpus::DeviceUse>> = BTreeMap::new();
+    for program in programs {
+        match run_smi(&program).await {
+            Ok(devices) => {
+                reported.insert(program, devices);
+            }
+            Err(err) => {
+                tracing::debug!(program = %program.display(), error = %err, "reading GPU use")
+            }
+        }
+    }
+    held.into_iter()
+        .filter_map(|(key, devices)| {
+            let uses = devices
+                .iter()
+                .map(|device| {
+                    let (_, name) = device.split_once('=')?;
+                    reported
+                        .get(gpus.smi_for(device)?)?
+                        .iter()
+                        .find(|u| u.index == name || u.uuid == name)
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let utilization =
+                uses.iter().map(|u| u.utilization_percent).sum::<f64>() / uses.len() as f64;
+            let memory = uses.iter().map(|u| u.memory_bytes).sum();
+            Some((
+                key,
+                GpuUse {
+                    utilization_percent: utilization,
+                    memory_bytes: memory,
+                },
+            ))
+        })
+        .collect()
+}
+
+async fn run_smi(program: &Path) -> Result<Vec<crate::gpus::DeviceUse>, String> {
+    let output = tokio::process::Command::new(program)
+        .args(crate::gpus::SMI_QUERY)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(SMI_TIMEOUT, output)
+        .await
+        .map_err(|_| format!("no answer within {SMI_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).trim().to_owned());
+    }
+    Ok(crate::gpus::parse_smi(&String::from_utf8_lossy(
+        &output.stdout,
+    )))
 }
 
 /// Serves the board at `/metrics` on `listener` until the process stops.
@@ -415,7 +525,9 @@ pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<Us
                 }
             }
         }
-        for namespace in board.record(readings, machine_memory) {
+        let keys: Vec<Key> = readings.iter().map(|(key, _)| key.clone()).collect();
+        let gpu_use = gpu_use(&runtime.gpus, &keys).await;
+        for namespace in board.record(readings, &gpu_use, machine_memory) {
             runtime.store.notify_usage(&namespace);
         }
     }
@@ -478,6 +590,8 @@ pub async fn read_metrics_api(client: &kube::Client) -> Result<Vec<(Key, Usage)>
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
+                // A DCGM exporter would know; the metrics API does not.
+                gpu: None,
             };
             Some(((namespace, name), usage))
         })
@@ -645,15 +759,22 @@ mod tests {
                 (key("alice", "lab"), stats(0, 0, GIB, 2 * GIB)),
                 (key("bob", "lab"), stats(0, 0, GIB, 2 * GIB)),
             ],
+            &BTreeMap::new(),
             16 * GIB,
         );
         assert_eq!(changed, BTreeSet::from(["alice".into(), "bob".into()]));
+        let gpu = GpuUse {
+            utilization_percent: 40.0,
+            memory_bytes: GIB,
+        };
         let changed = board.record(
             vec![(key("alice", "lab"), stats(1_000, 1_000, GIB, 2 * GIB))],
+            &BTreeMap::from([(key("alice", "lab"), gpu.clone())]),
             16 * GIB,
         );
         assert_eq!(changed, BTreeSet::from(["alice".into(), "bob".into()]));
         assert_eq!(board.get("alice", "lab").unwrap().cpu_cores, Some(1.0));
+        assert_eq!(board.get("alice", "lab").unwrap().gpu, Some(gpu));
         assert_eq!(board.get("bob", "lab"), None, "stopped: no use shown");
 
         let mut text = String::new();
@@ -677,6 +798,12 @@ mod tests {
                 r#"labforge_notebook_memory_limit_bytes{{namespace="alice",notebook="lab"}} {}"#,
                 2 * GIB
             )),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"labforge_notebook_gpu_utilization_ratio{namespace="alice",notebook="lab"} 0.4"#
+            ),
             "{text}"
         );
         assert!(!text.contains("bob"), "{text}");

@@ -595,6 +595,7 @@ mod tests {
                 limits_key: "nvidia.com/gpu".into(),
                 name: "NVIDIA".into(),
                 cdi_kind: None,
+                smi: None,
             }],
             defaults: Defaults::default(),
         }

@@ -1,5 +1,5 @@
 // Every user's notebooks in one view, with filters, sorting, bulk stop and totals.
-import { api, el, stateBadge, ago, bytes, gpuText, breakable, quantity, cpuUse, memoryUse } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuUse, breakable, quantity, cpuUse, memoryUse } from './common.js';
 
 const filters = document.getElementById('filters');
 const body = document.querySelector('#all tbody');
@@ -35,7 +35,7 @@ function render() {
       el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, cpuUse(nb)),
       el('td', {}, memoryUse(nb)),
-      el('td', {}, gpuText(nb.gpus)),
+      el('td', {}, gpuUse(nb)),
       el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)));
   }));
   update();

@@ -97,6 +97,17 @@ export function gpuText(gpus) {
   return gpus ? `${gpus.count} × ${gpus.vendor}` : '—';
 }
 
+/** The GPUs a notebook holds and, while it runs, what they do: use where their vendor reports
+ * it, "use unknown" where not. */
+export function gpuUse(nb) {
+  if (!nb.gpus) return '—';
+  const held = gpuText(nb.gpus);
+  if (!nb.usage) return held;
+  const gpu = nb.usage.gpu;
+  return el('span', { class: 'use', 'data-gpu-utilization': gpu ? gpu.utilizationPercent : null },
+    held, gpu ? ` · ${gpu.utilizationPercent.toFixed(0)} % · ${bytes(gpu.memoryBytes)}` : ' · use unknown');
+}
+
 /** The input an error slot is about: named by its data-input, else the one just before it. */
 function inputOf(form, slot) {
   if (slot.dataset.input) return form.querySelector(`#${CSS.escape(slot.dataset.input)}`);

@@ -1,6 +1,6 @@
 // One notebook: live status, events, following logs, and "Save environment as image" with its
 // progress, plus the images saved from it.
-import { api, el, stateBadge, ago, bytes, gpuText, showErrors, breakable, cpuUse, memoryUse } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse } from './common.js';
 
 const root = document.getElementById('notebook');
 const { ns, name } = root.dataset;
@@ -28,7 +28,7 @@ async function refresh() {
   const details = [['Owner', nb.owner], ['Type', nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'], ['Image', nb.image],
     ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
     ['CPU in use', el('span', { id: 'cpu-use' })], ['Memory in use', el('span', { id: 'memory-use' })],
-    ['GPU', gpuText(nb.gpus)], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
+    ['GPU', el('span', { id: 'gpu-use' })], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
   showUsage(nb);
   const conditions = body.status?.conditions || [];
@@ -43,6 +43,7 @@ function showUsage(nb) {
   const measured = nb?.usage ? nb : null;
   document.getElementById('cpu-use')?.replaceChildren(measured ? cpuUse(nb) : 'not running');
   document.getElementById('memory-use')?.replaceChildren(measured ? memoryUse(nb) : 'not running');
+  document.getElementById('gpu-use')?.replaceChildren(nb ? gpuUse(nb) : '—');
   document.getElementById('memory-warning').hidden = !nb?.usage?.memoryNearLimit;
 }
 

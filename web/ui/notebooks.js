@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateBadge, ago, gpuText, notebookUrl, breakable, cpuUse, memoryUse } from './common.js';
+import { api, el, stateBadge, ago, gpuUse, notebookUrl, breakable, cpuUse, memoryUse } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -25,7 +25,7 @@ function render(notebooks) {
       el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, cpuUse(nb)),
       el('td', {}, memoryUse(nb)),
-      el('td', {}, gpuText(nb.gpus)),
+      el('td', {}, gpuUse(nb)),
       el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)),
       el('td', {},
         nb.state === 'ready' ? el('a', { class: 'button', href: notebookUrl(nb), target: '_blank', rel: 'noopener' }, 'Connect') : null,
