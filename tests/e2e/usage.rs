@@ -189,11 +189,10 @@ async fn a_busy_kernel_shows_its_cpu_and_memory_and_an_idle_notebook_near_zero()
         format!("{user}/busy"),
         "admins sort by CPU in use: {seen}"
     );
+    // Two notebooks of 0.5 CPU requested and 2 CPUs limit each.
+    let totals = seen["adminTotals"].as_str().unwrap();
     assert!(
-        seen["adminTotals"]
-            .as_str()
-            .unwrap()
-            .contains("CPUs used now"),
+        totals.contains(" · 1.0 · 4.0CPUs used now · requested · limits"),
         "{seen}"
     );
 }

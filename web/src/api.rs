@@ -1141,6 +1141,8 @@ async fn admin_notebooks(
         "running": running.len(),
         "cpu": sum(&|v| v.cpu_limit.clone(), "cpu"),
         "memoryBytes": sum(&|v| v.memory_limit.clone(), "memory"),
+        "cpuRequested": sum(&|v| v.cpu.clone(), "cpu"),
+        "memoryBytesRequested": sum(&|v| v.memory.clone(), "memory"),
         "gpus": sum(&|v| v.gpus.as_ref().map(|g| g.count.clone()).unwrap_or_default(), "gpus"),
         // Measured use, beside the limits above.
         "cpuUsed": running.iter().filter_map(|v| v.usage.as_ref()?.cpu_cores).sum::<f64>(),

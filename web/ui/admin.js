@@ -54,8 +54,8 @@ async function load() {
   document.getElementById('totals').replaceChildren(
     el('div', {}, el('b', {}, t.running), 'running notebooks'),
     el('div', {}, el('b', {}, t.notebooks), 'notebooks listed'),
-    el('div', { id: 'total-cpu' }, el('b', {}, `${Number(t.cpuUsed).toFixed(2)} / ${Number(t.cpu).toFixed(1)}`), 'CPUs used now / limits'),
-    el('div', { id: 'total-memory' }, el('b', {}, `${bytes(t.memoryBytesUsed)} / ${bytes(t.memoryBytes)}`), 'memory used now / limits'),
+    el('div', { id: 'total-cpu' }, el('b', {}, `${Number(t.cpuUsed).toFixed(2)} · ${Number(t.cpuRequested).toFixed(1)} · ${Number(t.cpu).toFixed(1)}`), 'CPUs used now · requested · limits'),
+    el('div', { id: 'total-memory' }, el('b', {}, `${bytes(t.memoryBytesUsed)} · ${bytes(t.memoryBytesRequested)} · ${bytes(t.memoryBytes)}`), 'memory used now · requested · limits'),
     el('div', {}, el('b', {}, t.gpus), 'GPUs held'));
   render();
 }
