@@ -266,7 +266,7 @@ fn route(
             super::metrics::VERSION,
             rest @ ..,
         ] => {
-            return pod_metrics(app, method, headers, rest);
+            return pod_metrics(app, method, uri, headers, rest);
         }
         ["api", version, rest @ ..] => ("", *version, rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
@@ -380,13 +380,11 @@ fn authorize_blocking_owners(
     Ok(())
 }
 
-/// Lets a request through when it carries no token (the admin's), or when RBAC allows what
-/// `request` describes for the token's user; 401 for an unknown token, 403 with Kubernetes'
-/// message otherwise.
 /// `metrics.k8s.io/v1beta1` PodMetrics: what the test set, read only.
 fn pod_metrics(
     app: &App,
     method: &Method,
+    uri: &Uri,
     headers: &HeaderMap,
     rest: &[&str],
 ) -> Result<Response, ApiError> {
@@ -423,11 +421,26 @@ fn pod_metrics(
                 .ok_or_else(|| ApiError::named_not_found("podmetrics.metrics.k8s.io", name))?;
             super::metrics::pod_metrics(ns, name, sample)
         }
-        (namespace, _) => super::metrics::list(&samples, namespace),
+        (namespace, _) => {
+            let query = Query::<HashMap<String, String>>::try_from_uri(uri)
+                .map(|Query(query)| query)
+                .map_err(|err| ApiError::bad_request(format!("invalid query: {err}")))?;
+            let labels =
+                LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
+                    .map_err(ApiError::bad_request)?;
+            let mut list = super::metrics::list(&samples, namespace);
+            if let Some(items) = list["items"].as_array_mut() {
+                items.retain(|item| labels.matches(item));
+            }
+            list
+        }
     };
     Ok(json_response(StatusCode::OK, &body))
 }
 
+/// Lets a request through when it carries no token (the admin's), or when RBAC allows what
+/// `request` describes for the token's user; 401 for an unknown token, 403 with Kubernetes'
+/// message otherwise.
 fn authorize<'a>(
     app: &App,
     headers: &HeaderMap,

@@ -29,11 +29,14 @@ try {
   await page.locator('#memory-warning').waitFor({ state: 'visible', timeout: 30_000 });
   seen.pageWarning = await page.locator('#memory-warning').isVisible();
   seen.pageCores = await cores(page.locator('#cpu-use'));
-  // New samples reach the open page: count the times the shown use is replaced.
+  // New samples reach the open page: count the times the shown CPU use is replaced (in place, or
+  // with the whole status when the notebook changed meanwhile).
   seen.pageUpdates = await page.evaluate(() => new Promise((resolve) => {
     let updates = 0;
-    const observer = new MutationObserver(() => { updates += 1; });
-    observer.observe(document.getElementById('cpu-use'), { childList: true });
+    const observer = new MutationObserver((records) => {
+      if (records.some((r) => r.target.id === 'cpu-use' || r.target.id === 'details')) updates += 1;
+    });
+    observer.observe(document.getElementById('details'), { childList: true, subtree: true });
     setTimeout(() => { observer.disconnect(); resolve(updates); }, 8000);
   }));
   await page.screenshot({ path: `${screenshots}/notebook-usage.png`, fullPage: true });

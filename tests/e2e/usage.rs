@@ -10,24 +10,30 @@ use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-/// Allocates until the container's cgroup counts 95 % of the 1 GiB limit, then spins a core for
-/// a minute on a thread of its own, so that the kernel still answers.
+/// Allocates until the container's cgroup counts a working set (use less the page cache it could
+/// drop, as labforge counts it) of 95 % of the 1 GiB limit, then spins a core on a thread of its
+/// own for longer than the test runs, so that the kernel still answers.
 const FILL_AND_SPIN: &str = r#"
 import threading, time
-def used():
-    for path in ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes"):
+def working_set():
+    for usage, stat, key in (
+        ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
+        ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"),
+    ):
         try:
-            return int(open(path).read())
+            used = int(open(usage).read())
+            inactive = next(int(line.split()[1]) for line in open(stat) if line.split()[0] == key)
+            return used - inactive
         except OSError:
             pass
     raise RuntimeError("no cgroup memory file")
 hog = []
-while used() < 0.95 * 1024**3:
+while working_set() < 0.95 * 1024**3:
     hog.append(b"\x01" * (8 * 1024 * 1024))
 def spin(until):
     while time.time() < until:
         pass
-threading.Thread(target=spin, args=(time.time() + 90,), daemon=True).start()
+threading.Thread(target=spin, args=(time.time() + 600,), daemon=True).start()
 print(len(hog))
 "#;
 
@@ -189,10 +195,16 @@ async fn a_busy_kernel_shows_its_cpu_and_memory_and_an_idle_notebook_near_zero()
         format!("{user}/busy"),
         "admins sort by CPU in use: {seen}"
     );
-    // Two notebooks of 0.5 CPU requested and 2 CPUs limit each.
+    // Two notebooks of 0.5 CPU requested and 2 CPUs limit each, one spinning a core.
     let totals = seen["adminTotals"].as_str().unwrap();
+    let used: f64 = totals
+        .split(" · ")
+        .next()
+        .and_then(|u| u.parse().ok())
+        .unwrap_or_else(|| panic!("no CPU use in {totals:?}"));
+    assert!(used > 0.4, "{seen}");
     assert!(
-        totals.contains(" · 1.0 · 4.0CPUs used now · requested · limits"),
+        totals.ends_with(" · 1.0 · 4.0CPUs used now · requested · limits"),
         "{seen}"
     );
 }
@@ -221,6 +233,13 @@ async fn in_a_cluster_use_comes_from_the_metrics_api_read_with_deploys_rbac() {
         ],
     );
     server.set_pod_metrics("alice", "other-0", &[], &[("other", "2", "1Gi")]);
+    // A pod its owner labels as the notebook's is not taken for it (listed after the real one).
+    server.set_pod_metrics(
+        "alice",
+        "x-decoy",
+        &[("notebook-name", "lab")],
+        &[("lab", "0", "1Mi")],
+    );
     let web = crate::web_cluster::WebApp::start(&server, None, None).await;
     let api = web.client();
     let (code, body) = api
@@ -231,6 +250,17 @@ async fn in_a_cluster_use_comes_from_the_metrics_api_read_with_deploys_rbac() {
         )
         .await;
     assert_eq!(code, 201, "{body}");
+    // Ready, as the controller reports it once the pod runs: only a ready notebook shows use.
+    let notebooks: kube::Api<labforge_crds::notebook::Notebook> =
+        kube::Api::namespaced(server.client(), "alice");
+    notebooks
+        .patch_status(
+            "lab",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"readyReplicas": 1, "conditions": [], "containerState": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}})),
+        )
+        .await
+        .unwrap();
     let usage = crate::controller::eventually(
         "lab's use read from metrics.k8s.io",
         Duration::from_secs(30),

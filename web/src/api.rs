@@ -467,11 +467,11 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             .resource_version
             .clone()
             .unwrap_or_default(),
-        // A sample taken just before a stop is not shown after it.
+        // Only a ready notebook's: a sample taken before a stop or restart is not shown after it.
         usage: api
             .usage
             .as_ref()
-            .filter(|_| !notebook.is_stopped())
+            .filter(|_| state == NotebookState::Ready)
             .and_then(|board| board.get(&namespace, &name))
             .map(|usage| {
                 let limit = labforge_crds::quantity::value(&quantity(true, "memory"))
@@ -1097,7 +1097,7 @@ fn idle_holding_gpus(view: &NotebookView, idle_after: std::time::Duration) -> bo
         .and_then(|t| t.parse::<jiff::Timestamp>().ok());
     let idle =
         since.is_none_or(|t| jiff::Timestamp::now().duration_since(t).unsigned_abs() >= idle_after);
-    holds && matches!(view.state, NotebookState::Ready | NotebookState::Starting) && idle
+    holds && view.state == NotebookState::Ready && idle
 }
 
 /// Every user's notebooks in one answer (Kubeflow's web app asks namespace by namespace).

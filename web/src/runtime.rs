@@ -498,21 +498,28 @@ impl Engine {
             .collect())
     }
 
-    /// The process id of running container `name` (in this machine's process namespace).
-    pub async fn pid_of(&self, name: &str) -> Result<u32, EngineError> {
+    /// The id and main process id (in this machine's process namespace) of running container
+    /// `name`.
+    pub async fn process_of(&self, name: &str) -> Result<(String, u32), EngineError> {
         let out = self
             .run(&[
                 "inspect".into(),
                 "--format".into(),
-                "{{.State.Pid}}".into(),
+                "{{.Id}} {{.State.Pid}}".into(),
                 name.into(),
             ])
             .await?;
-        out.trim()
-            .parse()
-            .ok()
-            .filter(|pid| *pid > 0)
-            .ok_or_else(|| EngineError::Output(format!("{name} has no process: {}", out.trim())))
+        let mut words = out.split_whitespace();
+        match (
+            words.next(),
+            words.next().and_then(|p| p.parse::<u32>().ok()),
+        ) {
+            (Some(id), Some(pid)) if pid > 0 => Ok((id.to_owned(), pid)),
+            _ => Err(EngineError::Output(format!(
+                "{name} has no process: {}",
+                out.trim()
+            ))),
+        }
     }
 
     fn insecure(&self, image: &str) -> bool {

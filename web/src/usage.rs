@@ -61,8 +61,8 @@ pub struct GpuUse {
 pub struct Reading {
     /// CPU time since the container started.
     pub cpu_nanos: u64,
-    /// The wall clock when read, since the Unix epoch.
-    pub at_nanos: u64,
+    /// When it was read: rates are measured on this monotonic clock, which no clock step moves.
+    pub at: std::time::Instant,
     /// Memory in use, less the page cache the kernel could drop (what cAdvisor and the kubelet
     /// call the working set).
     pub memory_bytes: u64,
@@ -150,16 +150,14 @@ impl CgroupFiles {
                 })
                 .ok_or_else(|| io::Error::other(format!("{}: no {key}", path.display())))
         };
-        let at_nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let at = std::time::Instant::now();
         match self {
             Self::V1 { cpuacct, memory } => {
                 let usage = number(memory.join("memory.usage_in_bytes"))?;
                 let inactive = stat(memory.join("memory.stat"), "total_inactive_file")?;
                 Ok(Reading {
                     cpu_nanos: number(cpuacct.join("cpuacct.usage"))?,
-                    at_nanos,
+                    at,
                     memory_bytes: usage.saturating_sub(inactive),
                     // No limit is the largest page-aligned value: larger than the machine.
                     memory_limit_bytes: Some(number(memory.join("memory.limit_in_bytes"))?),
@@ -171,7 +169,7 @@ impl CgroupFiles {
                 let limit = std::fs::read_to_string(dir.join("memory.max"))?;
                 Ok(Reading {
                     cpu_nanos: stat(dir.join("cpu.stat"), "usage_usec")?.saturating_mul(1000),
-                    at_nanos,
+                    at,
                     memory_bytes: usage.saturating_sub(inactive),
                     memory_limit_bytes: limit.trim().parse().ok(),
                 })
@@ -184,7 +182,7 @@ impl CgroupFiles {
 /// (a limit that large is no limit).
 pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u64) -> Usage {
     let cpu_cores = before.and_then(|before| {
-        let wall = now.at_nanos.checked_sub(before.at_nanos)?;
+        let wall = now.at.checked_duration_since(before.at)?.as_nanos();
         // A restarted container's CPU time starts again from zero.
         let cpu = now.cpu_nanos.checked_sub(before.cpu_nanos)?;
         (wall > 0).then(|| cpu as f64 / wall as f64)
@@ -199,9 +197,7 @@ pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u
         memory_limit_bytes,
         memory_near_limit: memory_limit_bytes
             .is_some_and(|limit| now.memory_bytes as f64 >= limit as f64 * NEAR_LIMIT),
-        sampled_at: jiff::Timestamp::from_nanosecond(i128::from(now.at_nanos))
-            .unwrap_or_else(|_| jiff::Timestamp::now())
-            .to_string(),
+        sampled_at: jiff::Timestamp::now().to_string(),
         gpu: None,
     }
 }
@@ -238,12 +234,7 @@ impl UsageBoard {
             usage.gpu = gpu_use.get(&key).cloned();
             next.insert(key, (reading, usage));
         }
-        let mut changed: BTreeSet<String> = samples
-            .keys()
-            .filter(|key| !next.contains_key(*key))
-            .map(|(ns, _)| ns.clone())
-            .collect();
-        changed.extend(next.keys().map(|(ns, _)| ns.clone()));
+        let changed = changed_namespaces(&samples, &next);
         *samples = next;
         changed
     }
@@ -252,20 +243,20 @@ impl UsageBoard {
     /// returns the namespaces whose samples changed.
     pub fn replace(&self, usages: Vec<(Key, Usage)>) -> BTreeSet<String> {
         let mut samples = self.samples.write().unwrap_or_else(|e| e.into_inner());
-        let mut changed: BTreeSet<String> = samples.keys().map(|(ns, _)| ns.clone()).collect();
-        changed.extend(usages.iter().map(|((ns, _), _)| ns.clone()));
-        *samples = usages
+        let next: BTreeMap<Key, (Reading, Usage)> = usages
             .into_iter()
             .map(|(key, usage)| {
                 let reading = Reading {
                     cpu_nanos: 0,
-                    at_nanos: 0,
+                    at: std::time::Instant::now(),
                     memory_bytes: usage.memory_bytes,
                     memory_limit_bytes: usage.memory_limit_bytes,
                 };
                 (key, (reading, usage))
             })
             .collect();
+        let changed = changed_namespaces(&samples, &next);
+        *samples = next;
         changed
     }
 
@@ -276,6 +267,35 @@ impl UsageBoard {
             .map(|(key, (_, usage))| (key.clone(), usage.clone()))
             .collect()
     }
+}
+
+/// What a page shows of a use: a new sample that would show the same tells nobody.
+fn shown(usage: &Usage) -> (Option<i64>, u64, bool, Option<(i64, u64)>) {
+    (
+        usage.cpu_cores.map(|c| (c * 100.0).round() as i64),
+        usage.memory_bytes >> 20,
+        usage.memory_near_limit,
+        usage
+            .gpu
+            .as_ref()
+            .map(|g| (g.utilization_percent.round() as i64, g.memory_bytes >> 20)),
+    )
+}
+
+/// The namespaces whose notebooks' shown use differs between `before` and `after` (a notebook
+/// appearing or gone included).
+fn changed_namespaces(
+    before: &BTreeMap<Key, (Reading, Usage)>,
+    after: &BTreeMap<Key, (Reading, Usage)>,
+) -> BTreeSet<String> {
+    let differs =
+        |key: &Key| before.get(key).map(|(_, u)| shown(u)) != after.get(key).map(|(_, u)| shown(u));
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|key| differs(key))
+        .map(|(ns, _)| ns.clone())
+        .collect()
 }
 
 /// The board as Prometheus metrics, read at each scrape.
@@ -350,7 +370,11 @@ const SMI_TIMEOUT: Duration = Duration::from_secs(5);
 /// Each running notebook's GPU use, from its devices' vendor's program (`nvidia-smi`), run once
 /// per sample whatever the number of notebooks. A notebook any of whose devices is not reported
 /// is left out: its use is unknown, never guessed.
-async fn gpu_use(gpus: &crate::gpus::GpuPool, running: &[Key]) -> BTreeMap<Key, GpuUse> {
+async fn gpu_use(
+    gpus: &crate::gpus::GpuPool,
+    running: &[Key],
+    retry_after: &mut BTreeMap<PathBuf, tokio::time::Instant>,
+) -> BTreeMap<Key, GpuUse> {
     let held: Vec<(Key, Vec<String>)> = running
         .iter()
         .map(|key| (key.clone(), gpus.held_by(&key.0, &key.1)))
@@ -362,13 +386,20 @@ async fn gpu_use(gpus: &crate::gpus::GpuPool, running: &[Key]) -> BTreeMap<Key, 
         .filter_map(|device| gpus.smi_for(device).map(Path::to_owned))
         .collect();
     let mut reported: BTreeMap<PathBuf, Vec<crate::gpus::DeviceUse>> = BTreeMap::new();
+    let now = tokio::time::Instant::now();
     for program in programs {
+        // One that failed (a wedged GPU can hang it) is left alone for a while.
+        if retry_after.get(&program).is_some_and(|t| *t > now) {
+            continue;
+        }
         match run_smi(&program).await {
             Ok(devices) => {
+                retry_after.remove(&program);
                 reported.insert(program, devices);
             }
             Err(err) => {
-                tracing::debug!(program = %program.display(), error = %err, "reading GPU use")
+                tracing::debug!(program = %program.display(), error = %err, "reading GPU use");
+                retry_after.insert(program, now + LOOKUP_RETRY);
             }
         }
     }
@@ -459,12 +490,51 @@ pub fn machine_memory_bytes() -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// How long a container whose cgroup could not be found is left before it is looked up again.
+const LOOKUP_RETRY: Duration = Duration::from_secs(30);
+
+/// A running container's counters, found once from its main process.
+#[derive(Clone, Debug)]
+struct Tracked {
+    pid: u32,
+    files: CgroupFiles,
+}
+
+impl Tracked {
+    /// The cgroup of container `id`'s process `pid`: refused unless the container has one of its
+    /// own (its path names the container), since a shared one counts others' use too.
+    fn find(id: &str, pid: u32) -> io::Result<Self> {
+        let files = CgroupFiles::of_process(Path::new("/"), pid)?;
+        let own = match &files {
+            CgroupFiles::V1 { memory, .. } => memory.to_string_lossy().contains(id),
+            CgroupFiles::V2 { dir } => dir.to_string_lossy().contains(id),
+        };
+        if !own {
+            return Err(io::Error::other(format!(
+                "the container's process is not in a cgroup of its own: {files:?}"
+            )));
+        }
+        Ok(Self { pid, files })
+    }
+
+    /// Its counters, while its process lives: a replaced container's old cgroup may linger.
+    fn read(&self) -> io::Result<Reading> {
+        if !Path::new(&format!("/proc/{}", self.pid)).exists() {
+            return Err(io::Error::other(format!("process {} is gone", self.pid)));
+        }
+        self.files.read()
+    }
+}
+
 /// Samples the running notebooks' containers every [`SAMPLE_INTERVAL`], forever, and tells the
-/// namespaces' watchers (a [`crate::store::Change::Usage`]) after each sample. Each container's
-/// cgroup is found once, from its process; a container replaced since is found again.
+/// namespaces' watchers (a [`crate::store::Change::Usage`]) when their use changed. Each
+/// container's cgroup is found once (one `inspect`); a container replaced since is found again,
+/// and one that cannot be found is left for [`LOOKUP_RETRY`].
 pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<UsageBoard>) {
     let machine_memory = machine_memory_bytes();
-    let mut cgroups: BTreeMap<String, CgroupFiles> = BTreeMap::new();
+    let mut tracked: BTreeMap<String, Tracked> = BTreeMap::new();
+    let mut retry_after: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
+    let mut smi_retry_after: BTreeMap<PathBuf, tokio::time::Instant> = BTreeMap::new();
     let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -481,33 +551,45 @@ pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<Us
                 Some(((ns, name), container))
             })
             .collect();
-        cgroups.retain(|container, _| running.iter().any(|(_, c)| c == container));
+        let is_running = |container: &String| running.iter().any(|(_, c)| c == container);
+        tracked.retain(|container, _| is_running(container));
+        retry_after.retain(|container, _| is_running(container));
+        let now = tokio::time::Instant::now();
         for (_, container) in &running {
-            if cgroups.contains_key(container) {
+            if tracked.contains_key(container)
+                || retry_after.get(container).is_some_and(|t| *t > now)
+            {
                 continue;
             }
-            let found = match runtime.engine.pid_of(container).await {
-                Ok(pid) => CgroupFiles::of_process(Path::new("/"), pid).map_err(|e| e.to_string()),
+            let found = match runtime.engine.process_of(container).await {
+                Ok((id, pid)) => tokio::task::spawn_blocking(move || Tracked::find(&id, pid))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|found| found.map_err(|e| e.to_string())),
                 Err(err) => Err(err.to_string()),
             };
             match found {
-                Ok(files) => {
-                    cgroups.insert(container.clone(), files);
+                Ok(found) => {
+                    retry_after.remove(container);
+                    tracked.insert(container.clone(), found);
                 }
-                Err(err) => tracing::debug!(%container, error = %err, "finding its cgroup"),
+                Err(err) => {
+                    tracing::debug!(%container, error = %err, "finding its cgroup");
+                    retry_after.insert(container.clone(), now + LOOKUP_RETRY);
+                }
             }
         }
-        let files: Vec<(Key, String, CgroupFiles)> = running
+        let to_read: Vec<(Key, String, Tracked)> = running
             .into_iter()
             .filter_map(|(key, container)| {
-                let files = cgroups.get(&container)?.clone();
-                Some((key, container, files))
+                let found = tracked.get(&container)?.clone();
+                Some((key, container, found))
             })
             .collect();
         let Ok(read) = tokio::task::spawn_blocking(move || {
-            files
+            to_read
                 .into_iter()
-                .map(|(key, container, files)| (key, container, files.read()))
+                .map(|(key, container, found)| (key, container, found.read()))
                 .collect::<Vec<_>>()
         })
         .await
@@ -521,12 +603,12 @@ pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<Us
                 Err(err) => {
                     // Gone or replaced: looked up again next time.
                     tracing::debug!(%container, error = %err, "reading its cgroup");
-                    cgroups.remove(&container);
+                    tracked.remove(&container);
                 }
             }
         }
         let keys: Vec<Key> = readings.iter().map(|(key, _)| key.clone()).collect();
-        let gpu_use = gpu_use(&runtime.gpus, &keys).await;
+        let gpu_use = gpu_use(&runtime.gpus, &keys, &mut smi_retry_after).await;
         for namespace in board.record(readings, &gpu_use, machine_memory) {
             runtime.store.notify_usage(&namespace);
         }
@@ -550,11 +632,14 @@ fn pod_metrics_resource() -> kube::api::ApiResource {
 /// Every notebook pod's use, from one list of the cluster's PodMetrics: CPU cores (averaged over
 /// metrics-server's window) and working-set memory of the notebook's own container (named as
 /// the notebook, as Kubeflow names it; its limits are that container's), or of all its
-/// containers when none is. Notebook pods are those with Kubeflow's `notebook-name` label.
+/// containers when none is. A notebook's pod is its StatefulSet's `<name>-0`, with Kubeflow's
+/// `notebook-name` label.
 pub async fn read_metrics_api(client: &kube::Client) -> Result<Vec<(Key, Usage)>, kube::Error> {
     let api: kube::Api<kube::api::DynamicObject> =
         kube::Api::all_with(client.clone(), &pod_metrics_resource());
-    let list = api.list(&Default::default()).await?;
+    let notebook_pods =
+        kube::api::ListParams::default().labels(labforge_crds::notebook::NOTEBOOK_NAME_LABEL);
+    let list = api.list(&notebook_pods).await?;
     Ok(list
         .items
         .iter()
@@ -565,6 +650,10 @@ pub async fn read_metrics_api(client: &kube::Client) -> Result<Vec<(Key, Usage)>
                 .as_ref()?
                 .get(labforge_crds::notebook::NOTEBOOK_NAME_LABEL)?
                 .clone();
+            // The StatefulSet's one pod: another pod a user labels so is not the notebook.
+            if pod.metadata.name.as_deref() != Some(&format!("{name}-0")) {
+                return None;
+            }
             let namespace = pod.metadata.namespace.clone()?;
             let all = pod.data["containers"].as_array()?;
             let own: Vec<&serde_json::Value> = all.iter().filter(|c| c["name"] == name).collect();
@@ -643,10 +732,13 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    static START: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+
     fn stats(cpu_ms: u64, at_ms: u64, memory: u64, limit: u64) -> Reading {
         Reading {
             cpu_nanos: cpu_ms * 1_000_000,
-            at_nanos: 1_800_000_000_000_000_000 + at_ms * 1_000_000,
+            at: *START + Duration::from_millis(at_ms),
             memory_bytes: memory,
             memory_limit_bytes: Some(limit),
         }
@@ -774,8 +866,17 @@ mod tests {
         );
         assert_eq!(changed, BTreeSet::from(["alice".into(), "bob".into()]));
         assert_eq!(board.get("alice", "lab").unwrap().cpu_cores, Some(1.0));
-        assert_eq!(board.get("alice", "lab").unwrap().gpu, Some(gpu));
+        assert_eq!(board.get("alice", "lab").unwrap().gpu, Some(gpu.clone()));
         assert_eq!(board.get("bob", "lab"), None, "stopped: no use shown");
+        let same = board.record(
+            vec![(key("alice", "lab"), stats(2_000, 2_000, GIB, 2 * GIB))],
+            &BTreeMap::from([(key("alice", "lab"), gpu.clone())]),
+            16 * GIB,
+        );
+        assert!(
+            same.is_empty(),
+            "nothing shown changed, nobody told: {same:?}"
+        );
 
         let mut text = String::new();
         let mut registry = prometheus_client::registry::Registry::default();
@@ -783,7 +884,7 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
             text.contains(
-                r#"labforge_notebook_cpu_usage_seconds_total{namespace="alice",notebook="lab"} 1.0"#
+                r#"labforge_notebook_cpu_usage_seconds_total{namespace="alice",notebook="lab"} 2.0"#
             ),
             "{text}"
         );

@@ -40,9 +40,9 @@ async function refresh() {
 
 /** What it uses now, from the latest sample (the namespace's stream brings one every few seconds). */
 function showUsage(nb) {
-  const measured = nb?.usage ? nb : null;
-  document.getElementById('cpu-use')?.replaceChildren(measured ? cpuUse(nb) : 'not running');
-  document.getElementById('memory-use')?.replaceChildren(measured ? memoryUse(nb) : 'not running');
+  const unmeasured = nb?.state === 'ready' ? 'not measured yet' : 'not running';
+  document.getElementById('cpu-use')?.replaceChildren(nb?.usage ? cpuUse(nb) : unmeasured);
+  document.getElementById('memory-use')?.replaceChildren(nb?.usage ? memoryUse(nb) : unmeasured);
   document.getElementById('gpu-use')?.replaceChildren(nb ? gpuUse(nb) : '—');
   document.getElementById('memory-warning').hidden = !nb?.usage?.memoryNearLimit;
 }

@@ -14,7 +14,32 @@ async function act(notebook, change) {
   if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
 }
 
+// What the table was last built from: a new sample of resource use alone changes only the cells
+// that show it, so clicks, focus and the reader's place survive it.
+let built = null;
+
+function updateUse(notebooks) {
+  for (const nb of notebooks) {
+    const row = body.querySelector(`tr[data-name="${CSS.escape(nb.name)}"]`);
+    if (!row) continue;
+    const cells = row.children;
+    cells[4].replaceChildren(cpuUse(nb));
+    cells[5].replaceChildren(memoryUse(nb));
+    cells[6].replaceChildren(gpuUse(nb));
+    cells[7].replaceChildren(ago(nb.lastActivity));
+    cells[7].title = nb.lastActivity || '';
+    row.classList.toggle('near-limit', Boolean(nb.usage?.memoryNearLimit));
+  }
+}
+
+/** Shows `notebooks`; `true` when the table was built again (not only its use updated). */
 function render(notebooks) {
+  const shape = notebooks.map((nb) => `${nb.name}@${nb.resourceVersion}@${nb.state}`).join(' ');
+  if (shape === built) {
+    updateUse(notebooks);
+    return false;
+  }
+  built = shape;
   empty.hidden = notebooks.length > 0;
   body.replaceChildren(...notebooks.map((nb) => {
     const running = nb.state === 'ready' || nb.state === 'starting';
@@ -36,6 +61,7 @@ function render(notebooks) {
           if (confirm(`Delete notebook ${nb.name}? Its workspace volume is kept.`)) act(nb, 'delete');
         } }, 'Delete')));
   }));
+  return true;
 }
 
 // Volumes outlive their notebooks (a deleted notebook's workspace is kept): listed with who
@@ -63,7 +89,7 @@ function connect() {
   const events = new EventSource(`/api/namespaces/${ns}/watch`);
   events.addEventListener('notebooks', (event) => {
     const notebooks = JSON.parse(event.data).notebooks;
-    render(notebooks);
+    if (!render(notebooks)) return;
     live.textContent = `Live · updated ${new Date().toLocaleTimeString()}`;
     const now = notebooks.map((nb) => nb.name).join(' ');
     if (now !== names) { names = now; volumes(); }
