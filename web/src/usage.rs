@@ -35,7 +35,7 @@ pub struct Usage {
     /// CPU time its container used since it started; `None` where only a rate is reported
     /// (a cluster's metrics API).
     pub cpu_seconds: Option<f64>,
-    /// Memory in use, as the engine counts it (page cache it could drop left out).
+    /// Memory in use, less the page cache the kernel could drop (the working set).
     pub memory_bytes: u64,
     /// Its memory limit; `None` when it has none below the machine's memory.
     pub memory_limit_bytes: Option<u64>,
