@@ -301,66 +301,60 @@ fn changed_namespaces(
 /// The board as Prometheus metrics, read at each scrape.
 impl Collector for UsageBoard {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType::{Counter, Gauge};
         let all = self.all();
-        let labels = |(ns, name): &Key| [("namespace", ns.clone()), ("notebook", name.clone())];
-        let cpu = encoder.encode_descriptor(
+        let mut family = |name: &str,
+                          help: &str,
+                          kind,
+                          metric: &dyn Fn(&Usage) -> Option<Box<dyn EncodeMetric>>|
+         -> Result<(), std::fmt::Error> {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for ((ns, name), usage) in &all {
+                if let Some(metric) = metric(usage) {
+                    let labels = [("namespace", ns.as_str()), ("notebook", name.as_str())];
+                    metric.encode(family.encode_family(&labels)?)?;
+                }
+            }
+            Ok(())
+        };
+        family(
             "labforge_notebook_cpu_usage_seconds",
             "CPU time a running notebook's container used since it started",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
+            Counter,
+            &|u| Some(Box::new(ConstCounter::new(u.cpu_seconds?))),
         )?;
-        let mut cpu = cpu;
-        for (key, usage) in &all {
-            if let Some(seconds) = usage.cpu_seconds {
-                ConstCounter::new(seconds).encode(cpu.encode_family(&labels(key))?)?;
-            }
-        }
-        let mut memory = encoder.encode_descriptor(
+        family(
             "labforge_notebook_memory_working_set_bytes",
             "Memory a running notebook uses, page cache it could drop left out",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            Gauge,
+            &|u| Some(Box::new(ConstGauge::new(u.memory_bytes as i64))),
         )?;
-        for (key, usage) in &all {
-            ConstGauge::new(usage.memory_bytes as i64)
-                .encode(memory.encode_family(&labels(key))?)?;
-        }
-        let mut limit = encoder.encode_descriptor(
+        family(
             "labforge_notebook_memory_limit_bytes",
             "A running notebook's memory limit (absent without one)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            Gauge,
+            &|u| Some(Box::new(ConstGauge::new(u.memory_limit_bytes? as i64))),
         )?;
-        for (key, usage) in &all {
-            if let Some(bytes) = usage.memory_limit_bytes {
-                ConstGauge::new(bytes as i64).encode(limit.encode_family(&labels(key))?)?;
-            }
-        }
-        let mut gpu = encoder.encode_descriptor(
+        family(
             "labforge_notebook_gpu_utilization_ratio",
             "Mean utilization of a running notebook's GPUs, where their vendor reports it",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            Gauge,
+            &|u| {
+                Some(Box::new(ConstGauge::new(
+                    u.gpu.as_ref()?.utilization_percent / 100.0,
+                )))
+            },
         )?;
-        for (key, usage) in &all {
-            if let Some(used) = &usage.gpu {
-                ConstGauge::new(used.utilization_percent / 100.0)
-                    .encode(gpu.encode_family(&labels(key))?)?;
-            }
-        }
-        let mut gpu_memory = encoder.encode_descriptor(
+        family(
             "labforge_notebook_gpu_memory_used_bytes",
             "Memory in use on a running notebook's GPUs, where their vendor reports it",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for (key, usage) in &all {
-            if let Some(used) = &usage.gpu {
-                ConstGauge::new(used.memory_bytes as i64)
-                    .encode(gpu_memory.encode_family(&labels(key))?)?;
-            }
-        }
-        Ok(())
+            Gauge,
+            &|u| {
+                Some(Box::new(ConstGauge::new(
+                    u.gpu.as_ref()?.memory_bytes as i64,
+                )))
+            },
+        )
     }
 }
 
