@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod cgroup;
 pub mod cluster;
 pub mod config;
 pub mod data_dir;
