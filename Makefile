@@ -7,7 +7,7 @@ SHELL := /bin/bash
 EXTRA_CA ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 CARGO ?= cargo
 
-.PHONY: up test setup images image build agent lint unit drills help
+.PHONY: up test setup images image build agent lint unit drills bench help
 
 help:
 	@echo "make up    - set up this machine, build, start labforge"
@@ -23,6 +23,11 @@ test: setup images lint agent
 
 setup:
 	scripts/setup
+
+## The benchmarks (bench/README.md), after installing their peers and tools (bench/setup).
+bench: setup
+	bench/setup
+	$(CARGO) bench
 
 ## The notebook images, each rebuilt only when its recipe changed.
 images: setup

@@ -75,7 +75,7 @@ pub fn h2load(protocol: Protocol, port: u16, path: &str, seconds: u32, dir: &Pat
     let output = command
         .arg(format!("{scheme}://127.0.0.1:{port}{path}"))
         .output()
-        .expect("h2load (scripts/setup installs nghttp2-client)");
+        .expect("h2load (bench/setup installs nghttp2-client)");
     let summary = String::from_utf8_lossy(&output.stdout);
     let spoken = summary
         .lines()

@@ -25,7 +25,7 @@
 //! profile-guided build), with the plain release build beside it; the plain build alone otherwise.
 //! `--train <proxy>` sends `proxy` the traffic that build is optimized for, and nothing else.
 //!
-//!   scripts/setup   # nginx, wrk, h2load, configurable-http-proxy, llvm-profdata
+//!   bench/setup     # nginx, wrk, h2load, configurable-http-proxy, llvm-profdata (make bench runs it)
 //!   LABFORGE_PROXY_BIN=$(scripts/build-proxy) cargo bench --bench proxy [-- SECONDS [ROUNDS]]
 
 mod hyper_floor;
@@ -613,7 +613,7 @@ fn run_wrk(
     let output = command
         .arg(url)
         .output()
-        .expect("wrk (scripts/setup installs it)");
+        .expect("wrk (bench/setup installs it)");
     parse_wrk(&String::from_utf8_lossy(&output.stdout))
 }
 
@@ -803,11 +803,11 @@ async fn contenders(dir: &Path, routes: &Routes, shipped: Option<&Path>) -> Vec<
     list.push(start_hyper_floor(routes));
     match start_nginx(dir, routes, Listen::Clear) {
         Some(nginx) => list.push(nginx),
-        None => eprintln!("nginx not installed (scripts/setup): skipped"),
+        None => eprintln!("nginx not installed (bench/setup): skipped"),
     }
     match start_chp(routes).await {
         Some(chp) => list.push(chp),
-        None => eprintln!("configurable-http-proxy not installed (scripts/setup): skipped"),
+        None => eprintln!("configurable-http-proxy not installed (bench/setup): skipped"),
     }
     list
 }
@@ -843,7 +843,7 @@ fn main() {
 async fn train(proxy: &Path) {
     labforge_tests::init_crypto();
     for tool in ["wrk", "h2load"] {
-        labforge_tests::locate(tool).expect("the load generators: run scripts/setup");
+        labforge_tests::locate(tool).expect("the load generators: run bench/setup");
     }
     let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
     let upstream = start_upstream();
@@ -939,7 +939,7 @@ async fn bench() {
     let seconds = numbers.first().copied().unwrap_or(6);
     let rounds = numbers.get(1).copied().unwrap_or(3).max(1) as usize;
     for tool in ["wrk", "h2load"] {
-        labforge_tests::locate(tool).expect("the load generators: run scripts/setup");
+        labforge_tests::locate(tool).expect("the load generators: run bench/setup");
     }
     let shipped = std::env::var_os(SHIPPED_PROXY).map(PathBuf::from);
     match &shipped {
