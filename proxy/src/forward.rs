@@ -799,8 +799,27 @@ struct Outgoing {
     revoked: Option<Revocation>,
 }
 
-/// Websocket close code 1013, "try again later": the notebook is stopped or starting.
-const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
+/// A close frame's payload is at most 125 bytes: the code's two and the reason.
+const CLOSE_REASON_MAX: usize = 123;
+
+/// A close frame with code 1013, "try again later" (the notebook is stopped or starting), and
+/// `reason` cut at a character boundary to what the frame holds.
+fn try_again_later_frame(reason: &str) -> Vec<u8> {
+    use tungstenite::protocol::frame::coding::CloseCode;
+    use tungstenite::protocol::frame::{CloseFrame, Frame};
+    let mut end = reason.len().min(CLOSE_REASON_MAX);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let frame = Frame::close(Some(CloseFrame {
+        code: CloseCode::Again,
+        reason: reason[..end].to_owned().into(),
+    }));
+    let mut bytes = Vec::with_capacity(2 + 2 + end);
+    // Writing into a Vec cannot fail.
+    let _ = frame.format(&mut bytes);
+    bytes
+}
 
 /// Accepts the websocket handshake and closes it at once with 1013 and the error as reason.
 fn close_websocket(
@@ -808,18 +827,8 @@ fn close_websocket(
     key: &HeaderValue,
     error: &ProxyError,
 ) -> Response<ProxyBody> {
-    use base64::Engine as _;
-    use sha1::Digest as _;
-    let mut sha1 = sha1::Sha1::new();
-    sha1.update(key.as_bytes());
-    sha1.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
-    let accept = base64::engine::general_purpose::STANDARD.encode(sha1.finalize());
-    // A close frame's payload is at most 125 bytes: the code and a short reason.
-    let mut reason = error.to_string();
-    reason.truncate(100);
-    let mut frame = vec![0x88, (2 + reason.len()) as u8];
-    frame.extend_from_slice(&CLOSE_TRY_AGAIN_LATER.to_be_bytes());
-    frame.extend_from_slice(reason.as_bytes());
+    let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let frame = try_again_later_frame(&error.to_string());
     tokio::spawn(async move {
         use tokio::io::AsyncWriteExt as _;
         if let Ok(upgraded) = client_upgrade.await {
@@ -1170,6 +1179,28 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Touching<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_close_frame_holds_1013_and_a_reason_cut_at_a_character_boundary() {
+        let frame = try_again_later_frame("notebook alice/lab is stopped");
+        assert_eq!(
+            frame[..2],
+            [0x88, 2 + 29],
+            "FIN + close, unmasked, its length"
+        );
+        assert_eq!(frame[2..4], 1013u16.to_be_bytes());
+        assert_eq!(&frame[4..], b"notebook alice/lab is stopped");
+
+        // 122 ASCII bytes and then a 3-byte character: cut before it, not inside it.
+        let long = format!("{}…and more", "x".repeat(122));
+        let frame = try_again_later_frame(&long);
+        assert_eq!(usize::from(frame[1]), 2 + 122);
+        assert!(
+            frame.len() <= 2 + 125,
+            "a control frame's payload is at most 125 bytes"
+        );
+        assert!(std::str::from_utf8(&frame[4..]).is_ok());
+    }
 
     #[test]
     fn hop_by_hop_headers_and_the_ones_connection_names_are_dropped() {
