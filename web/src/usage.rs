@@ -83,10 +83,14 @@ pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u
 
 type Key = (String, String);
 
+/// A notebook's last sample, with the counters it came from when the next one needs them for a
+/// rate (the embedded mode's; a cluster's metrics API gives rates itself).
+type Samples = BTreeMap<Key, (Option<Reading>, Usage)>;
+
 /// The last sample of every running notebook.
 #[derive(Debug, Default)]
 pub struct UsageBoard {
-    samples: RwLock<BTreeMap<Key, (Reading, Usage)>>,
+    samples: RwLock<Samples>,
 }
 
 impl UsageBoard {
@@ -106,12 +110,12 @@ impl UsageBoard {
         machine_memory_bytes: u64,
     ) -> BTreeSet<String> {
         let mut samples = self.samples.write().unwrap_or_else(|e| e.into_inner());
-        let mut next = BTreeMap::new();
+        let mut next = Samples::new();
         for (key, reading) in readings {
-            let before = samples.get(&key).map(|(reading, _)| reading);
+            let before = samples.get(&key).and_then(|(reading, _)| reading.as_ref());
             let mut usage = usage_of(&reading, before, machine_memory_bytes);
             usage.gpu = gpu_use.get(&key).cloned();
-            next.insert(key, (reading, usage));
+            next.insert(key, (Some(reading), usage));
         }
         let changed = changed_namespaces(&samples, &next);
         *samples = next;
@@ -122,17 +126,9 @@ impl UsageBoard {
     /// returns the namespaces whose samples changed.
     pub fn replace(&self, usages: Vec<(Key, Usage)>) -> BTreeSet<String> {
         let mut samples = self.samples.write().unwrap_or_else(|e| e.into_inner());
-        let next: BTreeMap<Key, (Reading, Usage)> = usages
+        let next: Samples = usages
             .into_iter()
-            .map(|(key, usage)| {
-                let reading = Reading {
-                    cpu_nanos: 0,
-                    at: std::time::Instant::now(),
-                    memory_bytes: usage.memory_bytes,
-                    memory_limit_bytes: usage.memory_limit_bytes,
-                };
-                (key, (reading, usage))
-            })
+            .map(|(key, usage)| (key, (None, usage)))
             .collect();
         let changed = changed_namespaces(&samples, &next);
         *samples = next;
@@ -163,10 +159,7 @@ fn shown(usage: &Usage) -> (Option<i64>, u64, bool, Option<(i64, u64)>) {
 
 /// The namespaces whose notebooks' shown use differs between `before` and `after` (a notebook
 /// appearing or gone included).
-fn changed_namespaces(
-    before: &BTreeMap<Key, (Reading, Usage)>,
-    after: &BTreeMap<Key, (Reading, Usage)>,
-) -> BTreeSet<String> {
+fn changed_namespaces(before: &Samples, after: &Samples) -> BTreeSet<String> {
     let differs =
         |key: &Key| before.get(key).map(|(_, u)| shown(u)) != after.get(key).map(|(_, u)| shown(u));
     before
