@@ -896,16 +896,13 @@ async fn claims(state: &ApiState, ns: &str) -> ApiResult<Vec<String>> {
     }
 }
 
-/// The notebooks of `ns` that mount claim `claim`.
-async fn notebooks_using(state: &ApiState, ns: &str, claim: &str) -> ApiResult<Vec<String>> {
-    Ok(state
-        .backend
-        .list(Some(ns))
-        .await?
-        .into_iter()
+/// The names of those of `notebooks` that mount claim `claim`.
+fn notebooks_using(notebooks: &[Notebook], claim: &str) -> Vec<String> {
+    notebooks
+        .iter()
         .filter(|notebook| notebook.claim_names().any(|mounted| mounted == claim))
-        .filter_map(|notebook| notebook.metadata.name)
-        .collect())
+        .filter_map(|notebook| notebook.metadata.name.clone())
+        .collect()
 }
 
 async fn list_volumes(
@@ -914,9 +911,11 @@ async fn list_volumes(
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
+    // The namespace's notebooks are listed once, not once per volume.
+    let notebooks = state.backend.list(Some(&ns)).await?;
     let mut volumes = Vec::new();
     for name in claims(&state, &ns).await? {
-        let used_by = notebooks_using(&state, &ns, &name).await?;
+        let used_by = notebooks_using(&notebooks, &name);
         volumes.push(serde_json::json!({ "name": name, "usedBy": used_by }));
     }
     Ok(Json(serde_json::json!({ "volumes": volumes })))
@@ -936,7 +935,7 @@ async fn delete_volume(
             format!("namespace {ns} has no volume {name:?}"),
         ));
     }
-    let used_by = notebooks_using(&state, &ns, &name).await?;
+    let used_by = notebooks_using(&state.backend.list(Some(&ns)).await?, &name);
     if !used_by.is_empty() {
         return Err(Failure::new(
             StatusCode::CONFLICT,
