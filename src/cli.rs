@@ -192,7 +192,8 @@ pub struct UpArgs {
     /// The static save agent (`make agent`); default: `../agent/labforge-agent` next to this binary.
     #[arg(long, env = "LABFORGE_AGENT")]
     pub agent: Option<std::path::PathBuf>,
-    /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
+    /// Spawner configuration (image catalog, GPU vendors, defaults): labforge's (JSON or YAML),
+    /// or Kubeflow's `spawner_ui_config.yaml`.
     #[arg(long)]
     pub spawner_config: Option<std::path::PathBuf>,
     /// The web app's host; each notebook gets its own below it, `<name>--<namespace>.<domain>`,
@@ -309,7 +310,8 @@ pub struct WebArgs {
     /// Prefix to strip from the header's value (e.g. `accounts.google.com:`).
     #[arg(long, env = "USERID_PREFIX", default_value = "")]
     pub user_prefix: String,
-    /// Spawner configuration (image catalog, GPU vendors, defaults) as JSON.
+    /// Spawner configuration (image catalog, GPU vendors, defaults): labforge's (JSON or YAML),
+    /// or Kubeflow's `spawner_ui_config.yaml`.
     #[arg(long)]
     pub spawner_config: Option<std::path::PathBuf>,
     /// Registry (`host[:port][/path]`) saved environments are pushed to, as
@@ -321,6 +323,10 @@ pub struct WebArgs {
     /// controller's `LABFORGE_NOTEBOOK_DOMAIN`): the UI links there.
     #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
     pub notebook_domain: Option<String>,
+    /// Serve the app under this path (`/jupyter/` under Kubeflow's central dashboard): pages,
+    /// API, assets and redirects.
+    #[arg(long, env = "LABFORGE_BASE_PATH", default_value = "/", value_parser = base_path)]
+    pub base_path: labforge_web::base_path::BasePath,
 }
 
 #[derive(Debug, Subcommand)]
@@ -354,19 +360,11 @@ pub enum UserCommand {
 
 /// `--app-path`: an absolute path ending in `/`, nothing a link could be broken out of.
 fn app_path(value: &str) -> Result<String, String> {
-    let ok = value.starts_with('/')
-        && value.ends_with('/')
-        && !value.starts_with("//")
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
-    if ok {
-        Ok(value.to_owned())
-    } else {
-        Err(format!(
-            "{value:?} is not a path like /jupyter/ (starting and ending with '/', letters, digits, '-', '.', '_', '~')"
-        ))
-    }
+    base_path(value).map(|path| path.as_str().to_owned())
+}
+
+fn base_path(value: &str) -> Result<labforge_web::base_path::BasePath, String> {
+    labforge_web::base_path::BasePath::parse(value).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -1349,8 +1347,9 @@ fn spawner_config(
     let Some(path) = path else {
         return Ok(None);
     };
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = serde_json::from_slice(&bytes)
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = labforge_web::config::SpawnerConfig::parse(&text)
         .with_context(|| format!("{} is not a valid spawner configuration", path.display()))?;
     Ok(Some(config))
 }
@@ -1365,21 +1364,26 @@ async fn web(args: &WebArgs) -> anyhow::Result<ExitCode> {
             allow_custom_images: true,
             gpu_vendors: Vec::new(),
             defaults: Default::default(),
+            kubeflow: Default::default(),
         }
     });
     let client = kubernetes_client().await?;
     let app = labforge_web::cluster::router(
         client,
-        labforge_proxy::authz::TrustedHeader {
-            header,
-            prefix: args.user_prefix.clone(),
+        labforge_web::cluster::WebOptions {
+            header: labforge_proxy::authz::TrustedHeader {
+                header,
+                prefix: args.user_prefix.clone(),
+            },
+            spawner,
+            save_registry: args.save_registry.clone(),
+            notebook_domain: args
+                .notebook_domain
+                .as_deref()
+                .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
+                .filter(|domain| !domain.is_empty()),
+            base_path: args.base_path.clone(),
         },
-        spawner,
-        args.save_registry.clone(),
-        args.notebook_domain
-            .as_deref()
-            .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
-            .filter(|domain| !domain.is_empty()),
     )
     .await;
     let listener = tokio::net::TcpListener::bind(args.listen)

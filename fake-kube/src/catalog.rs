@@ -297,6 +297,16 @@ pub(crate) const BUILTINS: &[Builtin] = &[
     Builtin {
         namespaced: false,
         ..builtin(
+            "storage.k8s.io",
+            "storageclasses",
+            "StorageClass",
+            "io.k8s.api.storage.v1.StorageClass",
+            &["sc"],
+        )
+    },
+    Builtin {
+        namespaced: false,
+        ..builtin(
             "apiextensions.k8s.io",
             "customresourcedefinitions",
             "CustomResourceDefinition",

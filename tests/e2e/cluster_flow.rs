@@ -168,7 +168,7 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
             None,
         )
         .await;
-    assert_eq!(status, 204);
+    assert_eq!(status, 200);
     eventually("everything gone", WAIT, || async {
         let gone = [
             notebooks.get_opt("lab").await.ok()?.is_none(),

@@ -287,10 +287,13 @@ async fn in_a_cluster_only_vendors_some_node_has_are_offered() {
     .unwrap();
     let app = labforge_web::cluster::router(
         server.client(),
-        TrustedHeader::default(),
-        spawner,
-        None,
-        None,
+        labforge_web::cluster::WebOptions {
+            header: TrustedHeader::default(),
+            spawner,
+            save_registry: None,
+            notebook_domain: None,
+            base_path: Default::default(),
+        },
     )
     .await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -162,7 +162,7 @@ except Exception as e:
             None,
         )
         .await;
-    assert_eq!(code, 204);
+    assert_eq!(code, 200);
     crate::controller::eventually(
         "mallory's network removed",
         Duration::from_secs(60),

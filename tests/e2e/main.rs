@@ -18,6 +18,7 @@ mod fake_kube;
 mod gpus;
 mod image_builds;
 mod isolation;
+mod kubeflow_api;
 mod memory_soak;
 mod messages;
 mod notebook_image;

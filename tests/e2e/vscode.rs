@@ -126,7 +126,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     eprintln!("create -> code-server ready: {:?}", started.elapsed());
-    assert_eq!(view["notebook"]["serverType"], "vscode", "{view}");
+    assert_eq!(view["notebook"]["serverType"], "group-one", "{view}");
     // On its own host, which Chromium resolves to this machine by itself.
     let port = up.url.rsplit(':').next().unwrap();
     let host = format!(

@@ -34,12 +34,24 @@ impl WebApp {
         save_registry: Option<&str>,
         notebook_domain: Option<&str>,
     ) -> WebApp {
+        let options = labforge_web::cluster::WebOptions {
+            header: TrustedHeader::default(),
+            spawner: labforge_web::embedded::default_spawner("registry.example.com"),
+            save_registry: save_registry.map(str::to_owned),
+            notebook_domain: notebook_domain.map(str::to_owned),
+            base_path: Default::default(),
+        };
+        Self::serve(server, options).await
+    }
+
+    /// The web app with `options`, otherwise as [`Self::start`].
+    pub async fn serve(
+        server: &FakeApiServer,
+        options: labforge_web::cluster::WebOptions,
+    ) -> WebApp {
         let app = labforge_web::cluster::router(
             crate::deploy::client_as_deployed(server, crate::deploy::WEB_USER).await,
-            TrustedHeader::default(),
-            labforge_web::embedded::default_spawner("registry.example.com"),
-            save_registry.map(str::to_owned),
-            notebook_domain.map(str::to_owned),
+            options,
         )
         .await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -358,7 +370,7 @@ async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {
         )
         .await
         .0,
-        204
+        200
     );
     eventually("deleted", Duration::from_secs(10), || async {
         notebooks

@@ -8,6 +8,7 @@
 
 use crate::backend::{Access, Backend, BackendError, Verb};
 use crate::config::SpawnerConfig;
+use crate::kubeflow;
 use crate::model::{
     AUTO_SAVE_ANNOTATION, ApiError, FieldMessage, GpuView, NotebookPatch, NotebookRequest,
     NotebookState, NotebookView, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
@@ -34,6 +35,7 @@ use labforge_notebook_controller::builders::route_prefix;
 use labforge_proxy::activity::Activity;
 use labforge_proxy::routes::activity_key;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +71,8 @@ pub struct ApiState {
     pub usage: Option<Arc<crate::usage::UsageBoard>>,
     /// How long without activity a notebook counts as idle (the culling idle time).
     pub idle_after: std::time::Duration,
+    /// The path the app is served under; pages link relative to it.
+    pub base_path: crate::base_path::BasePath,
 }
 
 impl ApiState {
@@ -90,7 +94,7 @@ impl ApiState {
 pub struct Failure(StatusCode, ApiError);
 
 impl Failure {
-    fn new(status: StatusCode, error: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> Self {
         Self(
             status,
             ApiError {
@@ -125,8 +129,17 @@ impl Failure {
 }
 
 impl IntoResponse for Failure {
+    /// The error with Kubeflow's failure envelope beside it (`success: false`, `status`, and the
+    /// message as `log`), which clients written for its web app read.
     fn into_response(self) -> Response {
-        (self.0, Json(self.1)).into_response()
+        let Self(status, error) = self;
+        let mut body = serde_json::to_value(&error).unwrap_or_default();
+        if let Some(fields) = body.as_object_mut() {
+            fields.insert("success".into(), false.into());
+            fields.insert("status".into(), status.as_u16().into());
+            fields.insert("log".into(), error.error.into());
+        }
+        (status, Json(body)).into_response()
     }
 }
 
@@ -183,7 +196,7 @@ impl FromRequestParts<ApiState> for SignedIn {
 }
 
 impl SignedIn {
-    async fn may(&self, state: &ApiState, verb: Verb, namespace: &str) -> ApiResult<()> {
+    pub(crate) async fn may(&self, state: &ApiState, verb: Verb, namespace: &str) -> ApiResult<()> {
         if state.access.may(&self.0, verb, Some(namespace)).await {
             Ok(())
         } else {
@@ -235,6 +248,7 @@ pub fn router(state: ApiState) -> Router {
             "/api/namespaces/{ns}/volumes/{name}",
             axum::routing::delete(delete_volume),
         )
+        .merge(crate::kubeflow_api::routes())
         .route(
             "/api/{*rest}",
             axum::routing::any(|| async {
@@ -361,7 +375,9 @@ async fn config(
     config["savedImages"] =
         serde_json::to_value(state.backend.saved_images(&user.0.namespace).await?)
             .unwrap_or_default();
-    Ok(Json(config))
+    // Kubeflow's clients read its spawnerFormDefaults here.
+    config["config"] = kubeflow::form_defaults(&state.config);
+    Ok(Json(kubeflow::envelope(&user.0, StatusCode::OK, config)))
 }
 
 /// Where the notebook is, as users see it, and why when that needs saying.
@@ -403,6 +419,32 @@ pub fn state_of(notebook: &Notebook) -> (NotebookState, String) {
     }
 }
 
+/// The devices in `limits`: extended resources (`vendor/name`), each named by the spawner's
+/// vendor name where it has one.
+fn gpu_view(
+    limits: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    vendors: &[crate::config::GpuVendor],
+) -> GpuView {
+    let mut view = GpuView::default();
+    let mut parts = Vec::new();
+    for (key, count) in limits.into_iter().flatten() {
+        let Some(count) = count.0.parse::<u32>().ok().filter(|_| key.contains('/')) else {
+            continue;
+        };
+        let name = vendors
+            .iter()
+            .find(|v| v.limits_key == *key)
+            .map_or(key.as_str(), |v| v.name.as_str());
+        if view.vendor.is_empty() {
+            view.vendor = key.clone();
+        }
+        view.count += count;
+        parts.push(format!("{count} {name}"));
+    }
+    view.message = parts.join(", ");
+    view
+}
+
 /// The notebook as users see it.
 pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
     let activity = &api.activity;
@@ -423,13 +465,10 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             .map(|q| q.0.clone())
             .unwrap_or_default()
     };
-    let gpus = resources
-        .and_then(|r| r.limits.as_ref())
-        .and_then(|limits| limits.iter().find(|(k, _)| k.contains('/')))
-        .map(|(vendor, count)| GpuView {
-            vendor: vendor.clone(),
-            count: count.0.clone(),
-        });
+    let gpus = gpu_view(
+        resources.and_then(|r| r.limits.as_ref()),
+        &api.config.gpu_vendors,
+    );
     let (state, reason) = state_of(notebook);
     let stored_activity = notebook
         .annotation(LAST_ACTIVITY_ANNOTATION)
@@ -490,24 +529,41 @@ async fn list_notebooks(
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
-    let notebooks: Vec<NotebookView> = state
+    let notebooks: Vec<serde_json::Value> = state
         .backend
         .list(Some(&ns))
         .await?
         .iter()
-        .map(|nb| view(nb, &state))
+        .map(|nb| crate::kubeflow::list_item(nb, &view(nb, &state)))
         .collect();
-    Ok(Json(serde_json::json!({ "notebooks": notebooks })))
+    Ok(Json(kubeflow::envelope(
+        &user.0,
+        StatusCode::OK,
+        serde_json::json!({ "notebooks": notebooks }),
+    )))
 }
 
 async fn create_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
     Path(ns): Path<String>,
-    body: Result<Json<NotebookRequest>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<NotebookView>)> {
+    body: Result<Json<serde_json::Value>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     user.may(&state, Verb::Create, &ns).await?;
-    let Json(request) = body?;
+    let Json(body) = body?;
+    let unreadable =
+        |e: serde_json::Error| Failure::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
+    // Kubeflow's form, read into labforge's request; what that has no field for comes after.
+    let (request, extras) = if kubeflow::is_kubeflow_form(&body) {
+        let form: kubeflow::KubeflowForm = serde_json::from_value(body).map_err(unreadable)?;
+        kubeflow::request_from_form(form, &ns, &state.config)
+            .map_err(|errors| Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors))?
+    } else {
+        let request: NotebookRequest = serde_json::from_value(body).map_err(unreadable)?;
+        let extras = kubeflow::own_request_extras(&request, &state.config)
+            .map_err(|errors| Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors))?;
+        (request, extras)
+    };
     let saved: Vec<String> = state
         .backend
         .saved_images(&ns)
@@ -559,10 +615,11 @@ async fn create_notebook(
             ));
         }
     }
-    let notebook = match built {
+    let mut notebook = match built {
         Ok(notebook) if errors.is_empty() => notebook,
         _ => return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors)),
     };
+    kubeflow::apply_extras(&mut notebook, extras);
     let created = state.backend.create(notebook).await?;
     state
         .backend
@@ -574,10 +631,15 @@ async fn create_notebook(
             &format!("created by {}", user.0.name),
         )
         .await;
-    Ok((StatusCode::CREATED, Json(view(&created, &state))))
+    let mut answer = serde_json::to_value(view(&created, &state)).unwrap_or_default();
+    answer["message"] = "Notebook created successfully.".into();
+    Ok((
+        StatusCode::CREATED,
+        Json(kubeflow::envelope(&user.0, StatusCode::CREATED, answer)),
+    ))
 }
 
-async fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<Notebook> {
+pub(crate) async fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<Notebook> {
     state.backend.get(ns, name).await?.ok_or_else(|| {
         Failure::new(
             StatusCode::NOT_FOUND,
@@ -593,10 +655,25 @@ async fn get_notebook(
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::Get, &ns).await?;
     let notebook = find(&state, &ns, &name).await?;
-    Ok(Json(serde_json::json!({
-        "notebook": view(&notebook, &state),
-        "status": notebook.status,
-    })))
+    // Kubeflow's client reads the object itself and its `processed_status`; labforge's view of
+    // it is beside them, under names the object does not use.
+    let view = view(&notebook, &state);
+    let mut answer = serde_json::to_value(&notebook).unwrap_or_default();
+    if let (Some(fields), serde_json::Value::Object(view_fields)) = (
+        answer.as_object_mut(),
+        serde_json::to_value(&view).unwrap_or_default(),
+    ) {
+        fields.extend(view_fields);
+        fields.insert(
+            "processed_status".into(),
+            kubeflow::processed_status(&notebook, &view),
+        );
+    }
+    Ok(Json(kubeflow::envelope(
+        &user.0,
+        StatusCode::OK,
+        serde_json::json!({ "notebook": answer }),
+    )))
 }
 
 async fn patch_notebook(
@@ -604,7 +681,7 @@ async fn patch_notebook(
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
     body: Result<Json<NotebookPatch>, JsonRejection>,
-) -> ApiResult<Json<NotebookView>> {
+) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::Update, &ns).await?;
     let Json(patch) = body?;
     find(&state, &ns, &name).await?;
@@ -682,17 +759,25 @@ async fn patch_notebook(
             )
             .await;
     }
-    Ok(Json(view(&updated, &state)))
+    Ok(Json(kubeflow::envelope(
+        &user.0,
+        StatusCode::OK,
+        serde_json::to_value(view(&updated, &state)).unwrap_or_default(),
+    )))
 }
 
 async fn delete_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::Delete, &ns).await?;
     state.backend.delete(&ns, &name).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(Json(kubeflow::envelope(
+        &user.0,
+        StatusCode::OK,
+        serde_json::json!({ "message": format!("Notebook {name} successfully deleted.") }),
+    )))
 }
 
 async fn events(
@@ -702,9 +787,18 @@ async fn events(
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::Get, &ns).await?;
     find(&state, &ns, &name).await?;
-    Ok(Json(
-        serde_json::json!({ "events": state.backend.events(&ns, &name).await? }),
-    ))
+    let events: Vec<serde_json::Value> = state
+        .backend
+        .events(&ns, &name)
+        .await?
+        .iter()
+        .map(|event| kubeflow::event_item(event, &ns, &name))
+        .collect();
+    Ok(Json(kubeflow::envelope(
+        &user.0,
+        StatusCode::OK,
+        serde_json::json!({ "events": events }),
+    )))
 }
 
 #[derive(Deserialize)]
@@ -866,7 +960,7 @@ async fn follow_save(
 }
 
 /// The volume claims of namespace `ns`: what "existing workspace" and data volumes may name.
-async fn claims(state: &ApiState, ns: &str) -> ApiResult<Vec<String>> {
+pub(crate) async fn claims(state: &ApiState, ns: &str) -> ApiResult<Vec<String>> {
     let unavailable = |e: String| {
         Failure::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1085,10 +1179,7 @@ struct AdminQuery {
 
 /// Running, holding GPUs, and no activity seen for `idle_after` (or ever).
 fn idle_holding_gpus(view: &NotebookView, idle_after: std::time::Duration) -> bool {
-    let holds = view
-        .gpus
-        .as_ref()
-        .is_some_and(|g| g.count.parse::<u64>().is_ok_and(|n| n > 0));
+    let holds = view.gpus.count > 0;
     let since = view
         .last_activity
         .as_deref()
@@ -1142,7 +1233,7 @@ async fn admin_notebooks(
         "memoryBytes": sum(&|v| v.memory_limit.clone(), "memory"),
         "cpuRequested": sum(&|v| v.cpu.clone(), "cpu"),
         "memoryBytesRequested": sum(&|v| v.memory.clone(), "memory"),
-        "gpus": sum(&|v| v.gpus.as_ref().map(|g| g.count.clone()).unwrap_or_default(), "gpus"),
+        "gpus": running.iter().map(|v| u64::from(v.gpus.count)).sum::<u64>(),
         // Measured use, beside the limits above.
         "cpuUsed": running.iter().filter_map(|v| v.usage.as_ref()?.cpu_cores).sum::<f64>(),
         "memoryBytesUsed": running.iter().filter_map(|v| Some(v.usage.as_ref()?.memory_bytes)).sum::<u64>(),
@@ -1161,7 +1252,8 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "name": "lab", "namespace": "alice", "owner": "alice", "serverType": "jupyter",
             "image": "lab:1", "cpu": "1", "cpuLimit": "1", "memory": "1Gi", "memoryLimit": "1Gi",
-            "gpus": gpus.map(|count| serde_json::json!({"vendor": "nvidia.com/gpu", "count": count})),
+            "gpus": gpus.map_or(serde_json::json!({"count": 0, "message": "", "vendor": ""}),
+                |count| serde_json::json!({"vendor": "nvidia.com/gpu", "count": count.parse::<u32>().unwrap(), "message": ""})),
             "state": state, "reason": "", "lastActivity": last_activity,
             "created": "2026-01-01T00:00:00Z", "url": "/notebook/alice/lab/",
             "resourceVersion": "1", "autoSave": false,

@@ -4,23 +4,37 @@
 
 use crate::api::{ApiState, Workloads};
 use crate::backend::{KubernetesAccess, KubernetesBackend};
+use crate::base_path::BasePath;
 use crate::config::SpawnerConfig;
 use crate::image_builds::ImageBuildSaves;
 use labforge_proxy::authz::TrustedHeader;
 use std::sync::Arc;
 
+/// How `labforge web` serves.
+pub struct WebOptions {
+    /// Who the auth proxy in front says the user is.
+    pub header: TrustedHeader,
+    pub spawner: SpawnerConfig,
+    /// Saves are ImageBuilds pushing under this registry (`host[/path]`); `None`: no saving.
+    pub save_registry: Option<String>,
+    /// Notebooks are opened on their own hosts below this domain, as the proxy and controller
+    /// serve them.
+    pub notebook_domain: Option<String>,
+    /// The path the app is served under (`/jupyter/` in Kubeflow's dashboard).
+    pub base_path: BasePath,
+}
+
 /// The app's routes for a cluster reached through `client`. GPU vendors are offered only when some
 /// node has them in its capacity (read once, at start). Notebooks' resource use comes from the
-/// cluster's metrics API (metrics-server), read in the background. Saves are ImageBuilds pushing under
-/// `save_registry` (`host[/path]`); without it, saving is not offered. With `notebook_domain`,
-/// notebooks are opened on their own hosts below it, as the proxy and controller serve them.
-pub async fn router(
-    client: kube::Client,
-    header: TrustedHeader,
-    mut spawner: SpawnerConfig,
-    save_registry: Option<String>,
-    notebook_domain: Option<String>,
-) -> axum::Router {
+/// cluster's metrics API (metrics-server), read in the background.
+pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
+    let WebOptions {
+        header,
+        mut spawner,
+        save_registry,
+        notebook_domain,
+        base_path,
+    } = options;
     if !spawner.gpu_vendors.is_empty() {
         let found = vendors_on_nodes(&client).await;
         spawner
@@ -60,10 +74,17 @@ pub async fn router(
         image_check: None,
         usage: Some(usage),
         idle_after: labforge_notebook_controller::culler::CullingConfig::default().idle_time,
+        base_path: base_path.clone(),
     };
-    crate::api::router(state.clone())
-        .merge(crate::ui::router(state))
-        .layer(axum::middleware::map_response(crate::ui::deny_framing))
+    let app = crate::api::router(state.clone()).merge(crate::ui::router(state));
+    let app = if base_path.is_root() {
+        app.layer(axum::middleware::map_response(crate::ui::deny_framing))
+    } else {
+        app.layer(axum::middleware::map_response(
+            crate::ui::same_origin_framing_only,
+        ))
+    };
+    crate::base_path::serve_under(base_path, app)
 }
 
 /// Extended resources with a nonzero capacity on some node.

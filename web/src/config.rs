@@ -15,6 +15,9 @@ pub struct SpawnerConfig {
     pub gpu_vendors: Vec<GpuVendor>,
     #[serde(default)]
     pub defaults: Defaults,
+    /// Choices only Kubeflow's form makes (affinity, tolerations, PodDefaults, limit factors).
+    #[serde(default)]
+    pub kubeflow: crate::kubeflow::KubeflowChoices,
 }
 
 fn yes() -> bool {
@@ -85,7 +88,28 @@ impl Default for Defaults {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnerConfigError {
+    #[error("neither JSON nor YAML: {0}")]
+    Syntax(#[from] serde_yaml_ng::Error),
+    #[error("Kubeflow's spawner_ui_config: {0}")]
+    Kubeflow(#[from] crate::kubeflow::SpawnerYamlError),
+    #[error("{0}")]
+    Fields(#[from] serde_json::Error),
+}
+
 impl SpawnerConfig {
+    /// A spawner config file: labforge's own (JSON, or the same as YAML), or Kubeflow's
+    /// `spawner_ui_config.yaml` (a `spawnerFormDefaults` document).
+    pub fn parse(text: &str) -> Result<Self, SpawnerConfigError> {
+        let document: serde_json::Value = serde_yaml_ng::from_str(text)?;
+        if crate::kubeflow::is_spawner_ui_config(&document) {
+            Ok(crate::kubeflow::spawner_config_from_yaml(&document)?)
+        } else {
+            Ok(serde_json::from_value(document)?)
+        }
+    }
+
     /// The catalog's default image for `server_type`: the one flagged default, else the first.
     pub fn default_image(&self, server_type: ServerType) -> Option<&str> {
         let of_type = || self.images.iter().filter(|i| i.server_type == server_type);

@@ -394,6 +394,7 @@ pub fn default_spawner(registry: &str) -> SpawnerConfig {
         allow_custom_images: true,
         gpu_vendors: Vec::new(),
         defaults: Default::default(),
+        kubeflow: Default::default(),
     }
 }
 
@@ -658,6 +659,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         })),
         usage: Some(usage.clone()),
         idle_after: options.culling.idle_time,
+        base_path: Default::default(),
     };
     let api = crate::api::router(state.clone())
         .merge(crate::ui::router(state))

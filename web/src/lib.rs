@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod base_path;
 pub mod cgroup;
 pub mod cluster;
 pub mod config;
@@ -17,6 +18,8 @@ pub mod embedded;
 pub mod gpus;
 pub mod image_builds;
 pub mod image_check;
+pub mod kubeflow;
+pub mod kubeflow_api;
 pub mod model;
 pub mod notebook_secret;
 pub mod notebook_sign_in;

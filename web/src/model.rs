@@ -4,25 +4,32 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The IDE a notebook serves, stored as Kubeflow's `notebooks.kubeflow.org/server-type` values.
+/// The IDE a notebook serves, named as Kubeflow's `notebooks.kubeflow.org/server-type` values
+/// (`jupyter`, `group-one`, `group-two`); `vscode` and `rstudio` are read too.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
 pub enum ServerType {
     #[default]
+    #[serde(rename = "jupyter")]
     Jupyter,
+    #[serde(rename = "group-one", alias = "vscode")]
     Vscode,
+    #[serde(rename = "group-two", alias = "rstudio")]
+    Rstudio,
 }
 
 pub use labforge_crds::notebook::SERVER_TYPE_ANNOTATION;
+/// [`SERVER_TYPE_ANNOTATION`]'s value for RStudio, Kubeflow's `group-two`.
+pub const RSTUDIO_SERVER_TYPE: &str = "group-two";
 /// "true": the environment is saved before each stop, and the notebook starts on that image.
 pub const AUTO_SAVE_ANNOTATION: &str = "labforge.dev/auto-save";
 
 impl ServerType {
-    /// Kubeflow's annotation value ("group-one" is its VSCode group).
+    /// Kubeflow's annotation value ("group-one" is its VSCode group, "group-two" RStudio).
     pub fn annotation(self) -> &'static str {
         match self {
             Self::Jupyter => "jupyter",
             Self::Vscode => labforge_crds::notebook::VSCODE_SERVER_TYPE,
+            Self::Rstudio => RSTUDIO_SERVER_TYPE,
         }
     }
 
@@ -31,12 +38,14 @@ impl ServerType {
         match self {
             Self::Jupyter => "JupyterLab",
             Self::Vscode => "code-server (VSCode)",
+            Self::Rstudio => "RStudio",
         }
     }
 
     pub fn from_annotation(value: Option<&str>) -> Self {
         match value {
-            Some("group-one") => Self::Vscode,
+            Some(labforge_crds::notebook::VSCODE_SERVER_TYPE) => Self::Vscode,
+            Some(RSTUDIO_SERVER_TYPE) => Self::Rstudio,
             _ => Self::Jupyter,
         }
     }
@@ -153,7 +162,7 @@ pub struct NotebookView {
     pub cpu_limit: String,
     pub memory: String,
     pub memory_limit: String,
-    pub gpus: Option<GpuView>,
+    pub gpus: GpuView,
     pub state: NotebookState,
     /// Why it is in that state, when there is more to say.
     pub reason: String,
@@ -173,11 +182,16 @@ pub struct NotebookView {
     pub usage: Option<crate::usage::Usage>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The GPUs a notebook's limits hold, as Kubeflow's web app shows them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuView {
+    /// Devices of every vendor together; 0 for none.
+    pub count: u32,
+    /// Per vendor, e.g. "1 NVIDIA, 2 AMD"; empty for none.
+    pub message: String,
+    /// The (first) vendor's limits key, e.g. `nvidia.com/gpu`; empty for none.
     pub vendor: String,
-    pub count: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

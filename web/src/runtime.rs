@@ -330,9 +330,9 @@ pub fn route(
 }
 
 /// Where a notebook's server says it is up, and what it answers there: Jupyter's version at
-/// `<prefix>/api`, code-server's heartbeat at `<root>/healthz`. Any other answer (an image that
-/// serves the other IDE, or nothing like either) is not ready, so "ready" means the server the
-/// user chose answers.
+/// `<prefix>/api`, code-server's heartbeat at `<root>/healthz`, RStudio's `<root>` page. Any
+/// other answer (an image that serves the other IDE, or nothing like either) is not ready, so
+/// "ready" means the server the user chose answers.
 pub fn readiness_check(notebook: &Notebook) -> (ServerType, String, &'static str) {
     let namespace = notebook.metadata.namespace.as_deref().unwrap_or_default();
     let name = notebook.metadata.name.as_deref().unwrap_or_default();
@@ -348,6 +348,7 @@ pub fn readiness_check(notebook: &Notebook) -> (ServerType, String, &'static str
     match server {
         ServerType::Jupyter => (server, format!("{root}api"), "version"),
         ServerType::Vscode => (server, format!("{root}healthz"), "status"),
+        ServerType::Rstudio => (server, root, ""),
     }
 }
 
@@ -355,8 +356,11 @@ pub fn readiness_check(notebook: &Notebook) -> (ServerType, String, &'static str
 const READINESS_ANSWER_LIMIT: usize = 64 * 1024;
 
 /// Whether an answer to [`readiness_check`]'s path is the expected server's: a 200 with a JSON
-/// object holding `key`.
+/// object holding `key`; with no key (RStudio's page), any answer but a server error.
 fn answers_as_expected(status: u16, body: &[u8], key: &str) -> bool {
+    if key.is_empty() {
+        return (200..500).contains(&status);
+    }
     status == 200
         && serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v.get(key).is_some())
 }

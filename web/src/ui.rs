@@ -4,6 +4,7 @@
 //! besides `labforge`.
 
 use crate::api::ApiState;
+use crate::base_path::BasePath;
 use crate::config::SpawnerConfig;
 use crate::model::{SavedImage, ServerType};
 use crate::users::User;
@@ -78,53 +79,91 @@ async fn static_file(Path(name): Path<String>) -> Response {
     }
 }
 
-/// A whole page: header with navigation and user menu, then `main`.
-fn page(title: &str, user: Option<&User>, main: &str, script: Option<&str>) -> Html<String> {
-    let nav = match user {
-        Some(user) => {
+/// Who a page is for and which namespace it shows (the user's own unless `?ns=` chose another, as
+/// Kubeflow's dashboard passes its namespace selector).
+struct Viewer<'a> {
+    user: &'a User,
+    namespace: &'a str,
+}
+
+impl<'a> From<&'a User> for Viewer<'a> {
+    fn from(user: &'a User) -> Self {
+        Self {
+            user,
+            namespace: &user.namespace,
+        }
+    }
+}
+
+/// A whole page: header with navigation and user menu, then `main`. Every link in it is relative
+/// to `<base href>`, the app's base path.
+fn page(
+    base: &BasePath,
+    title: &str,
+    viewer: Option<Viewer<'_>>,
+    main: &str,
+    script: Option<&str>,
+) -> Html<String> {
+    let nav = match &viewer {
+        Some(Viewer { user, namespace }) => {
+            // Another namespace than the user's own stays chosen from page to page.
+            let query = if *namespace == user.namespace {
+                String::new()
+            } else {
+                format!("?ns={}", escape(&query_value(namespace)))
+            };
             let admin = if user.admin {
-                r#"<a href="/admin">Admin</a>"#
+                r#"<a href="admin">Admin</a>"#
             } else {
                 ""
             };
             format!(
-                r#"<nav aria-label="Main"><a href="/">Notebooks</a><a href="/new">New notebook</a>{admin}</nav>
+                r#"<nav aria-label="Main"><a href="./{query}">Notebooks</a><a href="new{query}">New notebook</a>{admin}</nav>
 <details class="user-menu"><summary aria-label="User menu">{name}</summary>
 <div><p>Namespace <code>{ns}</code>{role}</p><button type="button" id="logout">Sign out</button></div></details>"#,
                 name = escape(&user.name),
-                ns = escape(&user.namespace),
+                ns = escape(namespace),
                 role = if user.admin { " · admin" } else { "" },
             )
         }
         None => String::new(),
     };
+    let page_script = script;
     let script = script
-        .map(|s| format!(r#"<script type="module" src="/static/{s}"></script>"#))
+        .map(|s| format!(r#"<script type="module" src="static/{s}"></script>"#))
         .unwrap_or_default();
-    let body_data = user
-        .map(|u| {
+    let body_data = viewer
+        .map(|Viewer { user, namespace }| {
             format!(
-                r#" data-user="{}" data-namespace="{}" data-admin="{}""#,
-                escape(&u.name),
-                escape(&u.namespace),
-                u.admin
+                r#" data-user="{}" data-namespace="{}" data-own-namespace="{}" data-admin="{}" data-page="{}""#,
+                escape(&user.name),
+                escape(namespace),
+                escape(&user.namespace),
+                user.admin,
+                escape(page_script.map_or("", |s| s.trim_end_matches(".js"))),
             )
         })
         .unwrap_or_default();
     Html(format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · labforge</title><link rel="icon" href="/static/icon.svg" type="image/svg+xml">
-<link rel="stylesheet" href="/static/style.css"></head>
-<body{body_data}><header><a class="brand" href="/">labforge</a>{nav}</header>
+<base href="{base}"><title>{title} · labforge</title><link rel="icon" href="static/icon.svg" type="image/svg+xml">
+<link rel="stylesheet" href="static/style.css"></head>
+<body{body_data}><header><a class="brand" href="./">labforge</a>{nav}</header>
 <main id="main">{main}</main>
-<script type="module" src="/static/common.js"></script>{script}</body></html>"#,
+<script type="module" src="static/common.js"></script>{script}</body></html>"#,
+        base = escape(base.as_str()),
         title = escape(title),
     ))
 }
 
-fn to_login() -> Response {
-    Redirect::to("/login").into_response()
+/// `text` as a URL query value.
+fn query_value(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+fn to_login(base: &BasePath) -> Response {
+    Redirect::to(&base.join("login")).into_response()
 }
 
 /// No page of the web app may be framed by another origin: a notebook's page could lay it under
@@ -139,6 +178,23 @@ pub async fn deny_framing(mut response: Response) -> Response {
         .entry(header::CONTENT_SECURITY_POLICY)
         .or_insert(axum::http::HeaderValue::from_static(
             "frame-ancestors 'none'",
+        ));
+    response
+}
+
+/// Under a base path the app is framed by Kubeflow's central dashboard, which shares its origin:
+/// framing is allowed to that origin only. Notebooks there are served on hosts of their own, or
+/// share the origin already.
+pub async fn same_origin_framing_only(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_FRAME_OPTIONS,
+        axum::http::HeaderValue::from_static("SAMEORIGIN"),
+    );
+    headers
+        .entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(axum::http::HeaderValue::from_static(
+            "frame-ancestors 'self'",
         ));
     response
 }
@@ -159,11 +215,11 @@ pub fn notebook_url(state: &ApiState, headers: &HeaderMap, ns: &str, name: &str)
 }
 
 /// The sign-in page, coming back to `next` (a path of the web app) afterwards.
-fn to_login_then(next: &str) -> Response {
+fn to_login_then(base: &BasePath, next: &str) -> Response {
     let query = form_urlencoded::Serializer::new(String::new())
         .append_pair("next", next)
         .finish();
-    Redirect::to(&format!("/login?{query}")).into_response()
+    Redirect::to(&format!("{}?{query}", base.join("login"))).into_response()
 }
 
 /// The longest path a notebook sign-in brings its visitor back to.
@@ -193,6 +249,7 @@ async fn notebook_sign_in(
         .and_then(|links| Some((links, links.sign_in.as_ref()?)))
     else {
         return error_page(
+            &state.base_path,
             StatusCode::NOT_FOUND,
             "Not found",
             "Notebooks are not served on hosts of their own here.",
@@ -201,6 +258,7 @@ async fn notebook_sign_in(
     };
     let Ok(Query(query)) = query else {
         return error_page(
+            &state.base_path,
             StatusCode::BAD_REQUEST,
             "Bad sign-in link",
             "The link needs namespace, name, state and return.",
@@ -213,7 +271,7 @@ async fn notebook_sign_in(
         .and_then(|auth| auth.session_of(&headers));
     let (Some(user), Some(session)) = (user, session) else {
         let next = uri.path_and_query().map_or("/", |p| p.as_str());
-        return to_login_then(next);
+        return to_login_then(&state.base_path, next);
     };
     let prefix =
         labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
@@ -229,6 +287,7 @@ async fn notebook_sign_in(
             .any(|b| b.is_ascii_control() || b == b' ')
     {
         return error_page(
+            &state.base_path,
             StatusCode::BAD_REQUEST,
             "Bad sign-in link",
             &format!(
@@ -242,6 +301,7 @@ async fn notebook_sign_in(
         || !query.state.bytes().all(|b| b.is_ascii_hexdigit())
     {
         return error_page(
+            &state.base_path,
             StatusCode::BAD_REQUEST,
             "Bad sign-in link",
             "state must be the hex the proxy chose.",
@@ -254,6 +314,7 @@ async fn notebook_sign_in(
         .await
     {
         return error_page(
+            &state.base_path,
             StatusCode::FORBIDDEN,
             "Not yours",
             &format!(
@@ -269,6 +330,7 @@ async fn notebook_sign_in(
         Ok(Some(_))
     ) {
         return error_page(
+            &state.base_path,
             StatusCode::NOT_FOUND,
             "No such notebook",
             &format!(
@@ -289,6 +351,7 @@ async fn notebook_sign_in(
         Ok(code) => code,
         Err(err) => {
             return error_page(
+                &state.base_path,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Busy",
                 &err.to_string(),
@@ -313,8 +376,9 @@ async fn notebook_sign_in(
         .into_response()
 }
 
-async fn login_page() -> Html<String> {
+async fn login_page(State(state): State<ApiState>) -> Html<String> {
     page(
+        &state.base_path,
         "Sign in",
         None,
         r#"<section class="card narrow"><h1>Sign in</h1>
@@ -328,26 +392,81 @@ async fn login_page() -> Html<String> {
     )
 }
 
-async fn notebooks_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+#[derive(Deserialize, Default)]
+struct NamespaceQuery {
+    #[serde(default)]
+    ns: Option<String>,
+}
+
+/// The namespace a page shows: `ns` (from `?ns=`) when given, else the user's own. A namespace
+/// the user may not list gets the page that says so.
+async fn chosen_namespace(
+    state: &ApiState,
+    user: &User,
+    ns: Option<String>,
+) -> Result<String, Response> {
+    let Some(ns) = ns.filter(|ns| *ns != user.namespace) else {
+        return Ok(user.namespace.clone());
+    };
+    if state
+        .access
+        .may(user, crate::backend::Verb::List, Some(&ns))
+        .await
+    {
+        Ok(ns)
+    } else {
+        Err(error_page(
+            &state.base_path,
+            StatusCode::FORBIDDEN,
+            "Not yours",
+            &format!("{} may not list notebooks in namespace {ns}.", user.name),
+            Some(user),
+        ))
+    }
+}
+
+/// `?ns=<namespace>` for links that keep a chosen namespace; nothing for the user's own.
+fn namespace_query(user: &User, namespace: &str) -> String {
+    if namespace == user.namespace {
+        String::new()
+    } else {
+        format!("?ns={}", query_value(namespace))
+    }
+}
+
+async fn notebooks_page(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Query(query): Query<NamespaceQuery>,
+) -> Response {
     let Some(user) = state.access.identify(&headers).await else {
-        return to_login();
+        return to_login(&state.base_path);
+    };
+    let namespace = match chosen_namespace(&state, &user, query.ns).await {
+        Ok(namespace) => namespace,
+        Err(refused) => return refused,
     };
     page(
+        &state.base_path,
         "Notebooks",
-        Some(&user),
+        Some(Viewer {
+            user: &user,
+            namespace: &namespace,
+        }),
         &format!(
-            r#"<div class="title-row"><h1>Notebooks in <code>{ns}</code></h1><a class="button" href="/new">New notebook</a></div>
+            r#"<div class="title-row"><h1>Notebooks in <code>{ns}</code></h1><a class="button" href="new{query}">New notebook</a></div>
 <p class="live" id="live" aria-live="polite">Connecting…</p>
 <div class="table-wrap"><table id="notebooks" aria-describedby="live"><thead><tr>
 <th scope="col">Name</th><th scope="col">State</th><th scope="col">Type</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th><th scope="col">Actions</th>
 </tr></thead><tbody></tbody></table></div>
-<p class="empty" id="empty" hidden>No notebooks yet. <a href="/new">Create one</a> to get JupyterLab or VSCode in your browser.</p>
+<p class="empty" id="empty" hidden>No notebooks yet. <a href="new{query}">Create one</a> to get JupyterLab or VSCode in your browser.</p>
 <h2>Volumes</h2>
 <div class="table-wrap"><table id="volumes"><thead><tr>
 <th scope="col">Name</th><th scope="col">Mounted by</th><th scope="col">Actions</th>
 </tr></thead><tbody></tbody></table></div>
 <p class="empty" id="volumes-empty" hidden>No volumes.</p>"#,
-            ns = escape(&user.namespace)
+            ns = escape(&namespace),
+            query = escape(&namespace_query(&user, &namespace)),
         ),
         Some("notebooks.js"),
     )
@@ -358,6 +477,8 @@ async fn notebooks_page(State(state): State<ApiState>, headers: HeaderMap) -> Re
 struct NewQuery {
     #[serde(default)]
     image: Option<String>,
+    #[serde(default)]
+    ns: Option<String>,
 }
 
 fn spawner_form(
@@ -437,6 +558,8 @@ fn spawner_form(
             max = config.defaults.max_gpus
         )
     };
+    // RStudio only where the catalog has an image for it.
+    let offers_rstudio = config.default_image(ServerType::Rstudio).is_some();
     let d = &config.defaults;
     format!(
         r#"<form id="spawner" class="card" novalidate>
@@ -448,9 +571,10 @@ fn spawner_form(
 <span class="label" id="type-label">Server type</span>
 <div class="radios" role="radiogroup" aria-labelledby="type-label">
 <label><input type="radio" name="serverType" value="jupyter" checked> JupyterLab</label>
-<label><input type="radio" name="serverType" value="vscode"> VSCode</label></div>
+<label><input type="radio" name="serverType" value="vscode"> VSCode</label>{rstudio_radio}</div>
 <label for="image-jupyter" data-type="jupyter">Image</label><select id="image-jupyter" name="image-jupyter" data-type="jupyter">{jupyter}</select>
 <label for="image-vscode" data-type="vscode" hidden>Image</label><select id="image-vscode" name="image-vscode" data-type="vscode" hidden>{vscode}</select>
+{rstudio_select}
 {custom}
 <label for="imagePullPolicy">Image pull policy</label><select id="imagePullPolicy" name="imagePullPolicy"><option selected>IfNotPresent</option><option>Always</option><option>Never</option></select>
 <p class="error" data-error-for="imagePullPolicy"></p>
@@ -487,6 +611,20 @@ fn spawner_form(
 </form>"#,
         jupyter = options(ServerType::Jupyter),
         vscode = options(ServerType::Vscode),
+        rstudio_radio = if offers_rstudio {
+            r#"
+<label><input type="radio" name="serverType" value="rstudio"> RStudio</label>"#
+        } else {
+            ""
+        },
+        rstudio_select = if offers_rstudio {
+            format!(
+                r#"<label for="image-rstudio" data-type="rstudio" hidden>Image</label><select id="image-rstudio" name="image-rstudio" data-type="rstudio" hidden>{}</select>"#,
+                options(ServerType::Rstudio)
+            )
+        } else {
+            String::new()
+        },
         cpu = escape(&d.cpu),
         memory = escape(&d.memory),
         shm = escape(&d.shm_size),
@@ -501,18 +639,26 @@ async fn new_page(
     Query(query): Query<NewQuery>,
 ) -> Response {
     let Some(user) = state.access.identify(&headers).await else {
-        return to_login();
+        return to_login(&state.base_path);
+    };
+    let namespace = match chosen_namespace(&state, &user, query.ns).await {
+        Ok(namespace) => namespace,
+        Err(refused) => return refused,
     };
     page(
+        &state.base_path,
         "New notebook",
-        Some(&user),
+        Some(Viewer {
+            user: &user,
+            namespace: &namespace,
+        }),
         &format!(
             "<h1>New notebook</h1>{}",
             spawner_form(
                 &state.config,
                 &state
                     .backend
-                    .saved_images(&user.namespace)
+                    .saved_images(&namespace)
                     .await
                     .unwrap_or_default(),
                 query.image.as_deref()
@@ -529,7 +675,7 @@ async fn notebook_page(
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
     let Some(user) = state.access.identify(&headers).await else {
-        return to_login();
+        return to_login(&state.base_path);
     };
     if !state
         .access
@@ -537,6 +683,7 @@ async fn notebook_page(
         .await
     {
         return error_page(
+            &state.base_path,
             StatusCode::FORBIDDEN,
             "Not yours",
             &format!("{} may not open notebooks in namespace {ns}.", user.name),
@@ -545,6 +692,7 @@ async fn notebook_page(
     }
     if !matches!(state.backend.get(&ns, &name).await, Ok(Some(_))) {
         return error_page(
+            &state.base_path,
             StatusCode::NOT_FOUND,
             "No such notebook",
             &format!("There is no notebook {name} in namespace {ns}."),
@@ -553,8 +701,12 @@ async fn notebook_page(
     }
     let connect = escape(&notebook_url(&state, &headers, &ns, &name));
     page(
+        &state.base_path,
         &name,
-        Some(&user),
+        Some(Viewer {
+            user: &user,
+            namespace: &ns,
+        }),
         &format!(
             r#"<div class="title-row" data-ns="{ns}" data-name="{name}" id="notebook"><h1>{name} <span class="state" id="state">…</span></h1>
 <div class="actions"><a class="button" id="connect" href="{connect}" target="_blank" rel="noopener">Connect</a>
@@ -584,10 +736,11 @@ async fn notebook_page(
 
 async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     let Some(user) = state.access.identify(&headers).await else {
-        return to_login();
+        return to_login(&state.base_path);
     };
     if !user.admin {
         return error_page(
+            &state.base_path,
             StatusCode::FORBIDDEN,
             "Admins only",
             "This page shows every user's notebooks; it is for admins.",
@@ -595,8 +748,9 @@ async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Respon
         );
     }
     page(
+        &state.base_path,
         "Admin",
-        Some(&user),
+        Some(Viewer::from(&user)),
         r#"<h1>All notebooks</h1>
 <section class="totals" id="totals" aria-live="polite"></section>
 <form id="filters" class="inline"><div><label for="f-user">User</label><input id="f-user" name="user"></div>
@@ -612,14 +766,21 @@ async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Respon
     .into_response()
 }
 
-fn error_page(status: StatusCode, title: &str, message: &str, user: Option<&User>) -> Response {
+fn error_page(
+    base: &BasePath,
+    status: StatusCode,
+    title: &str,
+    message: &str,
+    user: Option<&User>,
+) -> Response {
     (
         status,
         page(
+            base,
             title,
-            user,
+            user.map(Viewer::from),
             &format!(
-                r#"<section class="card narrow"><h1>{}</h1><p>{}</p><p><a href="/">Back to your notebooks</a></p></section>"#,
+                r#"<section class="card narrow"><h1>{}</h1><p>{}</p><p><a href="./">Back to your notebooks</a></p></section>"#,
                 escape(title),
                 escape(message)
             ),
@@ -632,6 +793,7 @@ fn error_page(status: StatusCode, title: &str, message: &str, user: Option<&User
 async fn not_found(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     let user = state.access.identify(&headers).await;
     error_page(
+        &state.base_path,
         StatusCode::NOT_FOUND,
         "Not found",
         "There is no page here.",

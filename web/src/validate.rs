@@ -517,9 +517,25 @@ fn assemble(
             request.server_type.annotation().to_owned(),
         ),
     ]);
-    // code-server serves at `/`; Kubeflow's VSCode images are routed the same way.
-    if request.server_type == ServerType::Vscode {
+    // code-server and RStudio serve at `/`, as Kubeflow routes its images of them; RStudio is
+    // told the path it is reached under, as Kubeflow's web app tells it.
+    if matches!(
+        request.server_type,
+        ServerType::Vscode | ServerType::Rstudio
+    ) {
         annotations.insert(REWRITE_URI_ANNOTATION.to_owned(), "/".to_owned());
+    }
+    if request.server_type == ServerType::Rstudio {
+        annotations.insert(
+            labforge_crds::notebook::HEADERS_REQUEST_SET_ANNOTATION.to_owned(),
+            serde_json::json!({
+                "X-RStudio-Root-Path": format!(
+                    "{}/",
+                    labforge_notebook_controller::builders::route_prefix(namespace, &request.name)
+                )
+            })
+            .to_string(),
+        );
     }
     let volume_sizes: BTreeMap<&str, &str> = claims
         .iter()
@@ -598,6 +614,7 @@ mod tests {
                 smi: None,
             }],
             defaults: Defaults::default(),
+            kubeflow: Default::default(),
         }
     }
 

@@ -29,7 +29,7 @@ function render() {
     return el('tr', { 'data-key': key, class: nb.usage?.memoryNearLimit ? 'near-limit' : null },
       el('td', {}, el('input', { type: 'checkbox', value: key, checked: keep.has(key), 'aria-label': `Select ${key}`, onchange: update })),
       el('td', {}, nb.namespace),
-      el('td', {}, el('a', { href: `/notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
+      el('td', {}, el('a', { href: `notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, nb.owner),
       el('td', {}, stateBadge(nb.state, nb.reason)),
       el('td', { class: 'wrap' }, breakable(nb.image)),
@@ -47,7 +47,7 @@ async function load() {
   const query = new URLSearchParams();
   for (const key of ['user', 'namespace', 'state']) if (filters[key].value.trim()) query.set(key, filters[key].value.trim());
   if (filters.idleGpus.checked) query.set('idleHoldingGpus', 'true');
-  const { status, body: answer } = await api('GET', `/api/admin/notebooks?${query}`);
+  const { status, body: answer } = await api('GET', `api/admin/notebooks?${query}`);
   if (status !== 200) return;
   notebooks = answer.notebooks;
   const t = answer.totals;
@@ -71,7 +71,7 @@ bulk.addEventListener('click', async () => {
   if (!confirm(`Stop ${keys.length} notebook(s)?`)) return;
   for (const key of keys) {
     const [ns, name] = key.split('/');
-    await api('PATCH', `/api/namespaces/${ns}/notebooks/${name}`, { stopped: true });
+    await api('PATCH', `api/namespaces/${ns}/notebooks/${name}`, { stopped: true });
   }
   // Done with that selection: a later bulk stop starts from nothing ticked.
   for (const box of body.querySelectorAll('input[type=checkbox]')) box.checked = false;

@@ -1,4 +1,5 @@
-// Shared by every page: the API client, small DOM helpers, the user menu.
+// Shared by every page: the API client, small DOM helpers, the user menu, the central dashboard's
+// namespace selector. Every path is relative to the page's <base href>, the app's base path.
 
 /** Calls the JSON API; resolves to {status, body} (body is parsed JSON, or text). */
 export async function api(method, path, body) {
@@ -8,8 +9,8 @@ export async function api(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const response = await fetch(path, init);
-  if (response.status === 401 && !location.pathname.startsWith('/login')) {
-    location.href = '/login';
+  if (response.status === 401 && !document.getElementById('login')) {
+    location.href = 'login';
   }
   const text = await response.text();
   let parsed = text;
@@ -94,13 +95,18 @@ export function memoryUse(nb) {
 }
 
 export function gpuText(gpus) {
-  return gpus ? `${gpus.count} × ${gpus.vendor}` : '—';
+  return gpus?.count ? `${gpus.count} × ${gpus.vendor}` : '—';
+}
+
+/** The IDE a notebook serves, by its Kubeflow server type. */
+export function serverName(serverType) {
+  return { 'group-one': 'VSCode', 'group-two': 'RStudio' }[serverType] || 'JupyterLab';
 }
 
 /** The GPUs a notebook holds and, while it runs, what they do: use where their vendor reports
  * it, "use unknown" where not. */
 export function gpuUse(nb) {
-  if (!nb.gpus) return '—';
+  if (!nb.gpus?.count) return '—';
   const held = gpuText(nb.gpus);
   if (!nb.usage) return held;
   const gpu = nb.usage.gpu;
@@ -154,8 +160,8 @@ export function showErrors(form, answer, fallback) {
 }
 
 document.getElementById('logout')?.addEventListener('click', async () => {
-  await api('POST', '/api/logout');
-  location.href = '/login';
+  await api('POST', 'api/logout');
+  location.href = 'login';
 });
 
 /** Where a notebook opens: its own host when it has one (same scheme and port as this page). */
@@ -163,3 +169,31 @@ export function notebookUrl(nb) {
   if (!nb.host) return nb.url;
   return `${location.protocol}//${nb.host}${location.port ? `:${location.port}` : ''}${nb.url}`;
 }
+
+/** A link to a page of the app (`path` relative to the base) that keeps namespace `ns` chosen
+ * when it is not the user's own. */
+export function pageLink(path, ns, params = {}) {
+  const query = new URLSearchParams(params);
+  if (ns && ns !== document.body.dataset.ownNamespace) query.set('ns', ns);
+  const text = query.toString();
+  return text ? `${path}?${text}` : path;
+}
+
+/**
+ * Inside Kubeflow's central dashboard (a parent frame of this origin): the dashboard answers
+ * `iframe-connected` with its namespace selector's value, and sends it again on every change.
+ * The list and the form follow it; a notebook's page goes back to the list of the new namespace.
+ */
+function followDashboardNamespace() {
+  if (window.parent === window || !document.body.dataset.namespace) return;
+  window.addEventListener('message', (event) => {
+    if (event.origin !== location.origin || event.source !== window.parent) return;
+    const { type, value } = event.data || {};
+    if (type !== 'namespace-selected' || typeof value !== 'string' || !value) return;
+    const { namespace, page } = document.body.dataset;
+    if (value === namespace || page === 'admin') return;
+    location.href = pageLink(page === 'new' ? 'new' : './', value);
+  });
+  window.parent.postMessage({ type: 'iframe-connected' }, location.origin);
+}
+followDashboardNamespace();

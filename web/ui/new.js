@@ -1,6 +1,6 @@
 // The spawner form: validates names as they are typed, sends the request, shows the server's
 // errors next to the field they concern.
-import { api, el, showErrors } from './common.js';
+import { api, el, showErrors, pageLink } from './common.js';
 
 const form = document.getElementById('spawner');
 const ns = document.body.dataset.namespace;
@@ -31,7 +31,7 @@ for (const radio of form.querySelectorAll('input[name=workspace]')) {
 }
 
 // The namespace's volumes, offered for an existing workspace.
-api('GET', `/api/namespaces/${ns}/volumes`).then(({ status, body }) => {
+api('GET', `api/namespaces/${ns}/volumes`).then(({ status, body }) => {
   if (status !== 200) return;
   const list = document.getElementById('workspace-volumes');
   for (const volume of body.volumes) list.append(el('option', { value: volume.name }));
@@ -117,10 +117,10 @@ form.addEventListener('submit', async (event) => {
   nameRowSlots();
   const button = document.getElementById('create');
   button.disabled = true;
-  const { status, body } = await api('POST', `/api/namespaces/${ns}/notebooks`, request);
+  const { status, body } = await api('POST', `api/namespaces/${ns}/notebooks`, request);
   button.disabled = false;
   if (status === 201) {
-    location.href = '/';
+    location.href = pageLink('./', ns);
   } else {
     showErrors(form, body, document.getElementById('form-error'));
   }

@@ -1,10 +1,10 @@
 // One notebook: live status, events, following logs, and "Save environment as image" with its
 // progress, plus the images saved from it.
-import { api, el, stateBadge, ago, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse, pageLink, serverName } from './common.js';
 
 const root = document.getElementById('notebook');
 const { ns, name } = root.dataset;
-const path = `/api/namespaces/${ns}/notebooks/${name}`;
+const path = `api/namespaces/${ns}/notebooks/${name}`;
 let current = null;
 
 function pad(n) { return String(n).padStart(2, '0'); }
@@ -25,13 +25,13 @@ async function refresh() {
   document.getElementById('connect').hidden = nb.state !== 'ready';
   document.getElementById('save-button').disabled = nb.state !== 'ready';
   document.getElementById('auto-save').checked = nb.autoSave;
-  const details = [['Owner', nb.owner], ['Type', nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'], ['Image', nb.image],
+  const details = [['Owner', nb.owner], ['Type', serverName(nb.serverType)], ['Image', nb.image],
     ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
     ['CPU in use', el('span', { id: 'cpu-use' })], ['Memory in use', el('span', { id: 'memory-use' })],
     ['GPU', el('span', { id: 'gpu-use' })], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
   showUsage(nb);
-  const conditions = body.status?.conditions || [];
+  const conditions = nb.status?.conditions || [];
   document.getElementById('conditions').replaceChildren(...(conditions.length
     ? conditions.map((c) => el('li', {}, `${c.type}: ${c.status}${c.reason ? ` (${c.reason})` : ''}${c.message ? ` — ${c.message}` : ''}`))
     : [el('li', { class: 'hint' }, 'none')]));
@@ -110,7 +110,7 @@ document.getElementById('follow').addEventListener('change', () => followLogs(cu
 
 let saved = [];
 async function images() {
-  const { status, body } = await api('GET', `/api/namespaces/${ns}/images`);
+  const { status, body } = await api('GET', `api/namespaces/${ns}/images`);
   if (status !== 200) return;
   const mine = body.images.filter((i) => i.notebook === name);
   saved = mine;
@@ -122,7 +122,7 @@ async function images() {
     el('td', { class: 'wrap' }, summaryText(i)),
     el('td', { title: i.created }, ago(i.created)),
     el('td', {},
-      el('a', { class: 'button secondary', href: `/new?image=${encodeURIComponent(i.image)}` }, 'Start a new notebook from it'),
+      el('a', { class: 'button secondary', href: pageLink('new', ns, { image: i.image }) }, 'Start a new notebook from it'),
       el('button', { type: 'button', class: 'secondary', onclick: async () => {
         if (!confirm(`Restart ${name} on ${i.image}? Unsaved changes outside the workspace are lost.`)) return;
         const answer = await api('PATCH', path, { image: i.image, stopped: false });
@@ -130,7 +130,7 @@ async function images() {
       } }, 'Restart this notebook on it'),
       el('button', { type: 'button', class: 'danger', onclick: async () => {
         if (!confirm(`Delete ${i.image}? It is deleted from the registry: no notebook can start from it again.`)) return;
-        const answer = await api('DELETE', `/api/namespaces/${ns}/images?image=${encodeURIComponent(i.image)}`);
+        const answer = await api('DELETE', `api/namespaces/${ns}/images?image=${encodeURIComponent(i.image)}`);
         if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
         images();
         events();
@@ -172,7 +172,7 @@ document.getElementById('save').addEventListener('submit', async (event) => {
   button.disabled = true;
   document.getElementById('save-progress').hidden = false;
   showProgress(body);
-  const stream = new EventSource(`/api/namespaces/${ns}/saves/${body.id}`);
+  const stream = new EventSource(`api/namespaces/${ns}/saves/${body.id}`);
   stream.addEventListener('progress', (e) => {
     const s = JSON.parse(e.data);
     showProgress(s);
@@ -186,7 +186,7 @@ document.getElementById('save').addEventListener('submit', async (event) => {
   stream.onerror = () => { stream.close(); button.disabled = false; };
 });
 
-const watch = new EventSource(`/api/namespaces/${ns}/watch`);
+const watch = new EventSource(`api/namespaces/${ns}/watch`);
 watch.addEventListener('notebooks', (event) => {
   const nb = JSON.parse(event.data).notebooks.find((n) => n.name === name);
   // A new sample alone changes no more than the use shown.

@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateBadge, ago, gpuUse, notebookUrl, breakable, cpuUse, memoryUse } from './common.js';
+import { api, el, stateBadge, ago, gpuUse, notebookUrl, breakable, cpuUse, memoryUse, serverName } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -7,7 +7,7 @@ const live = document.getElementById('live');
 const empty = document.getElementById('empty');
 
 async function act(notebook, change) {
-  const path = `/api/namespaces/${ns}/notebooks/${notebook.name}`;
+  const path = `api/namespaces/${ns}/notebooks/${notebook.name}`;
   const answer = change === 'delete'
     ? await api('DELETE', path)
     : await api('PATCH', path, { stopped: change === 'stop' });
@@ -44,9 +44,9 @@ function render(notebooks) {
   body.replaceChildren(...notebooks.map((nb) => {
     const running = nb.state === 'ready' || nb.state === 'starting';
     return el('tr', { 'data-name': nb.name, class: nb.usage?.memoryNearLimit ? 'near-limit' : null },
-      el('td', {}, el('a', { href: `/notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
+      el('td', {}, el('a', { href: `notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, stateBadge(nb.state, nb.reason)),
-      el('td', {}, nb.serverType === 'vscode' ? 'VSCode' : 'JupyterLab'),
+      el('td', {}, serverName(nb.serverType)),
       el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, cpuUse(nb)),
       el('td', {}, memoryUse(nb)),
@@ -67,7 +67,7 @@ function render(notebooks) {
 // Volumes outlive their notebooks (a deleted notebook's workspace is kept): listed with who
 // mounts them, and deleted here once nothing does.
 async function volumes() {
-  const { status, body: answer } = await api('GET', `/api/namespaces/${ns}/volumes`);
+  const { status, body: answer } = await api('GET', `api/namespaces/${ns}/volumes`);
   if (status !== 200) return;
   document.getElementById('volumes-empty').hidden = answer.volumes.length > 0;
   document.querySelector('#volumes tbody').replaceChildren(...answer.volumes.map((v) =>
@@ -76,7 +76,7 @@ async function volumes() {
       el('td', {}, v.usedBy.length ? v.usedBy.join(', ') : 'no notebook'),
       el('td', {}, v.usedBy.length ? null : el('button', { type: 'button', class: 'danger', onclick: async () => {
         if (!confirm(`Delete volume ${v.name}? Its files are lost for good.`)) return;
-        const deleted = await api('DELETE', `/api/namespaces/${ns}/volumes/${encodeURIComponent(v.name)}`);
+        const deleted = await api('DELETE', `api/namespaces/${ns}/volumes/${encodeURIComponent(v.name)}`);
         if (deleted.status >= 400) alert(deleted.body?.error || `failed (HTTP ${deleted.status})`);
         volumes();
       } }, 'Delete')))));
@@ -86,7 +86,7 @@ async function volumes() {
 // them, not with the notebooks' states.
 let names = null;
 function connect() {
-  const events = new EventSource(`/api/namespaces/${ns}/watch`);
+  const events = new EventSource(`api/namespaces/${ns}/watch`);
   events.addEventListener('notebooks', (event) => {
     const notebooks = JSON.parse(event.data).notebooks;
     if (!render(notebooks)) return;

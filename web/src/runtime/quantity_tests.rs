@@ -18,6 +18,7 @@ fn stored_with_limits(cpu: &str, memory: &str) -> Notebook {
         allow_custom_images: false,
         gpu_vendors: vec![],
         defaults: Defaults::default(),
+        kubeflow: Default::default(),
     };
     let request = NotebookRequest {
         name: "nb".into(),
