@@ -492,7 +492,12 @@ fn every_image_deploy_names_is_built_here_or_a_documented_third_party() {
         .split_once("Third-party images")
         .expect("deploy/README.md has a `Third-party images` section");
     let version = env!("CARGO_PKG_VERSION");
-    for dir in ["", "overlays/istio", "overlays/no-istio"] {
+    for dir in [
+        "",
+        "overlays/istio",
+        "overlays/no-istio",
+        "overlays/kubeflow",
+    ] {
         let mut objects = build(&deploy_dir().join(dir));
         let images = images_named(&mut objects);
         assert!(!images.is_empty(), "deploy/{dir}: no images");
@@ -590,7 +595,7 @@ fn kustomizations_cover_every_manifest_and_name_only_what_exists() {
         })
         .collect();
     assert_eq!(components, used, "unused components");
-    for overlay in ["istio", "no-istio"] {
+    for overlay in ["istio", "no-istio", "kubeflow"] {
         let k = kustomization(&deploy_dir().join("overlays").join(overlay));
         assert!(
             k.resources
@@ -689,6 +694,102 @@ fn each_build_has_what_its_cluster_lacks_and_nothing_it_has() {
     assert!(
         strings(&find(&istio, "VirtualService", "labforge-web").unwrap()["spec"]["gateways"])
             .contains(&"kubeflow/kubeflow-gateway".to_owned())
+    );
+}
+
+#[test]
+fn the_kubeflow_overlay_puts_the_web_app_where_the_dashboard_opens_notebooks() {
+    let base = build(&deploy_dir());
+    let kubeflow = build(&deploy_dir().join("overlays/kubeflow"));
+    // A Kubeflow cluster has the namespace and the gateway; the base is there unchanged.
+    assert!(find(&kubeflow, "Namespace", "kubeflow").is_none());
+    assert!(!kinds(&kubeflow).contains("Gateway"));
+    for object in &base {
+        assert!(kubeflow.contains(object), "changes {:?}", identity(object));
+    }
+
+    // The dashboard's Notebooks entry opens the path the route serves and the app is under.
+    let links: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            labforge_tests::repo_root().join("tests/fixtures/kubeflow/centraldashboard-links.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let notebooks = links["menuLinks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["text"] == "Notebooks")
+        .unwrap()["link"]
+        .as_str()
+        .unwrap();
+    let path = find(&kubeflow, "ConfigMap", "labforge-web-path").unwrap()["data"]["basePath"]
+        .as_str()
+        .unwrap();
+    assert_eq!(path, notebooks);
+    assert!(labforge_web::base_path::BasePath::parse(path).is_ok());
+    // It takes over Kubeflow's own route for its web app, by name.
+    let route = find(
+        &kubeflow,
+        "VirtualService",
+        "jupyter-web-app-jupyter-web-app",
+    )
+    .unwrap();
+    assert_eq!(route["metadata"]["namespace"], "kubeflow");
+    assert_eq!(
+        strings(&route["spec"]["gateways"]),
+        [flag_value(deployment_container(&base, "labforge-proxy"), "--gateway").unwrap()]
+    );
+    let rule = &route["spec"]["http"][0];
+    assert_eq!(rule["match"][0]["uri"]["prefix"], path);
+    assert!(
+        rule.get("rewrite").is_none(),
+        "the app serves under its path"
+    );
+    let destination = &rule["route"][0]["destination"];
+    assert_eq!(
+        destination["host"],
+        "labforge-web.kubeflow.svc.cluster.local"
+    );
+    let service = find(&base, "Service", "labforge-web").unwrap();
+    assert_eq!(
+        destination["port"]["number"],
+        service["spec"]["ports"][0]["port"]
+    );
+
+    // The web app serves under that path, and the proxy sends stopped notebooks' visitors there.
+    for (deployment, variable) in [
+        ("labforge-web", "LABFORGE_BASE_PATH"),
+        ("labforge-proxy", "LABFORGE_APP_PATH"),
+    ] {
+        let container = deployment_container(&kubeflow, deployment);
+        let from = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == variable)
+            .unwrap_or_else(|| panic!("{deployment} has no {variable}"));
+        let key = &from["valueFrom"]["configMapKeyRef"];
+        assert_eq!(
+            (key["name"].as_str(), key["key"].as_str()),
+            (Some("labforge-web-path"), Some("basePath"))
+        );
+    }
+
+    // Only Kubeflow's ingress gateway reaches the web app's pods, as it does Kubeflow's.
+    let policy = find(&kubeflow, "AuthorizationPolicy", "labforge-web").unwrap();
+    let pods = &find(&base, "Deployment", "labforge-web").unwrap()["spec"]["template"]["metadata"]
+        ["labels"];
+    for (key, value) in policy["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&pods[key], value);
+    }
+    assert_eq!(
+        strings(&policy["spec"]["rules"][0]["from"][0]["source"]["principals"]),
+        ["cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account"]
     );
 }
 
@@ -1017,7 +1118,10 @@ fn rbac_is_least_privilege_everywhere() {
             ),
             ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
             ("events.k8s.io", "events", &["list", "create", "patch"]),
+            ("", "pods", &["get"]),
             ("", "pods/log", &["get"]),
+            ("storage.k8s.io", "storageclasses", &["list"]),
+            ("kubeflow.org", "poddefaults", &["list"]),
             ("", "nodes", &["list"]),
             ("", "persistentvolumeclaims", &["list", "create", "delete"]),
             ("", "serviceaccounts", &["get"]),
@@ -1028,7 +1132,7 @@ fn rbac_is_least_privilege_everywhere() {
                 &["get", "list", "watch", "create"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, logs, GPU capacity, volume claims, default-editor, pods' resource use, saves"
+        "the web app: Notebooks, its access reviews, events, pods and logs, storage classes, PodDefaults, GPU capacity, volume claims, default-editor, pods' resource use, saves"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),
@@ -1682,10 +1786,16 @@ fn start(
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     for env in container["env"].as_array().unwrap() {
-        command.env(
-            env["name"].as_str().unwrap(),
-            env["value"].as_str().unwrap(),
-        );
+        match env["value"].as_str() {
+            Some(value) => {
+                command.env(env["name"].as_str().unwrap(), value);
+            }
+            // An optional ConfigMap key some overlay sets; the builds run here leave it unset.
+            None => assert_eq!(
+                env["valueFrom"]["configMapKeyRef"]["optional"], true,
+                "{env}"
+            ),
+        }
     }
     Running {
         child: command.spawn().unwrap(),
