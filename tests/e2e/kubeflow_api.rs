@@ -374,32 +374,22 @@ async fn kubeflows_client_requests_get_every_field_it_reads() {
     );
 
     // Refusals in Kubeflow's failure envelope, the field named.
-    let mut unknown = form.clone();
-    unknown["name"] = "other".into();
-    unknown["cpus"] = "1".into();
-    let (status, refused) = api
-        .post(
-            Some(ALICE),
-            "/jupyter/api/namespaces/alice/notebooks",
-            unknown,
-        )
-        .await;
+    let refusal = |change: Value| {
+        let mut body = form.clone();
+        body["name"] = "other".into();
+        for (key, value) in change.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        api.post(Some(ALICE), "/jupyter/api/namespaces/alice/notebooks", body)
+    };
+    let (status, refused) = refusal(json!({"cpus": "1"})).await;
     assert_eq!(status, 422, "{refused}");
     check_client_reads("error", &refused);
     assert!(
         refused["log"].as_str().unwrap().contains("cpus"),
         "{refused}"
     );
-    let mut elsewhere = form.clone();
-    elsewhere["name"] = "other".into();
-    elsewhere["namespace"] = "team".into();
-    let (status, refused) = api
-        .post(
-            Some(ALICE),
-            "/jupyter/api/namespaces/alice/notebooks",
-            elsewhere,
-        )
-        .await;
+    let (status, refused) = refusal(json!({"namespace": "team"})).await;
     assert_eq!(
         (status, refused["field"].as_str()),
         (422, Some("namespace")),

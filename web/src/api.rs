@@ -298,13 +298,30 @@ async fn login(
     let token = auth.sessions.sign_in(&user).map_err(|e| {
         Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
     })?;
-    let secure = if state.secure_cookies { "; Secure" } else { "" };
-    let cookie = format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax{secure}");
     let mut response = Json(whoami_body(&user)).into_response();
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
-    }
+    set_session_cookie(&mut response, &state, token, None);
     Ok(response)
+}
+
+/// Sets the session cookie to `token` (`HttpOnly`, `SameSite=Lax`, `Secure` over TLS, the app's
+/// path), for `max_age` or the browser's session.
+fn set_session_cookie(
+    response: &mut Response,
+    state: &ApiState,
+    token: String,
+    max_age: Option<cookie::time::Duration>,
+) {
+    let mut cookie = cookie::Cookie::build((SESSION_COOKIE, token))
+        .path(state.base_path.as_str().to_owned())
+        .http_only(true)
+        .same_site(cookie::SameSite::Lax)
+        .secure(state.secure_cookies);
+    if let Some(max_age) = max_age {
+        cookie = cookie.max_age(max_age);
+    }
+    if let Ok(value) = HeaderValue::from_str(&cookie.build().to_string()) {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
 }
 
 async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
@@ -314,9 +331,11 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
         }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static("labforge_session=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
+    set_session_cookie(
+        &mut response,
+        &state,
+        String::new(),
+        Some(cookie::time::Duration::ZERO),
     );
     response
 }

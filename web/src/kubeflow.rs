@@ -93,137 +93,163 @@ pub fn is_spawner_ui_config(document: &Value) -> bool {
 /// PodDefault labels and read-only fields. Fields labforge has no use for are kept for
 /// Kubeflow's clients, which get the file's `spawnerFormDefaults` as it is.
 pub fn spawner_config_from_yaml(document: &Value) -> Result<SpawnerConfig, SpawnerYamlError> {
-    let form = document
-        .get("spawnerFormDefaults")
-        .ok_or_else(|| yaml_field("", "missing"))?;
-    let field = |name: &str| form.get(name).filter(|v| !v.is_null());
-    let value_of = |name: &str| field(name).and_then(|f| f.get("value"));
-    let text_of = |name: &str| value_of(name).and_then(Value::as_str).map(str::to_owned);
-
-    let mut images = Vec::new();
-    for (key, server_type) in [
-        ("image", ServerType::Jupyter),
-        ("imageGroupOne", ServerType::Vscode),
-        ("imageGroupTwo", ServerType::Rstudio),
-    ] {
-        let Some(group) = field(key) else { continue };
-        let default = group
-            .get("value")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let options = group
-            .get("options")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for (i, option) in options.iter().enumerate() {
-            let image = option
-                .as_str()
-                .ok_or_else(|| yaml_field(&format!("{key}.options[{i}]"), "not a string"))?;
-            images.push(CatalogImage {
-                image: image.to_owned(),
-                server_type,
-                description: String::new(),
-                default: image == default,
-            });
-        }
-    }
-
-    let gpu_vendors = match value_of("gpus").and_then(|g| g.get("vendors")) {
-        Some(vendors) => vendors
-            .as_array()
-            .ok_or_else(|| yaml_field("gpus.value.vendors", "not a list"))?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let text = |key: &str| {
-                    v.get(key)
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                        .ok_or_else(|| {
-                            yaml_field(&format!("gpus.value.vendors[{i}].{key}"), "missing")
-                        })
-                };
-                Ok(GpuVendor {
-                    limits_key: text("limitsKey")?,
-                    name: text("uiName")?,
-                    cdi_kind: None,
-                    smi: None,
-                })
-            })
-            .collect::<Result<Vec<_>, SpawnerYamlError>>()?,
-        None => Vec::new(),
-    };
-
-    let mut defaults = Defaults::default();
-    if let Some(cpu) = text_of("cpu") {
-        defaults.cpu = cpu;
-    }
-    if let Some(memory) = text_of("memory") {
-        defaults.memory = memory;
-    }
-    if let Some(size) = value_of("workspaceVolume")
-        .and_then(|w| w.pointer("/newPvc/spec/resources/requests/storage"))
-        .and_then(Value::as_str)
-    {
-        defaults.workspace_size = size.to_owned();
-    }
-    if value_of("shm").and_then(Value::as_bool) == Some(false) {
-        defaults.shm_size = "0".into();
-    }
-
-    let options = |name: &str| -> Result<Value, SpawnerYamlError> {
-        Ok(field(name)
-            .and_then(|f| f.get("options"))
-            .cloned()
-            .unwrap_or_else(|| json!([])))
-    };
-    let affinity_configs: Vec<AffinityConfig> = serde_json::from_value(options("affinityConfig")?)
-        .map_err(|e| yaml_field("affinityConfig.options", e))?;
-    let toleration_groups: Vec<TolerationGroup> =
-        serde_json::from_value(options("tolerationGroup")?)
-            .map_err(|e| yaml_field("tolerationGroup.options", e))?;
-    let configurations: Vec<String> = match value_of("configurations") {
-        Some(list) => serde_json::from_value(list.clone())
-            .map_err(|e| yaml_field("configurations.value", e))?,
-        None => Vec::new(),
-    };
-    let read_only = form
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(_, f)| f.get("readOnly").and_then(Value::as_bool) == Some(true))
-        .map(|(name, _)| body_field(name).to_owned())
-        .collect();
-    let factor = |name: &str| {
-        field(name)
-            .and_then(|f| f.get("limitFactor"))
-            .and_then(|v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .or_else(|| Some(v.to_string()))
-            })
-    };
+    let form = FormDefaults(
+        document
+            .get("spawnerFormDefaults")
+            .ok_or_else(|| yaml_field("", "missing"))?,
+    );
     Ok(SpawnerConfig {
-        images,
+        images: form.catalog()?,
         allow_custom_images: form
+            .0
             .get("allowCustomImage")
             .and_then(Value::as_bool)
             .unwrap_or(true),
-        gpu_vendors,
-        defaults,
-        kubeflow: KubeflowChoices {
-            affinity_configs,
-            default_affinity_config: text_of("affinityConfig").unwrap_or_default(),
-            toleration_groups,
-            default_toleration_group: text_of("tolerationGroup").unwrap_or_default(),
-            configurations,
+        gpu_vendors: form.gpu_vendors()?,
+        defaults: form.defaults(),
+        kubeflow: form.choices()?,
+    })
+}
+
+/// A `spawnerFormDefaults` document: each key holds a `value`, some `options`, `readOnly`.
+struct FormDefaults<'a>(&'a Value);
+
+impl FormDefaults<'_> {
+    fn field(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    fn value_of(&self, name: &str) -> Option<&Value> {
+        self.field(name).and_then(|f| f.get("value"))
+    }
+
+    fn text_of(&self, name: &str) -> Option<String> {
+        self.value_of(name)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    }
+
+    /// The images of each server type's group; a group's `value` is its default.
+    fn catalog(&self) -> Result<Vec<CatalogImage>, SpawnerYamlError> {
+        let mut images = Vec::new();
+        for (key, server_type) in [
+            ("image", ServerType::Jupyter),
+            ("imageGroupOne", ServerType::Vscode),
+            ("imageGroupTwo", ServerType::Rstudio),
+        ] {
+            let Some(group) = self.field(key) else {
+                continue;
+            };
+            let default = group
+                .get("value")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let options = group
+                .get("options")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for (i, option) in options.iter().enumerate() {
+                let image = option
+                    .as_str()
+                    .ok_or_else(|| yaml_field(&format!("{key}.options[{i}]"), "not a string"))?;
+                images.push(CatalogImage {
+                    image: image.to_owned(),
+                    server_type,
+                    description: String::new(),
+                    default: image == default,
+                });
+            }
+        }
+        Ok(images)
+    }
+
+    fn gpu_vendors(&self) -> Result<Vec<GpuVendor>, SpawnerYamlError> {
+        let Some(vendors) = self.value_of("gpus").and_then(|g| g.get("vendors")) else {
+            return Ok(Vec::new());
+        };
+        let vendors = vendors
+            .as_array()
+            .ok_or_else(|| yaml_field("gpus.value.vendors", "not a list"))?;
+        let mut out = Vec::new();
+        for (i, vendor) in vendors.iter().enumerate() {
+            let text = |key: &str| {
+                vendor
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .ok_or_else(|| yaml_field(&format!("gpus.value.vendors[{i}].{key}"), "missing"))
+            };
+            out.push(GpuVendor {
+                limits_key: text("limitsKey")?,
+                name: text("uiName")?,
+                cdi_kind: None,
+                smi: None,
+            });
+        }
+        Ok(out)
+    }
+
+    fn defaults(&self) -> Defaults {
+        let mut defaults = Defaults::default();
+        if let Some(cpu) = self.text_of("cpu") {
+            defaults.cpu = cpu;
+        }
+        if let Some(memory) = self.text_of("memory") {
+            defaults.memory = memory;
+        }
+        if let Some(size) = self
+            .value_of("workspaceVolume")
+            .and_then(|w| w.pointer("/newPvc/spec/resources/requests/storage"))
+            .and_then(Value::as_str)
+        {
+            defaults.workspace_size = size.to_owned();
+        }
+        if self.value_of("shm").and_then(Value::as_bool) == Some(false) {
+            defaults.shm_size = "0".into();
+        }
+        defaults
+    }
+
+    /// A list under `key`'s `options` (or `value`), read as `T`s.
+    fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+        under: &str,
+    ) -> Result<Vec<T>, SpawnerYamlError> {
+        match self.field(key).and_then(|f| f.get(under)) {
+            Some(list) => serde_json::from_value(list.clone())
+                .map_err(|e| yaml_field(&format!("{key}.{under}"), e)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn choices(&self) -> Result<KubeflowChoices, SpawnerYamlError> {
+        let read_only = self
+            .0
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, f)| f.get("readOnly").and_then(Value::as_bool) == Some(true))
+            .map(|(name, _)| body_field(name).to_owned())
+            .collect();
+        let factor = |name: &str| {
+            self.field(name)
+                .and_then(|f| f.get("limitFactor"))
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+        };
+        Ok(KubeflowChoices {
+            affinity_configs: self.list("affinityConfig", "options")?,
+            default_affinity_config: self.text_of("affinityConfig").unwrap_or_default(),
+            toleration_groups: self.list("tolerationGroup", "options")?,
+            default_toleration_group: self.text_of("tolerationGroup").unwrap_or_default(),
+            configurations: self.list("configurations", "value")?,
             read_only,
             cpu_limit_factor: factor("cpu"),
             memory_limit_factor: factor("memory"),
-            form_defaults: Some(form.clone()),
-        },
-    })
+            form_defaults: Some(self.0.clone()),
+        })
+    }
 }
 
 /// The request field a `spawnerFormDefaults` key governs.
@@ -529,20 +555,7 @@ pub fn request_from_form(
 ) -> Result<(NotebookRequest, Extras), FieldErrors> {
     let mut errors = FieldErrors::default();
     let choices = &config.kubeflow;
-    let given = |field: &str| match field {
-        "imagePullPolicy" => form.image_pull_policy.is_some(),
-        "cpu" => form.cpu.is_some() || form.cpu_limit.is_some(),
-        "memory" => form.memory.is_some() || form.memory_limit.is_some(),
-        "gpus" => form.gpus.is_some(),
-        "workspace" => form.workspace.is_some(),
-        "datavols" => !form.datavols.is_empty(),
-        "shm" => form.shm.is_some(),
-        "configurations" => form.configurations.is_some(),
-        "affinityConfig" => form.affinity_config.is_some(),
-        "tolerationGroup" => form.toleration_group.is_some(),
-        _ => false,
-    };
-    for field in choices.read_only.iter().filter(|f| given(f)) {
+    for field in choices.read_only.iter().filter(|f| form.gives(f)) {
         errors.push(FieldError::new(
             field.clone(),
             "is fixed by the admin (readOnly); leave it out",
@@ -554,100 +567,25 @@ pub fn request_from_form(
             format!("{asked:?} is not {namespace:?}, the namespace in the path"),
         ));
     }
-    let server_type = form.server_type.unwrap_or_default();
-    let image = if !form.custom_image.trim().is_empty() {
-        form.custom_image.trim().to_owned()
-    } else if !form.image.trim().is_empty() {
-        form.image.trim().to_owned()
-    } else {
-        match server_type {
-            ServerType::Vscode => form.image_group_one.clone().unwrap_or_default(),
-            ServerType::Rstudio => form.image_group_two.clone().unwrap_or_default(),
-            ServerType::Jupyter => String::new(),
-        }
+    let limit = |asked: &Option<String>, request: &str, factor: &Option<String>| {
+        asked
+            .clone()
+            .filter(|l| !l.is_empty())
+            .or_else(|| limit_from_factor(request, factor.as_deref()))
+            .unwrap_or_default()
     };
     let cpu = form
         .cpu
         .clone()
         .unwrap_or_else(|| config.defaults.cpu.clone());
-    let cpu_limit = form
-        .cpu_limit
-        .clone()
-        .filter(|l| !l.is_empty())
-        .or_else(|| limit_from_factor(&cpu, choices.cpu_limit_factor.as_deref()))
-        .unwrap_or_default();
     let memory = form
         .memory
         .clone()
         .unwrap_or_else(|| config.defaults.memory.clone());
-    let memory_limit = form
-        .memory_limit
-        .clone()
-        .filter(|l| !l.is_empty())
-        .or_else(|| limit_from_factor(&memory, choices.memory_limit_factor.as_deref()))
-        .unwrap_or_default();
-    let gpus = match &form.gpus {
-        None => None,
-        Some(g) if g.num == "none" => None,
-        Some(g) => {
-            let count = match &g.num {
-                Value::String(text) => text.parse::<u32>().ok(),
-                Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-                _ => None,
-            };
-            match (count, g.vendor.as_deref().filter(|v| !v.is_empty())) {
-                (None, _) => {
-                    errors.push(FieldError::new(
-                        "gpus.num",
-                        "must be a whole number of GPUs, or \"none\"",
-                    ));
-                    None
-                }
-                (Some(_), None) => {
-                    errors.push(FieldError::new(
-                        "gpus.vendor",
-                        "name the GPU vendor's limits key, e.g. nvidia.com/gpu",
-                    ));
-                    None
-                }
-                (Some(count), Some(vendor)) => Some(GpuRequest {
-                    vendor: vendor.to_owned(),
-                    count,
-                }),
-            }
-        }
-    };
-    let workspace = match &form.workspace {
-        _ if form.no_workspace => Some(WorkspaceRequest::None),
-        None => Some(WorkspaceRequest::None),
-        Some(volume) if volume.mount.trim_end_matches('/') != HOME => {
-            errors.push(FieldError::new(
-                "workspace.mount",
-                format!("the workspace is mounted at {HOME}"),
-            ));
-            None
-        }
-        Some(volume) => match claim_of(volume, "workspace") {
-            Ok((claim, size)) if size.is_empty() => {
-                Some(WorkspaceRequest::Existing { name: claim })
-            }
-            Ok((claim, _)) if claim != workspace_claim(&form.name) => {
-                errors.push(FieldError::new(
-                    "workspace.newPvc.metadata.name",
-                    format!(
-                        "a new workspace claim is named {}",
-                        workspace_claim(&form.name)
-                    ),
-                ));
-                None
-            }
-            Ok((_, size)) => Some(WorkspaceRequest::New { size }),
-            Err(error) => {
-                errors.push(error);
-                None
-            }
-        },
-    };
+    let cpu_limit = limit(&form.cpu_limit, &cpu, &choices.cpu_limit_factor);
+    let memory_limit = limit(&form.memory_limit, &memory, &choices.memory_limit_factor);
+    let gpus = form.gpus.as_ref().and_then(|g| g.request(&mut errors));
+    let workspace = form.workspace_request(&mut errors);
     let mut data_volumes = Vec::new();
     for (i, volume) in form.datavols.iter().enumerate() {
         match claim_of(volume, &format!("datavols[{i}]")) {
@@ -659,25 +597,7 @@ pub fn request_from_form(
             Err(error) => errors.push(error),
         }
     }
-    let environment = match &form.environment {
-        None => BTreeMap::new(),
-        Some(Value::String(text)) if text.trim().is_empty() => BTreeMap::new(),
-        Some(Value::String(text)) => serde_json::from_str(text).unwrap_or_else(|_| {
-            errors.push(FieldError::new(
-                "environment",
-                "must be an object of names to values, or its JSON text",
-            ));
-            BTreeMap::new()
-        }),
-        Some(value) => serde_json::from_value(value.clone()).unwrap_or_else(|_| {
-            errors.push(FieldError::new(
-                "environment",
-                "must be an object of names to values, or its JSON text",
-            ));
-            BTreeMap::new()
-        }),
-    };
-
+    let environment = form.environment_variables(&mut errors);
     let extras = extras_for(
         form.configurations.clone(),
         form.affinity_config.clone(),
@@ -689,9 +609,9 @@ pub fn request_from_form(
         return Err(errors);
     }
     let request = NotebookRequest {
+        server_type: form.server_type.unwrap_or_default(),
+        image: form.image_reference(),
         name: form.name,
-        server_type,
-        image,
         cpu,
         cpu_limit,
         memory,
@@ -708,6 +628,127 @@ pub fn request_from_form(
         image_pull_policy: form.image_pull_policy,
     };
     Ok((request, extras))
+}
+
+impl KubeflowForm {
+    /// Whether the form sets `field` (a Kubeflow form field an admin may fix).
+    fn gives(&self, field: &str) -> bool {
+        match field {
+            "imagePullPolicy" => self.image_pull_policy.is_some(),
+            "cpu" => self.cpu.is_some() || self.cpu_limit.is_some(),
+            "memory" => self.memory.is_some() || self.memory_limit.is_some(),
+            "gpus" => self.gpus.is_some(),
+            "workspace" => self.workspace.is_some(),
+            "datavols" => !self.datavols.is_empty(),
+            "shm" => self.shm.is_some(),
+            "configurations" => self.configurations.is_some(),
+            "affinityConfig" => self.affinity_config.is_some(),
+            "tolerationGroup" => self.toleration_group.is_some(),
+            _ => false,
+        }
+    }
+
+    /// The image: `customImage` when given, as Kubeflow's backend decides, else `image`, else
+    /// the server type's group image the client left in.
+    fn image_reference(&self) -> String {
+        let server_type = self.server_type.unwrap_or_default();
+        if !self.custom_image.trim().is_empty() {
+            self.custom_image.trim().to_owned()
+        } else if !self.image.trim().is_empty() {
+            self.image.trim().to_owned()
+        } else {
+            match server_type {
+                ServerType::Vscode => self.image_group_one.clone().unwrap_or_default(),
+                ServerType::Rstudio => self.image_group_two.clone().unwrap_or_default(),
+                ServerType::Jupyter => String::new(),
+            }
+        }
+    }
+
+    /// The workspace: none unless the form has one, which must be at the home directory and,
+    /// when new, have labforge's claim name.
+    fn workspace_request(&self, errors: &mut FieldErrors) -> Option<WorkspaceRequest> {
+        let volume = match &self.workspace {
+            Some(volume) if !self.no_workspace => volume,
+            _ => return Some(WorkspaceRequest::None),
+        };
+        if volume.mount.trim_end_matches('/') != HOME {
+            errors.push(FieldError::new(
+                "workspace.mount",
+                format!("the workspace is mounted at {HOME}"),
+            ));
+            return None;
+        }
+        let wanted = workspace_claim(&self.name);
+        match claim_of(volume, "workspace") {
+            Ok((claim, size)) if size.is_empty() => {
+                Some(WorkspaceRequest::Existing { name: claim })
+            }
+            Ok((claim, _)) if claim != wanted => {
+                errors.push(FieldError::new(
+                    "workspace.newPvc.metadata.name",
+                    format!("a new workspace claim is named {wanted}"),
+                ));
+                None
+            }
+            Ok((_, size)) => Some(WorkspaceRequest::New { size }),
+            Err(error) => {
+                errors.push(error);
+                None
+            }
+        }
+    }
+
+    /// `environment` as an object, or as the JSON text of one.
+    fn environment_variables(&self, errors: &mut FieldErrors) -> BTreeMap<String, String> {
+        let parsed = match &self.environment {
+            None => return BTreeMap::new(),
+            Some(Value::String(text)) if text.trim().is_empty() => return BTreeMap::new(),
+            Some(Value::String(text)) => serde_json::from_str(text).ok(),
+            Some(value) => serde_json::from_value(value.clone()).ok(),
+        };
+        parsed.unwrap_or_else(|| {
+            errors.push(FieldError::new(
+                "environment",
+                "must be an object of names to values, or its JSON text",
+            ));
+            BTreeMap::new()
+        })
+    }
+}
+
+impl KubeflowGpus {
+    /// labforge's GPU request: none for "none", else a count of the named vendor's devices.
+    fn request(&self, errors: &mut FieldErrors) -> Option<GpuRequest> {
+        if self.num == "none" {
+            return None;
+        }
+        let count = match &self.num {
+            Value::String(text) => text.parse::<u32>().ok(),
+            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            _ => None,
+        };
+        match (count, self.vendor.as_deref().filter(|v| !v.is_empty())) {
+            (None, _) => {
+                errors.push(FieldError::new(
+                    "gpus.num",
+                    "must be a whole number of GPUs, or \"none\"",
+                ));
+                None
+            }
+            (Some(_), None) => {
+                errors.push(FieldError::new(
+                    "gpus.vendor",
+                    "name the GPU vendor's limits key, e.g. nvidia.com/gpu",
+                ));
+                None
+            }
+            (Some(count), Some(vendor)) => Some(GpuRequest {
+                vendor: vendor.to_owned(),
+                count,
+            }),
+        }
+    }
 }
 
 /// The PodDefault labels, affinity and tolerations asked for (`None`: the admin's defaults),

@@ -128,8 +128,7 @@ fn page(
         }
         None => String::new(),
     };
-    let page_script = script;
-    let script = script
+    let script_tag = script
         .map(|s| format!(r#"<script type="module" src="static/{s}"></script>"#))
         .unwrap_or_default();
     let body_data = viewer
@@ -140,7 +139,7 @@ fn page(
                 escape(namespace),
                 escape(&user.namespace),
                 user.admin,
-                escape(page_script.map_or("", |s| s.trim_end_matches(".js"))),
+                escape(script.map_or("", |s| s.trim_end_matches(".js"))),
             )
         })
         .unwrap_or_default();
@@ -151,7 +150,7 @@ fn page(
 <link rel="stylesheet" href="static/style.css"></head>
 <body{body_data}><header><a class="brand" href="./">labforge</a>{nav}</header>
 <main id="main">{main}</main>
-<script type="module" src="static/common.js"></script>{script}</body></html>"#,
+<script type="module" src="static/common.js"></script>{script_tag}</body></html>"#,
         base = escape(base.as_str()),
         title = escape(title),
     ))
@@ -168,34 +167,26 @@ fn to_login(base: &BasePath) -> Response {
 
 /// No page of the web app may be framed by another origin: a notebook's page could lay it under
 /// its own and have its visitor click there.
-pub async fn deny_framing(mut response: Response) -> Response {
-    let headers = response.headers_mut();
-    headers.insert(
-        header::X_FRAME_OPTIONS,
-        axum::http::HeaderValue::from_static("DENY"),
-    );
-    headers
-        .entry(header::CONTENT_SECURITY_POLICY)
-        .or_insert(axum::http::HeaderValue::from_static(
-            "frame-ancestors 'none'",
-        ));
-    response
+pub async fn deny_framing(response: Response) -> Response {
+    framed_by(response, "DENY", "frame-ancestors 'none'")
 }
 
 /// Under a base path the app is framed by Kubeflow's central dashboard, which shares its origin:
 /// framing is allowed to that origin only. Notebooks there are served on hosts of their own, or
 /// share the origin already.
-pub async fn same_origin_framing_only(mut response: Response) -> Response {
+pub async fn same_origin_framing_only(response: Response) -> Response {
+    framed_by(response, "SAMEORIGIN", "frame-ancestors 'self'")
+}
+
+fn framed_by(mut response: Response, options: &'static str, ancestors: &'static str) -> Response {
     let headers = response.headers_mut();
     headers.insert(
         header::X_FRAME_OPTIONS,
-        axum::http::HeaderValue::from_static("SAMEORIGIN"),
+        axum::http::HeaderValue::from_static(options),
     );
     headers
         .entry(header::CONTENT_SECURITY_POLICY)
-        .or_insert(axum::http::HeaderValue::from_static(
-            "frame-ancestors 'self'",
-        ));
+        .or_insert(axum::http::HeaderValue::from_static(ancestors));
     response
 }
 
