@@ -14,6 +14,7 @@ mod culling;
 mod deploy;
 mod deploy_image;
 mod embedded;
+mod engine_faults;
 mod fake_kube;
 mod gpus;
 mod image_builds;

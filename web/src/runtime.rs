@@ -897,6 +897,7 @@ impl Runtime {
         loop {
             if let Err(err) = self.clone().reconcile_all().await {
                 tracing::warn!(error = %err, "reconciling notebook containers");
+                self.engine_unavailable(&err);
             }
             let wake = tokio::time::sleep(RESYNC);
             tokio::pin!(wake);
@@ -960,6 +961,27 @@ impl Runtime {
             });
         }
         Ok(())
+    }
+
+    /// The engine does not answer: every notebook meant to run says so (with one event each),
+    /// since labforge cannot tell whether its container is still there.
+    fn engine_unavailable(&self, err: &EngineError) {
+        let message = format!("the container engine is not answering: {err}");
+        for notebook in self.store.list(None) {
+            if notebook.is_stopped() {
+                continue;
+            }
+            if condition_reason(&notebook) != Some(ENGINE_UNAVAILABLE) {
+                self.store.record_event(
+                    notebook.metadata.namespace.as_deref().unwrap_or_default(),
+                    notebook.metadata.name.as_deref().unwrap_or_default(),
+                    "Warning",
+                    ENGINE_UNAVAILABLE,
+                    &message,
+                );
+            }
+            self.set_status(&notebook, waiting_status(ENGINE_UNAVAILABLE, &message));
+        }
     }
 
     fn set_status(&self, notebook: &Notebook, status: NotebookStatus) {
@@ -1032,6 +1054,13 @@ impl Runtime {
                 return;
             }
         };
+        let was_ready = notebook
+            .status
+            .as_ref()
+            .is_some_and(|s| s.ready_replicas > 0);
+        // What happened to a container that went away outside labforge, told until the notebook
+        // is ready again.
+        let mut restarted = None;
         let port = match existing {
             Some(c) if c.plan == plan.digest && c.running && c.port.is_some() => c.port,
             Some(c) => {
@@ -1042,14 +1071,17 @@ impl Runtime {
                         "the notebook changed; its container is replaced",
                     );
                 } else if !c.running {
-                    event(
-                        "Warning",
+                    restarted = Some((
                         "ContainerExited",
-                        &format!(
-                            "the container {} ({}), exit code {:?}; starting it again",
-                            c.name, c.state, c.exit_code
+                        format!(
+                            "its container {} stopped ({}{}); starting it again",
+                            c.name,
+                            c.state,
+                            c.exit_code
+                                .map(|code| format!(", exit code {code}"))
+                                .unwrap_or_default()
                         ),
-                    );
+                    ));
                 }
                 if let Err(err) = self.engine.remove(&c.name).await {
                     event("Warning", "FailedRemove", &err.to_string());
@@ -1057,8 +1089,22 @@ impl Runtime {
                 }
                 None
             }
+            None if was_ready => {
+                restarted = Some((
+                    "ContainerGone",
+                    format!(
+                        "its container {} was removed outside labforge; starting it again",
+                        container_name(&ns, &name)
+                    ),
+                ));
+                None
+            }
             None => None,
         };
+        if let Some((reason, message)) = &restarted {
+            event("Warning", reason, message);
+            self.set_status(notebook, waiting_status(reason, message));
+        }
         let port = match port {
             Some(port) => port,
             None => match self.create(notebook, &plan).await {
@@ -1105,14 +1151,25 @@ impl Runtime {
             }
             Err(_) => (false, String::new()),
         };
-        let was_ready = notebook
-            .status
-            .as_ref()
-            .is_some_and(|s| s.ready_replicas > 0);
         if ready && !was_ready {
             event("Normal", "Ready", "the notebook answers");
         }
-        self.set_status(notebook, running_status(ready, &unexpected));
+        // Not ready yet after a restart of ours: still say why it restarted.
+        let restarting = restarted.map(|(_, message)| message).or_else(|| {
+            matches!(
+                condition_reason(notebook),
+                Some("ContainerExited" | "ContainerGone" | RESTARTING)
+            )
+            .then(|| condition_message(notebook))
+            .flatten()
+        });
+        let status = match restarting {
+            Some(message) if !ready && unexpected.is_empty() => {
+                running_status(false, RESTARTING, &message)
+            }
+            _ => running_status(ready, "Starting", &unexpected),
+        };
+        self.set_status(notebook, status);
     }
 
     /// Saves the environment of a notebook being stopped and moves it to the new image. A failed
@@ -1218,6 +1275,34 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
+/// The Ready condition's reason when the engine does not answer.
+const ENGINE_UNAVAILABLE: &str = "EngineUnavailable";
+/// The Ready condition's reason while a container started again after going away is not ready.
+const RESTARTING: &str = "Restarting";
+
+/// The reason of a notebook's Ready condition.
+fn condition_reason(notebook: &Notebook) -> Option<&str> {
+    notebook
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?
+        .reason
+        .as_deref()
+}
+
+fn condition_message(notebook: &Notebook) -> Option<String> {
+    notebook
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?
+        .message
+        .clone()
+}
+
 fn condition(kind: &str, status: bool, reason: &str, message: &str) -> NotebookCondition {
     NotebookCondition {
         type_: kind.to_owned(),
@@ -1258,14 +1343,15 @@ fn waiting_status(reason: &str, message: &str) -> NotebookStatus {
     }
 }
 
-/// A running container's status; `unexpected`: what its server answered instead of being ready.
-fn running_status(ready: bool, unexpected: &str) -> NotebookStatus {
+/// A running container's status; when not ready, `reason` and `why` (what its server answered
+/// instead of being ready, or why it was started again).
+fn running_status(ready: bool, reason: &str, why: &str) -> NotebookStatus {
     NotebookStatus {
         conditions: vec![condition(
             "Ready",
             ready,
-            if ready { "" } else { "Starting" },
-            unexpected,
+            if ready { "" } else { reason },
+            if ready { "" } else { why },
         )],
         ready_replicas: i32::from(ready),
         container_state: ContainerState {

@@ -1,0 +1,112 @@
+//! The engine behind labforge's back (found by `make drills`): a notebook's container removed
+//! with podman directly shows as starting again with that reason, not as a bare "starting"; and
+//! an engine whose every call fails shows on every running notebook, while the API keeps
+//! answering, until the engine is back.
+
+use crate::embedded::{Session, up_with_jupyterlab};
+use crate::need;
+use labforge_tests::embedded::RemoveNotebooksOnDrop;
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::{Duration, Instant};
+
+/// Polls the notebook until `done` holds for it; fails with the last answer after a minute.
+async fn until(session: &Session, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = session.get(path).await;
+        assert_eq!(status, 200, "{body}");
+        if done(&body["notebook"]) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "not {what} within 60 s: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn state_tells_what_happened_behind_labforges_back() {
+    crate::init_crypto();
+    let user = format!("faults-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    // podman, unless the flag file exists: then every call fails as a broken engine's would.
+    let flag = dir.path().join("engine-down");
+    let engine = dir.path().join("podman");
+    std::fs::write(
+        &engine,
+        format!(
+            "#!/bin/sh\nif [ -e '{}' ]; then echo 'the engine is down' >&2; exit 125; fi\nexec podman \"$@\"\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let up = up_with_jupyterlab(
+        &dir.path().join("data"),
+        &["--engine", &engine.display().to_string()],
+    )
+    .await;
+    let password = need(up.add_user(&user));
+    let session = Session::sign_in(&up, &user, &password).await;
+    let (status, body) = session
+        .post(
+            &format!("/api/namespaces/{user}/notebooks"),
+            json!({"name": "lab", "workspace": "none"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let path = format!("/api/namespaces/{user}/notebooks/lab");
+    session
+        .wait_state(&user, "lab", "ready", Duration::from_secs(120))
+        .await;
+    let container = labforge_web::runtime::container_name(&user, "lab");
+
+    let removed = std::process::Command::new("podman")
+        .args(["rm", "-f", "-t", "0", &container])
+        .status()
+        .unwrap();
+    assert!(removed.success());
+    let restarting = until(&session, &path, "starting again with its reason", |nb| {
+        nb["state"] == "starting"
+            && nb["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("removed outside labforge"))
+    })
+    .await;
+    let (_, events) = session.get(&format!("{path}/events")).await;
+    assert!(
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "ContainerGone" && e["type"] == "Warning"),
+        "{events}\n{restarting}"
+    );
+    session
+        .wait_state(&user, "lab", "ready", Duration::from_secs(120))
+        .await;
+
+    std::fs::write(&flag, "").unwrap();
+    let down = until(
+        &session,
+        &path,
+        "marked as the engine not answering",
+        |nb| {
+            nb["state"] != "ready"
+                && nb["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("the engine is down"))
+        },
+    )
+    .await;
+    // The API answers meanwhile.
+    let (status, list) = session
+        .get(&format!("/api/namespaces/{user}/notebooks"))
+        .await;
+    assert_eq!(status, 200, "{list}\n{down}");
+    std::fs::remove_file(&flag).unwrap();
+    session
+        .wait_state(&user, "lab", "ready", Duration::from_secs(120))
+        .await;
+}
