@@ -63,7 +63,11 @@ lint:
 unit:
 	$(CARGO) nextest run --workspace --lib --bins
 
-## Reliability drills: the long forms of the suite's soaks (300 sign-ins, 100 notebook cycles,
-## 20 saves against `labforge up`, resident memory sampled from /proc).
+## Reliability drills (drills/README.md), each against a labforge up of its own; DRILLS=kill
+## runs one. Then the long form of the suite's memory soak (300 sign-ins, 100 notebook cycles,
+## 20 saves, resident memory sampled from /proc).
+DRILLS ?=
 drills: setup images agent
-	LABFORGE_SOAK=full $(CARGO) nextest run --test e2e --no-fail-fast memory_soak
+	$(CARGO) build --bin labforge
+	$(CARGO) run -q -p labforge-drills -- $(DRILLS)
+	$(if $(DRILLS),,LABFORGE_SOAK=full $(CARGO) nextest run --test e2e --no-fail-fast memory_soak)

@@ -19,12 +19,13 @@ pub fn agent_binary() -> Result<PathBuf, SupportError> {
 }
 
 fn build() -> Result<PathBuf, String> {
-    // The test binary is <target>/debug/deps/<name>: build into the same target dir.
+    // Build into the target dir this program was built in (a test binary's, or the drills'):
+    // the nearest directory above it that Cargo marked as its own.
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let target = exe
         .ancestors()
-        .nth(3)
-        .ok_or("cannot find the target dir from the test binary's path")?
+        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .ok_or("cannot find the Cargo target dir above this program")?
         .to_owned();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)

@@ -176,8 +176,18 @@ impl LabforgeUp {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Kills it with SIGKILL, as a crash or the kernel's OOM killer would, and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Stops it as Ctrl-C would, and waits for the exit; returns whether it exited cleanly.
     pub fn stop(&mut self) -> bool {
+        // Already gone (killed): its pid may be another process's by now.
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return status.success();
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();

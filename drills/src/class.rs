@@ -1,0 +1,90 @@
+//! Class at 9:00: a class of users signs in and creates a notebook each at once. Admission
+//! control may turn some away, but only with a clear 429 or 503 and a Retry-After, never a 500
+//! or a hang; every notebook accepted must reach ready.
+
+use crate::Row;
+use crate::lab::{Lab, Session, percentile};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const DRILL: &str = "class at 9:00";
+
+pub async fn run(labforge: &Path, size: usize) -> Vec<Row> {
+    let done = format!("{size} users sign in and create a notebook each, all at once");
+    let expected = "every answer 201, or 429/503 with Retry-After; every accepted notebook ready";
+    vec![Row::of(DRILL, &done, expected, drill(labforge, size).await)]
+}
+
+async fn drill(labforge: &Path, size: usize) -> anyhow::Result<String> {
+    let names: Vec<String> = (0..size)
+        .map(|i| format!("class-{:x}-{i}", std::process::id()))
+        .collect();
+    let lab = Lab::start(labforge, &names, &[]).await?;
+    let mut users = Vec::new();
+    for name in &names {
+        users.push(lab.user(name).await?);
+    }
+    let fds_before = lab.open_fds();
+    let start = Instant::now();
+    let creates = users.iter().map(|user| async move {
+        let asked = Instant::now();
+        let answer = user
+            .http
+            .post(format!(
+                "{}/api/namespaces/{}/notebooks",
+                user.base, user.user
+            ))
+            .header("cookie", &user.cookie)
+            .json(&serde_json::json!({"name": "lab", "workspace": "none"}))
+            .send()
+            .await;
+        (user, asked, answer)
+    });
+    let answers = futures::future::join_all(creates).await;
+    let answered_in = start.elapsed();
+    let mut accepted: Vec<(&Session, Instant)> = Vec::new();
+    let mut turned_away = 0;
+    for (user, asked, answer) in answers {
+        let answer = answer?;
+        let status = answer.status().as_u16();
+        match status {
+            201 => accepted.push((user, asked)),
+            429 | 503 if answer.headers().contains_key("retry-after") => turned_away += 1,
+            other => anyhow::bail!(
+                "{} was answered {other}: {}",
+                user.user,
+                answer.text().await?
+            ),
+        }
+    }
+    anyhow::ensure!(
+        answered_in < Duration::from_secs(10),
+        "the creates took {answered_in:.1?} to answer"
+    );
+    // Every accepted notebook is watched at once, each from its own request; labforge's memory
+    // and descriptors are sampled meanwhile.
+    let waits = futures::future::join_all(accepted.iter().map(|(user, asked)| async move {
+        user.wait_for("lab", "ready", Duration::from_secs(900))
+            .await
+            .map(|_| asked.elapsed())
+    }));
+    let (mut peak_rss, mut peak_fds) = (lab.resident_mib(), lab.open_fds());
+    let mut waits = std::pin::pin!(waits);
+    let ready = loop {
+        tokio::select! {
+            ready = &mut waits => break ready,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                peak_rss = peak_rss.max(lab.resident_mib());
+                peak_fds = peak_fds.max(lab.open_fds());
+            }
+        }
+    };
+    let mut to_ready = ready.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(format!(
+        "answered in {:.1} s; {} accepted, {turned_away} turned away; create → ready p50 {:.1} s, p95 {:.1} s; labforge RSS peak {peak_rss:.0} MiB, fds {fds_before} → peak {peak_fds}",
+        answered_in.as_secs_f64(),
+        accepted.len(),
+        percentile(&mut to_ready, 0.5),
+        percentile(&mut to_ready, 0.95),
+    ))
+}
