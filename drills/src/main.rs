@@ -8,6 +8,7 @@ mod engine;
 mod hostile;
 mod kill;
 mod lab;
+mod upstream;
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ struct Args {
     /// Users in the class-at-9:00 drill.
     #[arg(long, default_value_t = 30)]
     class_size: usize,
-    /// Drills to run (class, kill, engine, hostile); default: all.
+    /// Drills to run (class, kill, engine, upstream, hostile); default: all.
     drills: Vec<String>,
 }
 
@@ -80,7 +81,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         "{} is missing: build it (cargo build --bin labforge) or pass --labforge",
         labforge.display()
     );
-    let all = ["class", "kill", "engine", "hostile"];
+    let all = ["class", "kill", "engine", "upstream", "hostile"];
     let chosen: Vec<String> = if args.drills.is_empty() {
         all.iter().map(|d| d.to_string()).collect()
     } else {
@@ -97,6 +98,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             "class" => class::run(&labforge, args.class_size).await,
             "kill" => kill::run(&labforge).await,
             "engine" => engine::run(&labforge).await,
+            "upstream" => upstream::run(&labforge).await,
             _ => hostile::run(&labforge).await,
         };
         for row in rows {

@@ -5,7 +5,8 @@
 //! [`crate::upstream::UpstreamPool`], preserves the Host, adds `X-Forwarded-*`, strips hop-by-hop
 //! headers, and sets no timeout (notebooks hold long requests) unless the route has one (Istio's
 //! `timeout`). Upgrades (websockets: kernels, terminals) are forwarded as upgrades and then
-//! tunnelled byte for byte; every tunnelled read counts as activity, as in CHP. A websocket whose
+//! tunnelled byte for byte ([`crate::tunnel`], which adds a close frame when the server goes
+//! away without one); every tunnelled read counts as activity, as in CHP. A websocket whose
 //! upstream cannot be reached, or whose upgrade answer is later than its route's timeout, gets a
 //! close frame (1013) rather than a failed handshake.
 
@@ -653,18 +654,18 @@ impl Forwarder {
                         };
                     metrics.websockets.inc();
                     metrics.websockets_active.inc();
-                    let mut client_io = Touching {
+                    let client_io = Touching {
                         io: TokioIo::new(client_io),
                         cell: activity.clone(),
                     };
-                    let mut upstream_io = Touching {
+                    let upstream_io = Touching {
                         io: TokioIo::new(upstream_io),
                         cell: activity,
                     };
-                    // Ends when either side closes or fails, or when the visitor's session
+                    // Ends when both sides are done or one fails, or when the visitor's session
                     // ends (a tunnel must not outlive the right to open it); both sockets are
                     // dropped with it.
-                    let copying = tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io);
+                    let copying = crate::tunnel::tunnel(client_io, upstream_io);
                     let revoked = async move {
                         match revoked {
                             Some(revoked) => revoked.await,

@@ -25,6 +25,7 @@ pub mod review;
 pub mod routes;
 pub mod server;
 pub mod source;
+mod tunnel;
 pub mod upstream;
 
 use crate::activity::Activity;

@@ -1893,8 +1893,8 @@ async fn failing_and_vanishing_upstreams_leave_no_sockets_or_tasks() {
     )
     .await;
 
-    // Websockets whose upstream vanishes: every client sees its connection end, and the
-    // tunnels' sockets and tasks go with them.
+    // Websockets whose upstream vanishes: every client gets a close frame (1001, going away),
+    // and the tunnels' sockets and tasks go with them.
     let baseline_fds = open_fds();
     let mut clients = Vec::new();
     for i in 0..20 {
@@ -1913,19 +1913,16 @@ async fn failing_and_vanishing_upstreams_leave_no_sockets_or_tasks() {
     );
     echo.task.abort();
     for mut ws in clients {
-        let ended = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match ws.next().await {
-                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
-                    Some(Ok(_)) => {}
-                }
+        let ended = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("a client kept a tunnel to a vanished upstream");
+        match ended {
+            Some(Ok(Message::Close(Some(frame)))) => {
+                assert_eq!(u16::from(frame.code), 1001, "{frame:?}");
+                assert!(frame.reason.contains("went away"), "{frame:?}");
             }
-        })
-        .await;
-        assert!(
-            ended.is_ok(),
-            "a client kept a tunnel to a vanished upstream"
-        );
+            other => panic!("expected a 1001 close: {other:?}"),
+        }
     }
     eventually("tunnels gone", Duration::from_secs(5), || async {
         (metric(&proxy, "labforge_proxy_websockets_active").await == 0.0).then_some(())
