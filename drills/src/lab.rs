@@ -25,9 +25,21 @@ impl Lab {
         extra: &[&str],
     ) -> anyhow::Result<Lab> {
         let dir = tempfile::tempdir()?;
+        let data = dir.path().join("data");
+        Self::start_in(dir, &data, labforge, namespaces, extra).await
+    }
+
+    /// Like [`Lab::start`], with its data in `data` (which `dir`, kept with the lab, may hold).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        data: &Path,
+        labforge: &Path,
+        namespaces: &[String],
+        extra: &[&str],
+    ) -> anyhow::Result<Lab> {
         let agent = labforge_tests::agent::agent_binary()?;
         let cleanup = RemoveNotebooksOnDrop(namespaces.to_vec());
-        let up = LabforgeUp::start_with(labforge, &dir.path().join("data"), &agent, extra).await?;
+        let up = LabforgeUp::start_with(labforge, data, &agent, extra).await?;
         labforge_tests::push_layout("jupyterlab", &up.registry, "labforge/jupyterlab:latest")?;
         Ok(Lab {
             up,

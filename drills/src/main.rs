@@ -4,10 +4,12 @@
 //! Not part of `make test`: `make drills` runs them all, `labforge-drills <drill>` one.
 
 mod class;
+mod disk;
 mod engine;
 mod hostile;
 mod kill;
 mod lab;
+mod soak;
 mod upstream;
 
 use clap::Parser;
@@ -22,7 +24,13 @@ struct Args {
     /// Users in the class-at-9:00 drill.
     #[arg(long, default_value_t = 30)]
     class_size: usize,
-    /// Drills to run (class, kill, engine, upstream, hostile); default: all.
+    /// Websockets in the soak.
+    #[arg(long, default_value_t = 100)]
+    soak_sockets: usize,
+    /// How long the soak runs, in seconds.
+    #[arg(long, default_value_t = 600)]
+    soak_seconds: u64,
+    /// Drills to run (class, kill, engine, upstream, soak, disk, hostile); default: all.
     drills: Vec<String>,
 }
 
@@ -81,7 +89,9 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         "{} is missing: build it (cargo build --bin labforge) or pass --labforge",
         labforge.display()
     );
-    let all = ["class", "kill", "engine", "upstream", "hostile"];
+    let all = [
+        "class", "kill", "engine", "upstream", "soak", "disk", "hostile",
+    ];
     let chosen: Vec<String> = if args.drills.is_empty() {
         all.iter().map(|d| d.to_string()).collect()
     } else {
@@ -99,6 +109,11 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             "kill" => kill::run(&labforge).await,
             "engine" => engine::run(&labforge).await,
             "upstream" => upstream::run(&labforge).await,
+            "disk" => disk::run(&labforge).await,
+            "soak" => {
+                let duration = std::time::Duration::from_secs(args.soak_seconds);
+                soak::run(&labforge, args.soak_sockets, duration).await
+            }
             _ => hostile::run(&labforge).await,
         };
         for row in rows {
