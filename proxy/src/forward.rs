@@ -483,6 +483,10 @@ impl Forwarder {
 
         // Edited in place: taking the request apart and putting it together again moved its
         // 264 bytes twice.
+        // Only a websocket's frames are followed in its tunnel; another upgrade's bytes are not.
+        let websocket = upgrade_protocol
+            .as_ref()
+            .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"));
         let headers = request.headers_mut();
         strip_hop_by_hop(headers);
         if let Some(protocol) = upgrade_protocol {
@@ -541,6 +545,7 @@ impl Forwarder {
             rule,
             client_upgrade,
             websocket_key,
+            websocket,
             revoked,
         })
     }
@@ -557,6 +562,7 @@ impl Forwarder {
             rule,
             client_upgrade,
             websocket_key,
+            websocket,
             revoked,
         } = outgoing;
         let timeout = rule.as_ref().and_then(|rule| rule.timeout());
@@ -665,7 +671,7 @@ impl Forwarder {
                     // Ends when both sides are done or one fails, or when the visitor's session
                     // ends (a tunnel must not outlive the right to open it); both sockets are
                     // dropped with it.
-                    let copying = crate::tunnel::tunnel(client_io, upstream_io);
+                    let copying = crate::tunnel::tunnel(client_io, upstream_io, websocket);
                     let revoked = async move {
                         match revoked {
                             Some(revoked) => revoked.await,
@@ -796,6 +802,8 @@ struct Outgoing {
     /// The client's side of an upgrade it asked for.
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     websocket_key: Option<HeaderValue>,
+    /// The upgrade is to a websocket (`Upgrade: websocket`).
+    websocket: bool,
     /// For an upgrade: resolves when the identity it was opened with is revoked.
     revoked: Option<Revocation>,
 }

@@ -109,10 +109,11 @@ fn going_away_frame() -> Vec<u8> {
     bytes
 }
 
-/// Relays `client` and `upstream` both ways until both are done, or one side fails. When the
-/// server's side ends without a close frame of its own, the client gets one; the client may then
-/// send its goodbye for [`CLIENT_GRACE`].
-pub(crate) async fn tunnel<C, U>(client: C, upstream: U) -> std::io::Result<()>
+/// Relays `client` and `upstream` both ways until both are done, or one side fails. For a
+/// `websocket` upgrade, when the server's side ends without a close frame of its own, the
+/// client gets one; the client may then send its goodbye for [`CLIENT_GRACE`]. Other upgrades'
+/// bytes are relayed and nothing is added.
+pub(crate) async fn tunnel<C, U>(client: C, upstream: U, websocket: bool) -> std::io::Result<()>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -131,13 +132,17 @@ where
             match upstream_read.read(&mut buffer).await {
                 Ok(0) => break Ok(()),
                 Ok(read) => {
-                    frames.feed(&buffer[..read]);
+                    if websocket {
+                        frames.feed(&buffer[..read]);
+                    }
+                    // Flushed at once: a TLS stream may hold written bytes back otherwise.
                     client_write.write_all(&buffer[..read]).await?;
+                    client_write.flush().await?;
                 }
                 Err(error) => break Err(error),
             }
         };
-        if !frames.closed() && frames.at_boundary() {
+        if websocket && !frames.closed() && frames.at_boundary() {
             let _ = client_write.write_all(&going_away_frame()).await;
         }
         let _ = client_write.shutdown().await;
@@ -149,11 +154,16 @@ where
             let _ = tokio::time::timeout(CLIENT_GRACE, to_upstream).await;
             ended
         }
-        sent = &mut to_upstream => {
-            sent?;
+        sent = &mut to_upstream => match sent {
             // The client is done sending; what the server still has goes on to it.
-            to_client.await
-        }
+            Ok(()) => to_client.await,
+            // The server stopped taking bytes (it went away): its side ends soon, and the
+            // client still gets its close frame.
+            Err(error) => {
+                let _ = tokio::time::timeout(CLIENT_GRACE, to_client).await;
+                Err(error)
+            }
+        },
     }
 }
 
@@ -218,7 +228,7 @@ mod tests {
     async fn a_server_that_vanishes_leaves_its_client_a_close_frame() {
         let (client, mut client_peer) = tokio::io::duplex(64 * 1024);
         let (upstream, mut server) = tokio::io::duplex(64 * 1024);
-        let relaying = tokio::spawn(tunnel(client, upstream));
+        let relaying = tokio::spawn(tunnel(client, upstream, true));
         server.write_all(&frame(0x1, b"first")).await.unwrap();
         // Then the server is gone without a close frame.
         drop(server);
@@ -233,7 +243,7 @@ mod tests {
         // A server cut off inside a frame: the client gets what came, and no frame after it.
         let (client, mut client_peer) = tokio::io::duplex(64 * 1024);
         let (upstream, mut server) = tokio::io::duplex(64 * 1024);
-        let relaying = tokio::spawn(tunnel(client, upstream));
+        let relaying = tokio::spawn(tunnel(client, upstream, true));
         let partial = &frame(0x2, &[9; 100])[..50];
         server.write_all(partial).await.unwrap();
         drop(server);

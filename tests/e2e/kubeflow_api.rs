@@ -265,7 +265,9 @@ async fn kubeflows_client_requests_get_every_field_it_reads() {
     let pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "my-nb-0", "namespace": "alice", "labels": {"notebook-name": "my-nb"}},
-        "spec": {"containers": [{"name": "my-nb", "image": "lab:1"}]},
+        "spec": {"containers": [{"name": "my-nb", "image": "lab:1", "env": [
+            {"name": "LABFORGE_NOTEBOOK_SECRET", "value": "s3cret"},
+            {"name": "NB_PREFIX", "value": "/notebook/alice/my-nb"}]}]},
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -277,6 +279,12 @@ async fn kubeflows_client_requests_get_every_field_it_reads() {
     let (status, pod) = api.get(Some(ALICE), &format!("{base}/pod")).await;
     assert_eq!(status, 200, "{pod}");
     check_client_reads("pod", &pod);
+    // The notebook's secret (what its route presents to its server) is not handed out.
+    let env = pod["pod"]["spec"]["containers"][0]["env"].to_string();
+    assert!(
+        env.contains("NB_PREFIX") && !env.contains("s3cret"),
+        "{env}"
+    );
     let (status, logs) = api
         .get(Some(ALICE), &format!("{base}/pod/my-nb-0/logs"))
         .await;

@@ -751,6 +751,9 @@ impl KubeflowGpus {
     }
 }
 
+/// Labels the notebook's StatefulSet, pod and events are found by: no configuration may set them.
+const RESERVED_LABELS: &[&str] = &["app", "notebook-name", "statefulset"];
+
 /// The PodDefault labels, affinity and tolerations asked for (`None`: the admin's defaults),
 /// looked up in the admin's choices; what cannot be is pushed to `errors`.
 fn extras_for(
@@ -763,13 +766,22 @@ fn extras_for(
     let mut extras = Extras::default();
     let labels = configurations.unwrap_or_else(|| choices.configurations.clone());
     for (i, label) in labels.into_iter().enumerate() {
-        if label_key_ok(&label) {
-            extras.labels.push(label);
-        } else {
+        if !label_key_ok(&label) {
             errors.push(FieldError::new(
                 format!("configurations[{i}]"),
                 format!("{label:?} is not a label key (a PodDefault's selector label)"),
             ));
+        } else if RESERVED_LABELS.contains(&label.as_str())
+            || ["kubeflow.org/", "labforge.dev/", "notebooks.kubeflow.org/"]
+                .iter()
+                .any(|prefix| label.starts_with(prefix))
+        {
+            errors.push(FieldError::new(
+                format!("configurations[{i}]"),
+                format!("{label:?} is a label the notebook's own objects select by"),
+            ));
+        } else {
+            extras.labels.push(label);
         }
     }
     let chosen = |asked: Option<String>, default: &str| {
@@ -886,7 +898,7 @@ fn label_key_ok(key: &str) -> bool {
 pub fn apply_extras(notebook: &mut Notebook, extras: Extras) {
     let labels = notebook.metadata.labels.get_or_insert_with(BTreeMap::new);
     for label in extras.labels {
-        labels.insert(label, "true".into());
+        labels.entry(label).or_insert_with(|| "true".into());
     }
     if let Some(pod) = notebook.spec.template.spec.as_mut() {
         if extras.affinity.is_some() {
@@ -1122,7 +1134,7 @@ spawnerFormDefaults:
             "workspace": {"mount": "/work", "newPvc": {"metadata": {"name": "nb-workspace"}}},
             "datavols": [{"mount": "/d", "existingSource": {"nfs": {"server": "x", "path": "/"}}},
                          {"mount": "/e", "newPvc": {"metadata": {"name": "e"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "1Gi"}}}}}],
-            "configurations": ["not a label"], "affinityConfig": "nope", "tolerationGroup": "nope",
+            "configurations": ["not a label", "app"], "affinityConfig": "nope", "tolerationGroup": "nope",
             "environment": "[1]",
         });
         let errors = request_from_form(form(body), "team", &config()).unwrap_err();
@@ -1134,6 +1146,7 @@ spawnerFormDefaults:
             "datavols[0].existingSource",
             "datavols[1].newPvc.spec.storageClassName",
             "configurations[0]",
+            "configurations[1]",
             "affinityConfig",
             "tolerationGroup",
             "environment",

@@ -201,6 +201,13 @@ async fn pod_defaults(
                 .map_or(name, str::to_owned);
             value["label"] = label.into();
             value["desc"] = desc.into();
+            // What it sets, by name: a value may be a credential.
+            if let Some(env) = value.pointer_mut("/spec/env").and_then(Value::as_array_mut) {
+                for var in env {
+                    let name = var["name"].clone();
+                    *var = json!({ "name": name });
+                }
+            }
             value
         })
         .collect();
@@ -232,7 +239,9 @@ async fn pod(
                     .and_then(|l| l.get("notebook-name"))
                     == Some(&name)
             });
-            serde_json::to_value(found.ok_or_else(no_pod)?).unwrap_or_default()
+            let mut pod = serde_json::to_value(found.ok_or_else(no_pod)?).unwrap_or_default();
+            redact_secret(&mut pod);
+            pod
         }
         Workloads::Engine(_) => {
             if notebook.is_stopped() {
@@ -259,6 +268,19 @@ async fn pod(
         }
     };
     answer(&user, json!({ "pod": pod }))
+}
+
+/// The notebook's own secret (what its route presents to its server) out of a pod's containers:
+/// a viewer of the namespace may read the pod, not open its server past the proxy.
+fn redact_secret(pod: &mut Value) {
+    let containers = pod
+        .pointer_mut("/spec/containers")
+        .and_then(Value::as_array_mut);
+    for container in containers.into_iter().flatten() {
+        if let Some(env) = container.get_mut("env").and_then(Value::as_array_mut) {
+            env.retain(|var| var["name"] != labforge_notebook_controller::secret::SECRET_ENV);
+        }
+    }
 }
 
 /// The most log lines one answer carries.

@@ -330,9 +330,10 @@ pub fn route(
 }
 
 /// Where a notebook's server says it is up, and what it answers there: Jupyter's version at
-/// `<prefix>/api`, code-server's heartbeat at `<root>/healthz`, RStudio's `<root>` page. Any
-/// other answer (an image that serves the other IDE, or nothing like either) is not ready, so
-/// "ready" means the server the user chose answers.
+/// `<prefix>/api`, code-server's heartbeat at `<root>/healthz`. Any other answer (an image that
+/// serves the other IDE, or nothing like either) is not ready, so "ready" means the server the
+/// user chose answers. RStudio has no such endpoint: any answer at `<root>` but a server error
+/// counts.
 pub fn readiness_check(notebook: &Notebook) -> (ServerType, String, &'static str) {
     let namespace = notebook.metadata.namespace.as_deref().unwrap_or_default();
     let name = notebook.metadata.name.as_deref().unwrap_or_default();
@@ -897,7 +898,6 @@ impl Runtime {
         loop {
             if let Err(err) = self.clone().reconcile_all().await {
                 tracing::warn!(error = %err, "reconciling notebook containers");
-                self.engine_unavailable(&err);
             }
             let wake = tokio::time::sleep(RESYNC);
             tokio::pin!(wake);
@@ -915,7 +915,13 @@ impl Runtime {
 
     /// One pass: every stored notebook against every managed container.
     pub async fn reconcile_all(self: Arc<Self>) -> Result<(), EngineError> {
-        let containers = self.engine.containers().await?;
+        let containers = match self.engine.containers().await {
+            Ok(containers) => containers,
+            Err(err) => {
+                self.engine_unavailable(&err);
+                return Err(err);
+            }
+        };
         let mut by_notebook: BTreeMap<(String, String), RunningContainer> = BTreeMap::new();
         for container in containers {
             by_notebook.insert(container.notebook.clone(), container);
@@ -989,7 +995,9 @@ impl Runtime {
             notebook.metadata.namespace.as_deref().unwrap_or_default(),
             notebook.metadata.name.as_deref().unwrap_or_default(),
         );
-        if notebook.status.as_ref() == Some(&status) {
+        // Against the stored status, not `notebook`'s: a pass may have written one since.
+        let stored = self.store.get(ns, name);
+        if stored.is_some_and(|nb| nb.status.as_ref() == Some(&status)) {
             return;
         }
         if let Err(err) = self.store.update(ns, name, |nb| nb.status = Some(status)) {

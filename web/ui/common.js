@@ -182,7 +182,9 @@ export function pageLink(path, ns, params = {}) {
 /**
  * Inside Kubeflow's central dashboard (a parent frame of this origin): the dashboard answers
  * `iframe-connected` with its namespace selector's value, and sends it again on every change.
- * The list and the form follow it; a notebook's page goes back to the list of the new namespace.
+ * The list and the form follow it. Other pages (a notebook's, the admin's, an error) stay: the
+ * dashboard sends its namespace on every load, and following it there would leave the page, or
+ * loop on a namespace the user may not open.
  */
 function followDashboardNamespace() {
   if (window.parent === window || !document.body.dataset.namespace) return;
@@ -191,7 +193,7 @@ function followDashboardNamespace() {
     const { type, value } = event.data || {};
     if (type !== 'namespace-selected' || typeof value !== 'string' || !value) return;
     const { namespace, page } = document.body.dataset;
-    if (value === namespace || page === 'admin') return;
+    if (value === namespace || !['notebooks', 'new'].includes(page)) return;
     location.href = pageLink(page === 'new' ? 'new' : './', value);
   });
   window.parent.postMessage({ type: 'iframe-connected' }, location.origin);
