@@ -6,6 +6,7 @@
 mod class;
 mod disk;
 mod engine;
+mod fuzz;
 mod hostile;
 mod kill;
 mod lab;
@@ -30,7 +31,10 @@ struct Args {
     /// How long the soak runs, in seconds.
     #[arg(long, default_value_t = 600)]
     soak_seconds: u64,
-    /// Drills to run (class, kill, engine, upstream, soak, disk, hostile); default: all.
+    /// How long each fuzz target runs, in seconds.
+    #[arg(long, default_value_t = 60)]
+    fuzz_seconds: u64,
+    /// Drills to run (class, kill, engine, upstream, soak, disk, hostile, fuzz); default: all.
     drills: Vec<String>,
 }
 
@@ -90,7 +94,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         labforge.display()
     );
     let all = [
-        "class", "kill", "engine", "upstream", "soak", "disk", "hostile",
+        "class", "kill", "engine", "upstream", "soak", "disk", "hostile", "fuzz",
     ];
     let chosen: Vec<String> = if args.drills.is_empty() {
         all.iter().map(|d| d.to_string()).collect()
@@ -110,6 +114,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             "engine" => engine::run(&labforge).await,
             "upstream" => upstream::run(&labforge).await,
             "disk" => disk::run(&labforge).await,
+            "fuzz" => fuzz::run(std::time::Duration::from_secs(args.fuzz_seconds)).await,
             "soak" => {
                 let duration = std::time::Duration::from_secs(args.soak_seconds);
                 soak::run(&labforge, args.soak_sockets, duration).await
