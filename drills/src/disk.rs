@@ -129,10 +129,7 @@ async fn drill(labforge: &Path) -> anyhow::Result<String> {
     )
     .await?;
     let user = lab.user(&namespace).await?;
-    let (status, body) = user.create("before").await?;
-    ensure!(status == 201, "create answered {status}: {body}");
-    user.wait_for("before", "ready", Duration::from_secs(180))
-        .await?;
+    user.ready_notebook("before").await?;
     crate::lab::podman(&[
         "exec",
         &format!("labforge-{namespace}_before"),

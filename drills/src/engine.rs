@@ -80,10 +80,9 @@ fn write_executable(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A ready notebook's container.
 async fn ready_notebook(user: &Session, name: &str) -> anyhow::Result<String> {
-    let (status, body) = user.create(name).await?;
-    ensure!(status == 201, "create answered {status}: {body}");
-    user.wait_for(name, "ready", RECOVER).await?;
+    user.ready_notebook(name).await?;
     Ok(format!("labforge-{}_{name}", user.user))
 }
 

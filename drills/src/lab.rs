@@ -163,6 +163,15 @@ impl Session {
         .await
     }
 
+    /// Creates notebook `name` (without a workspace) and waits until it is ready.
+    pub async fn ready_notebook(&self, name: &str) -> anyhow::Result<()> {
+        let (status, body) = self.create(name).await?;
+        anyhow::ensure!(status == 201, "create of {name} answered {status}: {body}");
+        self.wait_for(name, "ready", Duration::from_secs(180))
+            .await?;
+        Ok(())
+    }
+
     /// The notebook's state, `None` when it does not exist.
     pub async fn state(&self, name: &str) -> anyhow::Result<Option<(String, String)>> {
         let (status, body) = self.get(&self.notebook_path(name)).await?;

@@ -91,10 +91,7 @@ async fn drill(labforge: &Path, sockets: usize, duration: Duration) -> anyhow::R
     )
     .await?;
     let user = lab.user(&namespace).await?;
-    let (status, body) = user.create("soak").await?;
-    ensure!(status == 201, "create answered {status}: {body}");
-    user.wait_for("soak", "ready", Duration::from_secs(180))
-        .await?;
+    user.ready_notebook("soak").await?;
     let base = format!("{}/notebook/{namespace}/soak", lab.up.url);
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert("cookie", user.cookie.parse()?);

@@ -62,10 +62,7 @@ async fn drill(labforge: &Path) -> anyhow::Result<String> {
     )
     .await?;
     let user = lab.user(&namespace).await?;
-    let (status, body) = user.create("dies").await?;
-    ensure!(status == 201, "create answered {status}: {body}");
-    user.wait_for("dies", "ready", Duration::from_secs(180))
-        .await?;
+    user.ready_notebook("dies").await?;
     let fds_before = lab.open_fds();
     let base = format!("{}/notebook/{namespace}/dies", lab.up.url);
     let mut headers = reqwest::header::HeaderMap::new();

@@ -142,21 +142,23 @@ async fn kubeflow_cluster() -> FakeApiServer {
     server
 }
 
-async fn web_under_jupyter(server: &FakeApiServer) -> WebApp {
+/// The web app as the Kubeflow overlay runs it: under `/jupyter/`, with Kubeflow's own spawner
+/// config.
+fn under_jupyter() -> WebOptions {
     let spawner =
         SpawnerConfig::parse(&std::fs::read_to_string(fixture("spawner_ui_config.yaml")).unwrap())
             .unwrap();
-    WebApp::serve(
-        server,
-        WebOptions {
-            header: TrustedHeader::default(),
-            spawner,
-            save_registry: None,
-            notebook_domain: None,
-            base_path: BasePath::parse("/jupyter/").unwrap(),
-        },
-    )
-    .await
+    WebOptions {
+        header: TrustedHeader::default(),
+        spawner,
+        save_registry: None,
+        notebook_domain: None,
+        base_path: BasePath::parse("/jupyter/").unwrap(),
+    }
+}
+
+async fn web_under_jupyter(server: &FakeApiServer) -> WebApp {
+    WebApp::serve(server, under_jupyter()).await
 }
 
 #[tokio::test]
@@ -524,18 +526,9 @@ async fn pages_links_and_redirects_stay_under_the_base_path() {
 #[tokio::test]
 async fn the_pages_follow_the_dashboards_namespace_inside_its_iframe() {
     let server = kubeflow_cluster().await;
-    let spawner =
-        SpawnerConfig::parse(&std::fs::read_to_string(fixture("spawner_ui_config.yaml")).unwrap())
-            .unwrap();
     let app = labforge_web::cluster::router(
         crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
-        WebOptions {
-            header: TrustedHeader::default(),
-            spawner,
-            save_registry: None,
-            notebook_domain: None,
-            base_path: BasePath::parse("/jupyter/").unwrap(),
-        },
+        under_jupyter(),
     )
     .await;
     // The central dashboard's part, on the same origin: the app in an iframe, and its namespace

@@ -1288,27 +1288,23 @@ const ENGINE_UNAVAILABLE: &str = "EngineUnavailable";
 /// The Ready condition's reason while a container started again after going away is not ready.
 const RESTARTING: &str = "Restarting";
 
-/// The reason of a notebook's Ready condition.
-fn condition_reason(notebook: &Notebook) -> Option<&str> {
+/// A notebook's Ready condition.
+fn ready_condition(notebook: &Notebook) -> Option<&NotebookCondition> {
     notebook
         .status
         .as_ref()?
         .conditions
         .iter()
-        .find(|c| c.type_ == "Ready")?
-        .reason
-        .as_deref()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// The reason of a notebook's Ready condition.
+fn condition_reason(notebook: &Notebook) -> Option<&str> {
+    ready_condition(notebook)?.reason.as_deref()
 }
 
 fn condition_message(notebook: &Notebook) -> Option<String> {
-    notebook
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?
-        .message
-        .clone()
+    ready_condition(notebook)?.message.clone()
 }
 
 fn condition(kind: &str, status: bool, reason: &str, message: &str) -> NotebookCondition {
