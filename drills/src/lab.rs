@@ -100,6 +100,8 @@ impl Session {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(60))
+            // Let go of idle connections before the proxy closes them (after 30 s).
+            .pool_idle_timeout(Duration::from_secs(20))
             .build()?;
         let response = http
             .post(format!("{base}/api/login"))

@@ -22,7 +22,11 @@ pub struct Session {
 impl Session {
     pub async fn sign_in(up: &LabforgeUp, user: &str, password: &str) -> Self {
         let certificate = up.certificate();
-        let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+        // Idle connections are let go before the proxy closes them (after 30 s without a
+        // request): a request sent on one the proxy is closing fails (IncompleteMessage).
+        let mut http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(std::time::Duration::from_secs(20));
         if let Some(pem) = &certificate {
             http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap());
         }
