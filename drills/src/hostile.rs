@@ -89,13 +89,62 @@ async fn settled_fds(lab: &Lab, baseline: usize) -> anyhow::Result<usize> {
     }
 }
 
-async fn login_flood(lab: &Lab, user: &Session) -> anyhow::Result<String> {
+/// What a flood left: the attackers' own results, the signed-in user's round trips meanwhile
+/// (p50 and p95 in seconds), labforge's peak RSS and descriptors, and its descriptors once settled.
+struct Flooded<T> {
+    attackers: Vec<T>,
+    p50: f64,
+    p95: f64,
+    rss: (f64, f64),
+    fds: (usize, usize, usize),
+}
+
+/// Runs `attackers` (each told by the flag when to stop) for `duration` while the user keeps
+/// working and labforge is sampled; fails when the user's p95 reaches 1 s or the descriptors do
+/// not come back.
+async fn flood<A, F>(
+    lab: &Lab,
+    user: &Session,
+    duration: Duration,
+    attacker: A,
+) -> anyhow::Result<Flooded<F::Output>>
+where
+    A: Fn(usize, Arc<AtomicBool>) -> F,
+    F: std::future::Future,
+{
     let (fds_before, rss_before) = (lab.open_fds(), lab.resident_mib());
     let stop = Arc::new(AtomicBool::new(false));
     let working = user_keeps_working(user, stop.clone());
+    let attackers = futures::future::join_all((0..ATTACKERS).map(|i| attacker(i, stop.clone())));
+    let timer = async {
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let mut peak = (rss_before, fds_before);
+    let sample = async {
+        while !stop.load(Ordering::Relaxed) {
+            peak = (peak.0.max(lab.resident_mib()), peak.1.max(lab.open_fds()));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let (took, attackers, (), ()) = tokio::join!(working, attackers, timer, sample);
+    let mut took = took?;
+    let p95 = percentile(&mut took, 0.95);
+    ensure!(p95 < 1.0, "the user's p95 was {p95:.2} s during the flood");
+    let fds_after = settled_fds(lab, fds_before).await?;
+    Ok(Flooded {
+        attackers,
+        p50: percentile(&mut took, 0.5),
+        p95,
+        rss: (rss_before, peak.0),
+        fds: (fds_before, peak.1, fds_after),
+    })
+}
+
+async fn login_flood(lab: &Lab, user: &Session) -> anyhow::Result<String> {
     let url = format!("{}/api/login", lab.up.url);
-    let attackers = (0..ATTACKERS).map(|i| {
-        let (url, stop) = (url.clone(), stop.clone());
+    let flooded = flood(lab, user, FLOOD, |i, stop| {
+        let url = url.clone();
         async move {
             let http = reqwest::Client::new();
             let mut answers = Vec::new();
@@ -111,25 +160,9 @@ async fn login_flood(lab: &Lab, user: &Session) -> anyhow::Result<String> {
             }
             answers
         }
-    });
-    let flood = futures::future::join_all(attackers);
-    let timer = {
-        let stop = stop.clone();
-        async move {
-            tokio::time::sleep(FLOOD).await;
-            stop.store(true, Ordering::Relaxed);
-        }
-    };
-    let mut peak_rss = rss_before;
-    let sample = async {
-        while !stop.load(Ordering::Relaxed) {
-            peak_rss = peak_rss.max(lab.resident_mib());
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    };
-    let (mut took, answers, (), ()) = tokio::join!(working, flood, timer, sample);
-    let took = took.as_mut().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let answers: Vec<u16> = answers.into_iter().flatten().collect();
+    })
+    .await?;
+    let answers: Vec<u16> = flooded.attackers.into_iter().flatten().collect();
     let unexpected: Vec<u16> = answers
         .iter()
         .copied()
@@ -140,25 +173,23 @@ async fn login_flood(lab: &Lab, user: &Session) -> anyhow::Result<String> {
         "flood answers outside 401/429/503: {:?}",
         &unexpected[..unexpected.len().min(10)]
     );
-    let p95 = percentile(took, 0.95);
-    ensure!(p95 < 1.0, "the user's p95 was {p95:.2} s during the flood");
-    let fds_after = settled_fds(lab, fds_before).await?;
     let count = |code: u16| answers.iter().filter(|s| **s == code).count();
     Ok(format!(
-        "{} attempts: {} × 401, {} × 429, {} × 503; user p50 {:.0} ms, p95 {:.0} ms; RSS {rss_before:.0} → peak {peak_rss:.0} MiB; fds {fds_before} → {fds_after}",
+        "{} attempts: {} × 401, {} × 429, {} × 503; user p50 {:.0} ms, p95 {:.0} ms; RSS {:.0} → peak {:.0} MiB; fds {} → {}",
         answers.len(),
         count(401),
         count(429),
         count(503),
-        percentile(took, 0.5) * 1000.0,
-        p95 * 1000.0,
+        flooded.p50 * 1000.0,
+        flooded.p95 * 1000.0,
+        flooded.rss.0,
+        flooded.rss.1,
+        flooded.fds.0,
+        flooded.fds.2,
     ))
 }
 
 async fn slow_bodies(lab: &Lab, user: &Session) -> anyhow::Result<String> {
-    let (fds_before, rss_before) = (lab.open_fds(), lab.resident_mib());
-    let stop = Arc::new(AtomicBool::new(false));
-    let working = user_keeps_working(user, stop.clone());
     let address = lab
         .up
         .url
@@ -167,8 +198,8 @@ async fn slow_bodies(lab: &Lab, user: &Session) -> anyhow::Result<String> {
         .unwrap_or_default();
     let host = address.split(':').next().unwrap_or("localhost").to_owned();
     let port: u16 = address.rsplit(':').next().unwrap_or_default().parse()?;
-    let attackers = (0..ATTACKERS).map(|_| {
-        let (stop, host) = (stop.clone(), host.clone());
+    let flooded = flood(lab, user, TRICKLE, |_, stop| {
+        let host = host.clone();
         async move {
             let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
                 return false;
@@ -188,37 +219,21 @@ async fn slow_bodies(lab: &Lab, user: &Session) -> anyhow::Result<String> {
             }
             false
         }
-    });
-    let flood = futures::future::join_all(attackers);
-    let timer = {
-        let stop = stop.clone();
-        async move {
-            tokio::time::sleep(TRICKLE).await;
-            stop.store(true, Ordering::Relaxed);
-        }
-    };
-    let mut peak = (rss_before, fds_before);
-    let sample = async {
-        while !stop.load(Ordering::Relaxed) {
-            peak = (peak.0.max(lab.resident_mib()), peak.1.max(lab.open_fds()));
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    };
-    let (mut took, cut, (), ()) = tokio::join!(working, flood, timer, sample);
-    let took = took.as_mut().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let p95 = percentile(took, 0.95);
-    ensure!(p95 < 1.0, "the user's p95 was {p95:.2} s during the flood");
-    let cut = cut.iter().filter(|c| **c).count();
+    })
+    .await?;
+    let cut = flooded.attackers.iter().filter(|c| **c).count();
     ensure!(
         cut == ATTACKERS,
         "only {cut} of {ATTACKERS} trickles were cut off"
     );
-    let fds_after = settled_fds(lab, fds_before).await?;
     Ok(format!(
-        "{cut} of {ATTACKERS} cut off by the server; user p50 {:.0} ms, p95 {:.0} ms; RSS {rss_before:.0} → peak {:.0} MiB; fds {fds_before} → peak {} → {fds_after}",
-        percentile(took, 0.5) * 1000.0,
-        p95 * 1000.0,
-        peak.0,
-        peak.1,
+        "{cut} of {ATTACKERS} cut off by the server; user p50 {:.0} ms, p95 {:.0} ms; RSS {:.0} → peak {:.0} MiB; fds {} → peak {} → {}",
+        flooded.p50 * 1000.0,
+        flooded.p95 * 1000.0,
+        flooded.rss.0,
+        flooded.rss.1,
+        flooded.fds.0,
+        flooded.fds.1,
+        flooded.fds.2,
     ))
 }

@@ -49,6 +49,26 @@ impl Lab {
         })
     }
 
+    /// A lab serving notebooks under its own host's paths (`--notebook-paths`), whose one user
+    /// (namespace `<drill>-<pid>`) has notebook `name` ready; with that notebook's URL.
+    pub async fn with_notebook_at_path(
+        labforge: &Path,
+        drill: &str,
+        name: &str,
+    ) -> anyhow::Result<(Lab, Session, String)> {
+        let namespace = format!("{drill}-{:x}", std::process::id());
+        let lab = Lab::start(
+            labforge,
+            std::slice::from_ref(&namespace),
+            &["--notebook-paths"],
+        )
+        .await?;
+        let user = lab.user(&namespace).await?;
+        user.ready_notebook(name).await?;
+        let url = format!("{}/notebook/{namespace}/{name}", lab.up.url);
+        Ok((lab, user, url))
+    }
+
     /// A new user, signed in.
     pub async fn user(&self, name: &str) -> anyhow::Result<Session> {
         let password = self.up.add_user(name)?;

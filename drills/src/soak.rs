@@ -83,16 +83,7 @@ async fn echo_every_second(
 }
 
 async fn drill(labforge: &Path, sockets: usize, duration: Duration) -> anyhow::Result<String> {
-    let namespace = format!("soak-{:x}", std::process::id());
-    let lab = Lab::start(
-        labforge,
-        std::slice::from_ref(&namespace),
-        &["--notebook-paths"],
-    )
-    .await?;
-    let user = lab.user(&namespace).await?;
-    user.ready_notebook("soak").await?;
-    let base = format!("{}/notebook/{namespace}/soak", lab.up.url);
+    let (lab, user, base) = Lab::with_notebook_at_path(labforge, "soak", "soak").await?;
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert("cookie", user.cookie.parse()?);
     let client = JupyterClient::connect_with_headers(&base, headers).await?;

@@ -54,17 +54,8 @@ async fn ending(socket: &mut Socket) -> String {
 }
 
 async fn drill(labforge: &Path) -> anyhow::Result<String> {
-    let namespace = format!("upstream-{:x}", std::process::id());
-    let lab = Lab::start(
-        labforge,
-        std::slice::from_ref(&namespace),
-        &["--notebook-paths"],
-    )
-    .await?;
-    let user = lab.user(&namespace).await?;
-    user.ready_notebook("dies").await?;
+    let (lab, user, base) = Lab::with_notebook_at_path(labforge, "upstream", "dies").await?;
     let fds_before = lab.open_fds();
-    let base = format!("{}/notebook/{namespace}/dies", lab.up.url);
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert("cookie", user.cookie.parse()?);
     let client = JupyterClient::connect_with_headers(&base, headers).await?;
@@ -91,7 +82,7 @@ async fn drill(labforge: &Path) -> anyhow::Result<String> {
     ];
     let fds_open = lab.open_fds();
     let killed = Instant::now();
-    podman(&["kill", &format!("labforge-{namespace}_dies")])?;
+    podman(&["kill", &format!("labforge-{}_dies", user.user)])?;
     let mut endings = Vec::new();
     for (what, socket) in &mut sockets {
         endings.push(format!("{what}: {}", ending(socket).await));

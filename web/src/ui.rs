@@ -107,11 +107,7 @@ fn page(
     let nav = match &viewer {
         Some(Viewer { user, namespace }) => {
             // Another namespace than the user's own stays chosen from page to page.
-            let query = if *namespace == user.namespace {
-                String::new()
-            } else {
-                format!("?ns={}", escape(&query_value(namespace)))
-            };
+            let query = escape(&namespace_query(user, namespace));
             let admin = if user.admin {
                 r#"<a href="admin">Admin</a>"#
             } else {
