@@ -10,6 +10,7 @@ mod fuzz;
 mod hostile;
 mod kill;
 mod lab;
+mod schema;
 mod soak;
 mod upstream;
 
@@ -34,7 +35,7 @@ struct Args {
     /// How long each fuzz target runs, in seconds.
     #[arg(long, default_value_t = 60)]
     fuzz_seconds: u64,
-    /// Drills to run (class, kill, engine, upstream, soak, disk, hostile, fuzz); default: all.
+    /// Drills to run (class, kill, engine, upstream, soak, disk, hostile, schema, fuzz); default: all.
     drills: Vec<String>,
 }
 
@@ -94,7 +95,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         labforge.display()
     );
     let all = [
-        "class", "kill", "engine", "upstream", "soak", "disk", "hostile", "fuzz",
+        "class", "kill", "engine", "upstream", "soak", "disk", "hostile", "schema", "fuzz",
     ];
     let chosen: Vec<String> = if args.drills.is_empty() {
         all.iter().map(|d| d.to_string()).collect()
@@ -114,6 +115,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             "engine" => engine::run(&labforge).await,
             "upstream" => upstream::run(&labforge).await,
             "disk" => disk::run(&labforge).await,
+            "schema" => schema::run(&labforge).await,
             "fuzz" => fuzz::run(std::time::Duration::from_secs(args.fuzz_seconds)).await,
             "soak" => {
                 let duration = std::time::Duration::from_secs(args.soak_seconds);

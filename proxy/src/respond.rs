@@ -83,7 +83,15 @@ pub fn error_response(error: &ProxyError, json: bool, app: &str) -> Response<Ful
     let (content_type, body) = if json {
         (
             "application/json",
-            serde_json::json!({ "status": status.as_u16(), "message": message }).to_string(),
+            // Jupyter's clients read `message`; the web app's read its own error shape.
+            serde_json::json!({
+                "status": status.as_u16(),
+                "message": message,
+                "error": message,
+                "log": message,
+                "success": false,
+            })
+            .to_string(),
         )
     } else {
         let reason = status.canonical_reason().unwrap_or("Error");
@@ -130,6 +138,7 @@ fn html_escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt as _;
 
     #[test]
     fn api_clients_get_json_and_browsers_get_a_page() {
@@ -145,8 +154,8 @@ mod tests {
         assert!(!wants_json(&headers, "/notebook/a/b/api/kernels"));
     }
 
-    #[test]
-    fn pages_carry_status_and_message() {
+    #[tokio::test]
+    async fn pages_carry_status_and_message() {
         let page = error_response(&ProxyError::NoRoute, false, "//lab.example:8080/jupyter/");
         assert_eq!(page.status(), StatusCode::NOT_FOUND);
         assert_eq!(
@@ -156,6 +165,16 @@ mod tests {
         let json = error_response(&ProxyError::Forbidden, true, "/");
         assert_eq!(json.status(), StatusCode::FORBIDDEN);
         assert_eq!(json.headers()[header::CONTENT_TYPE], "application/json");
+        let body = json.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["status"], 403);
+        assert_eq!(body["success"], false);
+        assert_eq!(body["message"], body["error"]);
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("do not have access"))
+        );
         let unauthenticated = error_response(&ProxyError::Unauthenticated, true, "/");
         assert!(
             unauthenticated

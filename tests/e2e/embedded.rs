@@ -631,6 +631,33 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     let image = format!("/api/namespaces/{alice}/images?image=example.com/x:1");
     assert_eq!(b.delete(&image).await.0, 403);
     assert_eq!(a.delete(&image).await.0, 404);
+    // A query or path that cannot be read is refused in the API's error shape, naming what is
+    // wrong, whether the app or the proxy in front of it refuses it.
+    let refusals = [
+        (
+            a.delete(&format!("/api/namespaces/{alice}/images")).await,
+            "image",
+        ),
+        (
+            a.get(&format!("{notebooks}/lab/logs?tail=many")).await,
+            "tail",
+        ),
+        (
+            a.get(&format!("{notebooks}/%16/pod")).await,
+            "control character",
+        ),
+    ];
+    for ((code, refused), named) in refusals {
+        assert_eq!(code, 400, "{refused}");
+        assert_eq!(refused["success"], false, "{refused}");
+        assert!(
+            refused["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(named),
+            "{refused}"
+        );
+    }
     for (session, ns) in [(&b, &bob), (&a, &alice)] {
         let name = if ns == &alice {
             "nope"

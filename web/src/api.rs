@@ -20,7 +20,7 @@ use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_tokens};
 use crate::validate::{FieldError, FieldErrors, image_reference, notebook_from_request};
 use axum::body::Body;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -146,6 +146,24 @@ impl IntoResponse for Failure {
 impl From<JsonRejection> for Failure {
     fn from(rejection: JsonRejection) -> Self {
         Self::new(rejection.status(), rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for Failure {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, rejection.body_text())
+    }
+}
+
+/// A query string read into `T`; one that cannot be is refused in the API's error shape.
+struct ApiQuery<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
+        let Query(query) = Query::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(query))
     }
 }
 
@@ -836,7 +854,7 @@ async fn logs(
     user: SignedIn,
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
-    Query(query): Query<LogQuery>,
+    ApiQuery(query): ApiQuery<LogQuery>,
 ) -> ApiResult<Response> {
     user.may(&state, Verb::Get, &ns).await?;
     let notebook = find(&state, &ns, &name).await?;
@@ -1106,7 +1124,7 @@ async fn delete_saved_image(
     user: SignedIn,
     State(state): State<ApiState>,
     Path(ns): Path<String>,
-    Query(query): Query<ImageQuery>,
+    ApiQuery(query): ApiQuery<ImageQuery>,
 ) -> ApiResult<StatusCode> {
     use crate::saves::DeleteImageError;
     user.may(&state, Verb::Delete, &ns).await?;
@@ -1213,12 +1231,12 @@ fn idle_holding_gpus(view: &NotebookView, idle_after: std::time::Duration) -> bo
 async fn admin_notebooks(
     user: SignedIn,
     State(state): State<ApiState>,
-    query: Result<Query<AdminQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<AdminQuery>, QueryRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     if !state.access.may(&user.0, Verb::List, None).await {
         return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
     }
-    let Query(query) = query.map_err(|e| Failure::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(query) = query?;
     let notebooks: Vec<NotebookView> = state
         .backend
         .list(query.namespace.as_deref())
