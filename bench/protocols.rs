@@ -1,12 +1,10 @@
 //! HTTP/2 and TLS through the proxies, which wrk (HTTP/1.1 in clear) cannot send: h2load
-//! (nghttp2) is the client, for the benchmark's protocol table and for `--train`.
+//! (nghttp2) is the client, for the benchmark's protocol table.
 //!
 //! labforge takes HTTP/2 with prior knowledge on its clear listener and, given a certificate,
 //! TLS with HTTP/2 or HTTP/1.1 by ALPN; nginx gets the same listeners (HTTP/2 in clear on one of
 //! its own). Both talk HTTP/1.1 to the upstream either way, so the table shows what each protocol
 //! costs a proxy in front of a notebook. configurable-http-proxy is left out: it takes no HTTP/2.
-//! The measured builds include a profile-guided one, trained on these loads too: the table would
-//! show a protocol its profile had left cold.
 
 use crate::{
     CONNECTIONS, Certificate, Listen, LoadRun, Routes, Running, THREADS, USER, in_turn,
@@ -259,48 +257,4 @@ pub fn measure(
             );
         }
     }
-}
-
-/// `--train`'s HTTP/2 and TLS, each protocol for `seconds`: HTTP/2 in clear to `clear`, the
-/// recording proxy already serving, and both protocols under TLS to an instance of `proxy` (a
-/// recording build) started on a TLS listener. Fails unless every answer was 2xx and that
-/// instance stopped by itself (a killed proxy writes no profile).
-pub fn train(
-    proxy: &Path,
-    clear: &Running,
-    certificate: &Certificate,
-    dir: &Path,
-    routes: &Routes,
-    seconds: u32,
-) {
-    let mut tls = start_labforge(
-        "labforge (recording, TLS)",
-        proxy,
-        dir,
-        routes,
-        Listen::Tls(certificate),
-    );
-    for protocol in Protocol::ALL {
-        let port = if protocol.tls() { tls.port } else { clear.port };
-        let run = h2load(protocol, port, &routes.measured(), seconds, dir);
-        eprintln!(
-            "train, {} route(s), {}: {} requests, {} failed or not 2xx",
-            routes.count,
-            protocol.label(),
-            run.requests,
-            run.errors
-        );
-        assert!(
-            run.requests > 0 && run.errors == 0,
-            "training with {} route(s), {}: {} of {} requests failed or not 2xx",
-            routes.count,
-            protocol.label(),
-            run.errors,
-            run.requests
-        );
-    }
-    assert!(
-        tls.stop(),
-        "the TLS proxy did not stop by itself: it wrote no profile"
-    );
 }

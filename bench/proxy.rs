@@ -21,12 +21,12 @@
 //!   nginx, with h2load as the client ([`protocols`]);
 //! - labforge's open descriptors before and after 10,000 requests to a refused upstream.
 //!
-//! labforge is the proxy as it ships when `LABFORGE_PROXY_BIN` names it (`scripts/build-proxy`'s
-//! profile-guided build), with the plain release build beside it; the plain build alone otherwise.
-//! `--train <proxy>` sends `proxy` the traffic that build is optimized for, and nothing else.
+//! labforge is the release build of `labforge-proxy`, as the image ships it. `LABFORGE_PROXY_BIN`
+//! names another build to measure beside it in the same rounds (another Cargo profile, another
+//! commit).
 //!
-//!   bench/setup     # nginx, wrk, h2load, configurable-http-proxy, llvm-profdata (make bench runs it)
-//!   LABFORGE_PROXY_BIN=$(scripts/build-proxy) cargo bench --bench proxy [-- SECONDS [ROUNDS]]
+//!   bench/setup     # nginx, wrk, h2load, configurable-http-proxy (make bench runs it)
+//!   cargo bench --bench proxy [-- SECONDS [ROUNDS]]
 
 mod hyper_floor;
 mod protocols;
@@ -42,10 +42,6 @@ use tokio_tungstenite::tungstenite::Message;
 const CONNECTIONS: u32 = 64;
 const THREADS: u32 = 2;
 const USER: &str = "bench@example.com";
-/// A signed-in user who is no member of the bench's namespace.
-const OTHER: &str = "other@example.com";
-/// Websocket echoes of each of `--train`'s four connections, after [`WS_WARM_UP`].
-const TRAINING_ECHOES: usize = 2000;
 /// Websocket echoes before [`ws_round_trips`] times any.
 const WS_WARM_UP: usize = 100;
 const CHP: &str = "/opt/labforge/chp/node_modules/.bin/configurable-http-proxy";
@@ -84,7 +80,7 @@ fn serve_each_connection<Served>(
 static UPSTREAM_THREAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// A small fixed response, keep-alive, from a one-thread hyper server, after reading the request's
-/// body (there is none but in `--train`'s uploads).
+/// body (the bench sends none).
 fn start_upstream() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
     let addr = listener.local_addr().expect("upstream addr");
@@ -154,8 +150,7 @@ struct Routes {
 }
 
 impl Routes {
-    /// The two tables each run measures (and `--train` trains with): one notebook's route, and
-    /// 10,000 notebooks' routes.
+    /// The two tables each run measures: one notebook's route, and 10,000 notebooks' routes.
     fn both(upstream: SocketAddr, echo: SocketAddr, refused: u16) -> [Routes; 2] {
         [1, 10_000].map(|count| Routes {
             count,
@@ -243,12 +238,11 @@ fn wait_port(port: u16) {
     }
 }
 
-/// The labforge proxy built as it ships: `scripts/build-proxy`'s profile-guided build, whose path
-/// that script passes in `LABFORGE_PROXY_BIN`.
-const SHIPPED_PROXY: &str = "LABFORGE_PROXY_BIN";
+/// Another build of the proxy to measure beside the release one.
+const OTHER_PROXY: &str = "LABFORGE_PROXY_BIN";
 
-/// The proxy-only binary cargo builds for this bench: the release profile without a profile.
-const PLAIN_PROXY: &str = env!("CARGO_BIN_EXE_labforge-proxy");
+/// The proxy-only binary cargo builds for this bench: the release profile, as the image ships it.
+const RELEASE_PROXY: &str = env!("CARGO_BIN_EXE_labforge-proxy");
 
 /// A self-signed certificate for `localhost` and its key, for the proxies' TLS listeners.
 struct Certificate {
@@ -784,19 +778,18 @@ fn start_hyper_floor(routes: &Routes) -> Running {
     Running::serving("hyper alone (floor)", &mut command, port)
 }
 
-/// labforge's builds, named: the shipped one and the plain one beside it when the shipped one is
-/// given, else the plain one as "labforge".
-fn labforge_builds(shipped: Option<&Path>) -> Vec<(&'static str, &Path)> {
-    let plain = Path::new(PLAIN_PROXY);
-    match shipped {
-        Some(shipped) => vec![("labforge", shipped), ("labforge without PGO", plain)],
-        None => vec![("labforge", plain)],
+/// labforge's builds, named: the release one, and the other one beside it when given.
+fn labforge_builds(other: Option<&Path>) -> Vec<(&'static str, &Path)> {
+    let release = Path::new(RELEASE_PROXY);
+    match other {
+        Some(other) => vec![("labforge", release), ("labforge, other build", other)],
+        None => vec![("labforge", release)],
     }
 }
 
-/// labforge first (the shipped build when given, else the plain one), then the others.
-async fn contenders(dir: &Path, routes: &Routes, shipped: Option<&Path>) -> Vec<Running> {
-    let mut list: Vec<Running> = labforge_builds(shipped)
+/// labforge first (the release build, then the other one when given), then the others.
+async fn contenders(dir: &Path, routes: &Routes, other: Option<&Path>) -> Vec<Running> {
+    let mut list: Vec<Running> = labforge_builds(other)
         .into_iter()
         .map(|(name, binary)| start_labforge(name, binary, dir, routes, Listen::Clear))
         .collect();
@@ -825,109 +818,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("bench runtime");
-    if let [_, mode, proxy] = args.as_slice()
-        && mode == "--train"
-    {
-        return runtime.block_on(train(Path::new(proxy)));
-    }
     runtime.block_on(bench());
-}
-
-/// `--train <proxy>`: the traffic `scripts/build-proxy` optimizes the shipped proxy for, sent
-/// through `proxy`, a build that records where its time goes and writes that profile as it exits.
-///
-/// It is the traffic a notebook's users make, in rough proportion: mostly small requests of
-/// signed-in users, from many connections at once, with one route and with 10,000; uploads;
-/// kernel websockets; HTTP/2, and TLS where the proxy terminates it; and the refusals (401, 403,
-/// 404, 503) that must stay cheap too.
-async fn train(proxy: &Path) {
-    labforge_tests::init_crypto();
-    for tool in ["wrk", "h2load"] {
-        labforge_tests::locate(tool).expect("the load generators: run bench/setup");
-    }
-    let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
-    let upstream = start_upstream();
-    let echo = start_echo();
-    let refused = free_port();
-    let upload = dir.join("upload.lua");
-    std::fs::write(
-        &upload,
-        "wrk.method = \"POST\"\nwrk.body = string.rep(\"x\", 65536)\n\
-         wrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
-    )
-    .expect("upload.lua");
-    let certificate = Certificate::make(&dir);
-    for routes in Routes::both(upstream, echo, refused) {
-        let count = routes.count;
-        let mut labforge =
-            start_labforge("labforge (recording)", proxy, &dir, &routes, Listen::Clear);
-        let base = format!("http://127.0.0.1:{}", labforge.port);
-        let notebook = format!("{base}{}", routes.measured());
-        let missing = format!("{base}/notebook/bench/missing/x");
-        // A profile of a proxy that answered wrongly would optimize the wrong paths: each load
-        // must get the answers it is meant to.
-        for (what, url, user, script, seconds, refusing) in [
-            ("small requests", &notebook, Some(USER), None, 8, false),
-            (
-                "uploads of 64 KiB",
-                &notebook,
-                Some(USER),
-                Some(&upload),
-                1,
-                false,
-            ),
-            (
-                "another user's (403)",
-                &notebook,
-                Some(OTHER),
-                None,
-                1,
-                true,
-            ),
-            ("nobody's (401)", &notebook, None, None, 1, true),
-            ("no route (404)", &missing, Some(USER), None, 1, true),
-        ] {
-            let LoadRun {
-                requests,
-                errors: refusals,
-                ..
-            } = run_wrk(
-                url,
-                seconds,
-                CONNECTIONS,
-                user,
-                script.map(PathBuf::as_path),
-            );
-            eprintln!("train, {count} route(s), {what}: {requests} requests, {refusals} not 2xx");
-            let expected_refusals = if refusing { requests } else { 0 };
-            assert!(
-                requests > 0 && refusals == expected_refusals,
-                "training with {count} route(s), {what}: {refusals} of {requests} answers not 2xx"
-            );
-        }
-        let mut echoes = 0;
-        for _ in 0..4 {
-            ws_round_trips(labforge.port, TRAINING_ECHOES)
-                .await
-                .expect("training websocket echoes");
-            echoes += TRAINING_ECHOES + WS_WARM_UP;
-        }
-        protocols::train(proxy, &labforge, &certificate, &dir, &routes, 2);
-        let unavailable = requests_to_refused_upstream(labforge.port, 1000).await;
-        eprintln!(
-            "train, {count} route(s): {echoes} websocket echoes, {unavailable} of 1000 refused upstream (503)"
-        );
-        assert_eq!(
-            unavailable, 1000,
-            "training: answers from a refused upstream"
-        );
-        // SIGTERM: the proxy stops and writes its profile as it exits.
-        assert!(
-            labforge.stop(),
-            "the proxy did not stop by itself: it wrote no profile"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 async fn bench() {
@@ -941,15 +832,10 @@ async fn bench() {
     for tool in ["wrk", "h2load"] {
         labforge_tests::locate(tool).expect("the load generators: run bench/setup");
     }
-    let shipped = std::env::var_os(SHIPPED_PROXY).map(PathBuf::from);
-    match &shipped {
-        Some(path) => eprintln!(
-            "labforge: {} (and {PLAIN_PROXY} without PGO)",
-            path.display()
-        ),
-        None => eprintln!(
-            "labforge: {PLAIN_PROXY}, without PGO ({SHIPPED_PROXY} unset; see scripts/build-proxy)"
-        ),
+    let other = std::env::var_os(OTHER_PROXY).map(PathBuf::from);
+    match &other {
+        Some(path) => eprintln!("labforge: {RELEASE_PROXY}, and {}", path.display()),
+        None => eprintln!("labforge: {RELEASE_PROXY}"),
     }
     let dir: PathBuf = tempfile::tempdir().expect("tempdir").keep();
     let upstream = start_upstream();
@@ -963,7 +849,7 @@ async fn bench() {
     for routes in Routes::both(upstream, echo, refused) {
         let count = routes.count;
         let started = Instant::now();
-        let running = contenders(&dir, &routes, shipped.as_deref()).await;
+        let running = contenders(&dir, &routes, other.as_deref()).await;
         eprintln!(
             "{count} routes: contenders up in {:.1} s",
             started.elapsed().as_secs_f64()
@@ -1051,7 +937,7 @@ async fn bench() {
         );
         if count == 1 {
             // Protocols cost the same whatever the table's size: measured with one route.
-            let builds = labforge_builds(shipped.as_deref());
+            let builds = labforge_builds(other.as_deref());
             protocols::measure(&dir, &routes, &builds, seconds, rounds);
         }
 
