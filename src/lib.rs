@@ -4,8 +4,7 @@
 //!
 //! Two binaries are built from it: `labforge`, every subcommand, and `labforge-proxy`, the
 //! proxy alone. The proxy's Deployment runs the second one: it carries none of the builder,
-//! controller, web app or S3 code, so less of its own file is resident (8.0 MiB instead of 11.4
-//! under load).
+//! controller, web app or S3 code, so less of its own file is resident under load.
 
 pub mod cli;
 pub mod service;

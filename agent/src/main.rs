@@ -10,7 +10,7 @@
 //!   [--output FILE]`: `--output` writes the change set to FILE instead of stdout. With podman
 //!   the builder hands the agent a pipe as descriptor 3 (`podman exec --preserve-fds`) and asks
 //!   for `--output /proc/self/fd/3`: the layer then bypasses the exec session's stdout relay,
-//!   which copies every byte through conmon and podman and cost seconds per GiB.
+//!   which copies every byte through conmon and then podman.
 //! - `labforge-agent install <dir>`: copies itself into `<dir>` (a Kubernetes init container does
 //!   this into an emptyDir the notebook container mounts read-only).
 

@@ -73,7 +73,7 @@ impl<W: Write> Compressor<W> {
                 let mut encoder = zstd::stream::write::Encoder::new(inner, level)?;
                 let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
                 encoder.multithread(u32::try_from(workers).unwrap_or(1))?;
-                // zstd's default job (4 windows) costs ~16 MiB of buffers per worker; 1 MiB jobs
+                // zstd's default job (four windows) takes large buffers per worker; 1 MiB jobs
                 // keep the builder's memory small at a negligible cost in ratio.
                 encoder.set_parameter(zstd::stream::raw::CParameter::JobSize(1 << 20))?;
                 Compressor::Zstd(encoder)

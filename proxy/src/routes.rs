@@ -137,8 +137,8 @@ pub enum Matcher {
     Exact(Arc<str>),
     Prefix(Arc<str>),
     /// Anchored at both ends: Istio (Envoy's safe_regex) requires a full match. Boxed: a
-    /// `Regex` is 32 bytes, and each of 10,000 notebook rules has two matcher slots (URI, a
-    /// prefix, and method, empty): 104 → 72 bytes per match condition.
+    /// `Regex` is larger than the other variants, and every notebook rule has two matcher slots
+    /// (URI, a prefix, and method, empty), so inline it would enlarge every match condition.
     Regex(Box<regex::Regex>),
     /// `{}`: any value, as long as there is one (a header's or parameter's presence).
     Present,
@@ -180,7 +180,7 @@ pub struct MatchCondition {
     pub uri: Option<Matcher>,
     pub ignore_uri_case: bool,
     pub method: Option<Matcher>,
-    /// The conditions few routes have; boxed, so that a notebook's match holds 8 bytes for them.
+    /// The conditions few routes have; boxed, so that a notebook's match holds a pointer for them.
     pub other: Option<Box<OtherConditions>>,
 }
 
@@ -389,7 +389,7 @@ enum HeaderOp {
 
 /// Header edits of a rule (`headers.request` or `headers.response`), validated once and kept in
 /// the order Envoy applies them: removals, then replacements, then appends. One boxed slice, so
-/// the common rule without edits costs 16 bytes, not three empty vectors.
+/// the common rule without edits holds one empty slice, not three empty vectors.
 #[derive(Clone, Debug, Default)]
 pub struct HeaderOps(Box<[HeaderOp]>);
 
@@ -441,7 +441,7 @@ impl HeaderOps {
 
 /// Items of which there is one in the common case, kept inline then: a notebook's VirtualService
 /// has one host and one rule, its rule one match and one destination, and a separate allocation
-/// for each cost more than the item (10,000 notebook routes: 0.78 MB of heap).
+/// for each costs more than the item.
 pub type Few<T> = SmallVec<[T; 1]>;
 
 /// A destination as `host:port` (a Service's DNS name in a cluster).
@@ -463,12 +463,12 @@ pub struct Rule {
     /// notebook's prefix to itself), as the host index shares it.
     pub rewrite_uri: Option<Arc<str>>,
     /// `rewrite.uriRegexRewrite` and `rewrite.authority`, which few rules have: boxed, so that a
-    /// notebook's rule holds 8 bytes for them.
+    /// notebook's rule holds a pointer for them.
     pub other_rewrites: Option<Box<OtherRewrites>>,
     /// What the rule answers itself (`redirect`, `directResponse`) instead of forwarding.
     pub answer: Option<Box<FixedAnswer>>,
     /// `headers.request` and `headers.response`, which few rules have: boxed, so that a
-    /// notebook's rule holds 8 bytes for them.
+    /// notebook's rule holds a pointer for them.
     pub header_edits: Option<Box<HeaderEdits>>,
     pub destinations: Few<Destination>,
     /// Namespaces of its destinations other than its VirtualService's, sorted; empty for a

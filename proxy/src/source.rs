@@ -74,17 +74,16 @@ pub enum Change {
 }
 
 /// A complete list of VirtualServices, compiled one by one as it arrives, so that the raw objects
-/// of a large list are never all in memory at once (10,000 from a file, when this was measured:
-/// peak heap 12.5 MB instead of 17.2 MB; 10.2 MB with today's smaller routes). Kept in arrival
-/// order until it replaces the store's records.
+/// of a large list are never all in memory at once beside the compiled routes: the peak heap
+/// stays near what the routes need. Kept in arrival order until it replaces the store's records.
 #[derive(Debug, Default)]
 pub struct Listing(Vec<CompiledVirtualService>);
 
 /// Compiled VirtualServices sorted by namespace and name, found by binary search. A sorted vector
 /// rather than a map: its entry is the compiled VirtualService alone, whose owner already holds
-/// the namespace and name, where a `BTreeMap` keyed by them held 64-byte entries in part-filled
-/// nodes (1.14 MB for 10,000, against 0.32 MB). An insert moves the entries after it, 32 bytes
-/// each: less than the table rebuild every change is followed by.
+/// the namespace and name, where a `BTreeMap` keyed by them adds a key to every entry and leaves
+/// its nodes part-filled. An insert moves the entries after it, each a few words: less than the
+/// table rebuild every change is followed by.
 #[derive(Debug, Default)]
 struct Records(Vec<CompiledVirtualService>);
 

@@ -10,23 +10,21 @@
 //! An upstream's most recently returned connection stays idle for up to the pool's idle timeout,
 //! the others (a burst's) for up to [`SURPLUS_IDLE_TIMEOUT`]; a sweep every second closes the
 //! expired ones, and forgets the entry of an upstream nobody asks for anymore. An idle
-//! connection holds about 40 KiB, nearly all of it hyper's (heaptrack): an 8 KiB read buffer, an
-//! 8 KiB write buffer, and the channel its requests go through, a 9 KiB block of 32 slots and a
-//! second one from its 32nd request on.
+//! connection holds hyper's read and write buffers and the channel its requests go through, so
+//! a burst's surplus is not kept long.
 //!
 //! A thread has at most [`MAX_CONNECTING_PER_UPSTREAM`] new connections to one upstream that have
 //! not answered yet; a request that finds neither an idle connection nor a free slot waits for
-//! either. Without that, a burst of clients (387 at once in the benchmark) made as many
-//! connections at once, overflowed the upstream's accept queue (128 for Jupyter's tornado, as for
-//! most servers), and the dropped SYNs were sent again a second later: p99 went from 4.5 ms to
-//! 508 ms. A slot is held until the connection's first response head, not until it is
-//! connected: the kernel completes a connect as soon as the handshake is done, while the
-//! connection may still wait in the accept queue, and a burst of 415 clients still overflowed a
-//! busy upstream's queue that way (the last packet of 29–32 handshakes dropped, their requests
-//! sent again after the 200 ms retransmission timeout: p99 160–258 ms in 3 of 8 runs); a slow
-//! first response holds its slot for at most [`SLOT_HELD_FOR_ANSWER`]. Waiting counts towards
-//! the connect timeout: behind connects to an address that drops SYNs (a stopped pod's), a
-//! request gets its 503 within the timeout, not after its turn at the slots.
+//! either. Without that, a burst of clients makes as many connections at once and overflows the
+//! upstream's accept queue (128 for Jupyter's tornado, as for most servers): the kernel drops the
+//! SYNs that do not fit, and each is sent again only a second later. A slot is held until the
+//! connection's first response head, not until it is connected: the kernel completes a connect
+//! as soon as the handshake is done, while the connection may still wait in the accept queue, so
+//! a burst would still overflow a busy upstream's queue that way (a handshake's last packet
+//! dropped, its request sent again after the retransmission timeout); a slow first response
+//! holds its slot for at most [`SLOT_HELD_FOR_ANSWER`]. Waiting counts towards the connect
+//! timeout: behind connects to an address that drops SYNs (a stopped pod's), a request gets its
+//! 503 within the timeout, not after its turn at the slots.
 
 use crate::FastMap;
 use crate::heap_release::HeapRelease;
@@ -93,11 +91,11 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long an upstream's idle connections other than its most recently returned one may stay
 /// idle (at most the idle timeout). Requests take the most recently returned connection first, so
 /// the others stay idle only when fewer requests are in flight than when they were opened: a
-/// burst ended. A browser opens up to six connections to a notebook for a page, and each costs
-/// about 40 KiB kept, so with the idle timeout alone a proxy in front of many notebooks would
-/// hold five idle ones per notebook and thread for 90 s. Not shorter: at 2 s, under load whose
-/// peaks come seconds apart (the benchmark's half load), connections closed between peaks were
-/// opened again at the next one, and p99 rose by 0.2–0.4 ms.
+/// burst ended. A browser opens up to six connections to a notebook for a page, and each keeps
+/// its buffers while idle, so with the idle timeout alone a proxy in front of many notebooks would
+/// hold five idle ones per notebook and thread for the whole idle timeout. Not much shorter:
+/// under load whose peaks come seconds apart, connections closed between peaks would be opened
+/// again at the next one, which adds to those requests' latency.
 pub const SURPLUS_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections by upstream address.

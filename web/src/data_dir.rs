@@ -552,7 +552,7 @@ mod tests {
         }
         writing.store(false, std::sync::atomic::Ordering::Relaxed);
         writer.join().unwrap();
-        // Writes fell into some of the reads (about one in four), and each was read again.
+        // Writes fall into some of the reads, and each of those is read again.
         assert!(retried > 0, "no backup ever had to read again");
     }
 

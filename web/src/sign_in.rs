@@ -1,13 +1,14 @@
 //! Checking passwords at sign-in: on a few long-lived threads, throttled, the same work for every
 //! name.
 //!
-//! argon2 is costly on purpose: each check takes 19 MiB for tens of milliseconds. Run on tokio's
-//! blocking pool, every check on a fresh thread left its block in that thread's allocator arena
-//! (glibc keeps a freed block of that size for reuse rather than returning it), so a server grew
-//! by 19 MiB with each sign-in that came after the pool's idle threads had gone, and by that much
-//! per concurrent wrong password. Here a fixed set of threads does every check, each reusing its
-//! own block, and a bounded queue stands before them: memory stays at `threads` blocks whatever
-//! the number of sign-ins, and a flood of attempts is answered "busy" rather than queued.
+//! argon2 is costly on purpose: each check fills a large block of memory (its default memory
+//! cost) and takes a noticeable time. On tokio's blocking pool, every check on a fresh thread
+//! would leave its block in that thread's allocator arena (glibc keeps a freed block of that size
+//! for reuse rather than returning it), so a server would grow by a block with each sign-in that
+//! came after the pool's idle threads had gone, and by one more per concurrent wrong password.
+//! Here a fixed set of threads does every check, each reusing its own block, and a bounded queue
+//! stands before them: memory stays at `threads` blocks whatever the number of sign-ins, and a
+//! flood of attempts is answered "busy" rather than queued.
 //!
 //! Failed attempts slow down later ones, per user name and per client address (exponential
 //! backoff after a few free tries); a name that does not exist costs the same hash as one that
@@ -210,7 +211,7 @@ impl SignIn {
     /// Checks on `threads` threads, `waiting` more queued.
     pub fn new(threads: usize, waiting: usize) -> Result<Self, crate::users::UserError> {
         let decoy = crate::users::hash_password(&random_token(15)?)?;
-        // That hash's 19 MiB block, freed on this thread, is not reused by the checks' threads.
+        // That hash's block, freed on this thread, is not reused by the checks' threads.
         labforge_heap::release_free_memory();
         let checks = PasswordChecks::start(threads, waiting).map_err(|source| {
             crate::users::UserError::Io {
@@ -226,7 +227,7 @@ impl SignIn {
     }
 
     /// As many checking threads as cores, at most two: sign-ins are rare next to the work
-    /// notebooks do, and each thread keeps one 19 MiB block.
+    /// notebooks do, and each thread keeps one argon2 memory block.
     pub fn for_this_machine() -> Result<Self, crate::users::UserError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::new(cores.min(2), 32)
