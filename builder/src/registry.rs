@@ -1023,27 +1023,29 @@ fn failure(
     }
 }
 
-/// Runs a registry request up to [`ATTEMPTS`] times, backing off between attempts. Requests that
-/// cannot succeed on a retry (a refused credential, a malformed request) fail at once.
-async fn retrying<T, F, Fut>(mut request: F) -> Result<T, OciDistributionError>
+/// Runs a registry request up to [`ATTEMPTS`] times, waiting twice as long before each retry.
+/// Requests that cannot succeed on a retry (a refused credential, a malformed request) fail at
+/// once.
+async fn retrying<T, F, Fut>(request: F) -> Result<T, OciDistributionError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, OciDistributionError>>,
 {
-    let mut attempt = 1;
-    loop {
-        match request().await {
-            Ok(value) => return Ok(value),
-            Err(err) if attempt < ATTEMPTS && is_transient(&err) => {
-                // With its causes: "error sending request" alone does not say what went wrong.
-                let error = labforge_messages::error_chain(&err);
-                tracing::warn!(attempt, "registry request failed, retrying: {error}");
-                tokio::time::sleep(Duration::from_millis(300 * 2u64.pow(attempt))).await;
-                attempt += 1;
-            }
-            Err(err) => return Err(err),
-        }
-    }
+    use backon::Retryable as _;
+    let backoff = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(600))
+        .with_factor(2.0)
+        .with_max_times(ATTEMPTS as usize - 1);
+    request
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(is_transient)
+        .notify(|err, wait| {
+            // With its causes: "error sending request" alone does not say what went wrong.
+            let error = labforge_messages::error_chain(err);
+            tracing::warn!(?wait, "registry request failed, retrying: {error}");
+        })
+        .await
 }
 
 fn is_transient(err: &OciDistributionError) -> bool {
@@ -1077,6 +1079,55 @@ fn parse_reference(target: &str) -> Result<Reference, RegistryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A request that fails `failures` times with `error`, then answers its attempt number.
+    fn failing(
+        failures: u32,
+        error: fn() -> OciDistributionError,
+    ) -> (
+        Arc<AtomicU32>,
+        impl FnMut() -> std::future::Ready<Result<u32, OciDistributionError>>,
+    ) {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let counted = attempts.clone();
+        let request = move || {
+            let attempt = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            std::future::ready(if attempt <= failures {
+                Err(error())
+            } else {
+                Ok(attempt)
+            })
+        };
+        (attempts, request)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_failures_are_retried_with_growing_waits_then_given_up() {
+        let transient = || OciDistributionError::GenericError(Some("connection reset".into()));
+        let started = tokio::time::Instant::now();
+        let (_, request) = failing(ATTEMPTS - 1, transient);
+        assert_eq!(retrying(request).await.unwrap(), ATTEMPTS);
+        // 0.6 s, then 1.2 s (the clock is paused: only the waits advance it, each to the next
+        // millisecond).
+        let waited = started.elapsed().as_millis();
+        assert!((1800..1810).contains(&waited), "waited {waited} ms");
+        let (attempts, request) = failing(ATTEMPTS, transient);
+        assert!(retrying(request).await.is_err());
+        assert_eq!(attempts.load(Ordering::SeqCst), ATTEMPTS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_credential_is_not_retried() {
+        let refused = || OciDistributionError::AuthenticationFailure("denied".into());
+        let (attempts, request) = failing(1, refused);
+        assert!(matches!(
+            retrying(request).await,
+            Err(OciDistributionError::AuthenticationFailure(_))
+        ));
+        assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn debug_output_never_shows_the_password() {
