@@ -13,12 +13,12 @@ use crate::model::{
     AUTO_SAVE_ANNOTATION, ApiError, FieldMessage, GpuView, NotebookPatch, NotebookRequest,
     NotebookState, NotebookView, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
 };
-use crate::runtime::{Engine, container_name};
 use crate::saves::{Saves, StartSaveError};
 use crate::sign_in::{SignIn, SignInError};
 use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_tokens};
 use crate::validate::{FieldError, FieldErrors, image_reference, notebook_from_request};
+use crate::workloads::{WorkloadError, Workloads};
 use axum::body::Body;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
@@ -58,7 +58,7 @@ pub struct ApiState {
     pub saves: Option<Arc<dyn Saves>>,
     pub config: Arc<SpawnerConfig>,
     /// Where notebooks run: their logs and volumes are read there.
-    pub workloads: Workloads,
+    pub workloads: Arc<dyn Workloads>,
     pub activity: Arc<Activity>,
     /// Mark cookies `Secure` (served over TLS).
     pub secure_cookies: bool,
@@ -186,13 +186,16 @@ impl From<BackendError> for Failure {
     }
 }
 
-/// Where notebooks run, and so where their logs and volumes are read.
-#[derive(Clone)]
-pub enum Workloads {
-    /// `<engine> logs` of the notebook's container.
-    Engine(Engine),
-    /// The notebook pod's (`<name>-0`) container logs through the Kubernetes API.
-    Kubernetes(kube::Client),
+impl From<WorkloadError> for Failure {
+    fn from(error: WorkloadError) -> Self {
+        let status = match &error {
+            WorkloadError::NotFound(_) => StatusCode::NOT_FOUND,
+            WorkloadError::Conflict(_) => StatusCode::CONFLICT,
+            WorkloadError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            WorkloadError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, error.to_string())
+    }
 }
 
 type ApiResult<T> = Result<T, Failure>;
@@ -865,54 +868,17 @@ async fn logs(
         ));
     }
     let tail = query.tail.min(10_000);
-    let stream = match &state.workloads {
-        Workloads::Engine(engine) => {
-            let mut child = engine
-                .logs(&container_name(&ns, &name), query.follow, tail)
-                .map_err(|e| {
-                    Failure::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("reading logs: {e}"),
-                    )
-                })?;
-            let stdout = child
-                .stdout
-                .take()
-                .ok_or_else(|| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "no log stream"))?;
-            // The child lives as long as the stream: a client that goes away kills it.
-            tokio_util::io::ReaderStream::new(stdout)
-                .map(move |chunk| {
-                    let _keep = &child;
-                    chunk
-                })
-                .boxed()
-        }
-        Workloads::Kubernetes(client) => {
-            use tokio_util::compat::FuturesAsyncReadCompatExt as _;
-            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-                kube::Api::namespaced(client.clone(), &ns);
-            let params = kube::api::LogParams {
-                container: Some(name.clone()),
-                follow: query.follow,
-                tail_lines: Some(i64::from(tail)),
-                ..Default::default()
-            };
-            // The StatefulSet's one pod.
-            let pod = format!("{name}-0");
-            let reader = pods.log_stream(&pod, &params).await.map_err(|e| match e {
-                // No pod yet, or its container not started: a state that passes.
-                kube::Error::Api(status) if matches!(status.code, 400 | 404) => Failure::new(
-                    StatusCode::CONFLICT,
-                    format!("no logs yet: {}", status.message),
-                ),
-                e => Failure::new(
-                    StatusCode::BAD_GATEWAY,
-                    format!("reading the logs of pod {ns}/{pod}: {e}"),
-                ),
-            })?;
-            tokio_util::io::ReaderStream::new(reader.compat()).boxed()
-        }
-    };
+    let stream = state
+        .workloads
+        .logs(&ns, &name, query.follow, tail)
+        .await
+        .map_err(|e| match e {
+            // No pod yet, or its container not started: a state that passes.
+            WorkloadError::NotFound(message) => {
+                Failure::new(StatusCode::CONFLICT, format!("no logs yet: {message}"))
+            }
+            other => other.into(),
+        })?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         Body::from_stream(stream),
@@ -998,33 +964,8 @@ async fn follow_save(
 
 /// The volume claims of namespace `ns`: what "existing workspace" and data volumes may name.
 pub(crate) async fn claims(state: &ApiState, ns: &str) -> ApiResult<Vec<String>> {
-    let unavailable = |e: String| {
-        Failure::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("listing the volumes of {ns}: {e}"),
-        )
-    };
-    match &state.workloads {
-        Workloads::Engine(engine) => engine
-            .claims(ns)
-            .await
-            .map_err(|e| unavailable(e.to_string())),
-        Workloads::Kubernetes(client) => {
-            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-                kube::Api::namespaced(client.clone(), ns);
-            let list = claims
-                .list(&Default::default())
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let mut names: Vec<String> = list
-                .items
-                .into_iter()
-                .filter_map(|claim| claim.metadata.name)
-                .collect();
-            names.sort();
-            Ok(names)
-        }
-    }
+    let claims = state.workloads.claims(ns).await?;
+    Ok(claims.into_iter().map(|claim| claim.name).collect())
 }
 
 /// The names of those of `notebooks` that mount claim `claim`.
@@ -1076,41 +1017,7 @@ async fn delete_volume(
             ),
         ));
     }
-    let failed = |e: String| {
-        Failure::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("deleting volume {name} of {ns}: {e}"),
-        )
-    };
-    match &state.workloads {
-        Workloads::Engine(engine) => {
-            engine
-                .remove_volume(&ns, &name)
-                .await
-                .map_err(|e| match e {
-                    crate::runtime::EngineError::Failed { ref stderr, .. }
-                        if crate::runtime::volume_in_use(stderr) =>
-                    {
-                        Failure::new(
-                            StatusCode::CONFLICT,
-                            format!("volume {name} is still in use by a container"),
-                        )
-                    }
-                    other => failed(other.to_string()),
-                })?
-        }
-        // A claim may be mounted by anything in the namespace (a pipeline's pod, another
-        // workload), which the web app cannot see, and the delete would be its own service
-        // account's, not the user's.
-        Workloads::Kubernetes(_) => {
-            return Err(Failure::new(
-                StatusCode::NOT_IMPLEMENTED,
-                format!(
-                    "in a cluster, volume claims are deleted with kubectl by those RBAC lets (kubectl delete pvc {name} -n {ns})"
-                ),
-            ));
-        }
-    }
+    state.workloads.remove_claim(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

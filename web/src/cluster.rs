@@ -2,7 +2,7 @@
 //! cluster's auth proxy (Kubeflow's `kubeflow-userid` header), every decision a
 //! SubjectAccessReview.
 
-use crate::api::{ApiState, Workloads};
+use crate::api::ApiState;
 use crate::backend::{KubernetesAccess, KubernetesBackend};
 use crate::base_path::BasePath;
 use crate::config::SpawnerConfig;
@@ -60,7 +60,7 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
             Arc::new(ImageBuildSaves::new(client.clone(), registry)) as Arc<dyn crate::saves::Saves>
         }),
         config: Arc::new(spawner),
-        workloads: Workloads::Kubernetes(client),
+        workloads: Arc::new(crate::workloads::ClusterWorkloads { client }),
         // The proxy's activity reaches the culler, which writes it into the Notebook.
         activity: Arc::default(),
         secure_cookies: false,

@@ -641,7 +641,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         sign_in: Some(Arc::new(crate::sign_in::SignIn::for_this_machine()?)),
         saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
         config: Arc::new(spawner),
-        workloads: crate::api::Workloads::Engine(engine),
+        workloads: Arc::new(crate::engine_workloads::EngineWorkloads { engine }),
         activity: proxy.activity.clone(),
         secure_cookies: tls.is_some(),
         notebook_links: options.notebook_domain.as_ref().map(|domain| {
