@@ -6,6 +6,9 @@
 //! per user and namespace (allowed for longer than denied, so a new grant works within seconds),
 //! and concurrent requests for one uncached pair share one review: opening JupyterLab fires a
 //! burst of requests that must not become a burst of SubjectAccessReviews.
+//!
+//! The cache is this module's own rather than moka's: a cached answer is read on every proxied
+//! request without a future (`Answer::Now`), which moka's async cache does not offer.
 
 use crate::FastMap;
 use crate::authz::{AccessUnknown, Answer, NamespaceAccess};

@@ -1,4 +1,7 @@
 //! Kubernetes resource quantities (`500m`, `1Gi`, `1e3`), parsed as `resource.ParseQuantity` does.
+//!
+//! Kept apart from the product's parser (`labforge_crds::quantity`) on purpose: the fake stands for
+//! the API server, and a bug both shared would pass every test.
 
 /// Parses a quantity and returns its approximate value (for comparing requests with limits).
 ///
@@ -68,9 +71,7 @@ pub(crate) fn parse_quantity(text: &str) -> Result<f64, String> {
 
 /// The text a real API server stores for a built-in object's quantity (`resource.Quantity`'s
 /// canonical form: `0.5` → `500m`, `1.5Gi` → `1536Mi`, `2000` → `2k`), or `None` when `text`
-/// is no quantity or past what this fake represents. Kept apart from the product's own
-/// canonicalization on purpose: the fake stands for the API server, and a bug shared by both
-/// would pass every test.
+/// is no quantity or past what this fake represents.
 pub(crate) fn canonical_quantity(text: &str) -> Option<String> {
     parse_quantity(text).ok()?;
     if stored_as_written(text) {
