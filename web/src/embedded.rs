@@ -663,6 +663,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     };
     let api = crate::api::router(state.clone())
         .merge(crate::ui::router(state))
+        .layer(axum::middleware::from_fn(
+            crate::keep_alive::close_if_body_unread,
+        ))
         .layer(axum::middleware::map_response(crate::ui::deny_framing));
     let mut tasks = vec![
         session_watch,

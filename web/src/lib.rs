@@ -19,6 +19,7 @@ pub mod engine_workloads;
 pub mod gpus;
 pub mod image_builds;
 pub mod image_check;
+pub mod keep_alive;
 pub mod kubeflow;
 pub mod kubeflow_api;
 pub mod model;
