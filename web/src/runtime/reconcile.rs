@@ -1,0 +1,639 @@
+//! The runtime's loop: makes the engine's containers match the stored notebooks' plans, and
+//! their status what the containers do.
+
+use crate::model::AUTO_SAVE_ANNOTATION;
+use crate::notebook_secret::NotebookSecrets;
+use crate::store::{Change, Store};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+};
+use labforge_crds::notebook::{Notebook, NotebookCondition, NotebookStatus};
+use labforge_notebook_controller::builders::{self, BuilderConfig};
+use labforge_proxy::source::RouteStore;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::engine::{Engine, EngineError, RunningContainer};
+use super::plan::*;
+
+/// How often everything is looked at even when nothing was announced (containers that exited).
+const RESYNC: Duration = Duration::from_secs(3);
+
+/// What [`Runtime::migrate_legacy_volumes`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeMigration {
+    /// Volumes copied to their new names.
+    pub copied: usize,
+    /// Volumes left under their legacy names: not copied (failed, or ambiguous).
+    pub left: usize,
+}
+
+/// What the runtime needs.
+pub struct Runtime {
+    pub engine: Engine,
+    pub store: Arc<Store>,
+    pub routes: Arc<RouteStore>,
+    pub builder_config: BuilderConfig,
+    pub agent_dir: Option<PathBuf>,
+    pub gpus: crate::gpus::GpuPool,
+    /// Saves before stops, for notebooks that ask for it.
+    pub saves: Option<Arc<crate::saves::SaveJobs>>,
+    /// Each notebook's secret, which only its server and the proxy know.
+    pub secrets: Arc<NotebookSecrets>,
+    http: reqwest::Client,
+    /// Notebooks with a reconcile under way, so a slow pull does not get a second one.
+    busy: Mutex<HashSet<(String, String)>>,
+    /// Published port of each running notebook (for the culler's Jupyter API calls).
+    ports: Mutex<HashMap<(String, String), u16>>,
+}
+
+impl Runtime {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each part the embedded mode wires in"
+    )]
+    pub fn new(
+        engine: Engine,
+        store: Arc<Store>,
+        routes: Arc<RouteStore>,
+        builder_config: BuilderConfig,
+        agent_dir: Option<PathBuf>,
+        gpus: crate::gpus::GpuPool,
+        saves: Option<Arc<crate::saves::SaveJobs>>,
+        secrets: Arc<NotebookSecrets>,
+    ) -> Self {
+        Self {
+            engine,
+            store,
+            routes,
+            builder_config,
+            agent_dir,
+            gpus,
+            saves,
+            secrets,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default(),
+            busy: Mutex::new(HashSet::new()),
+            ports: Mutex::default(),
+        }
+    }
+
+    /// Where `namespace/name` is published on loopback, while it runs.
+    pub fn port_of(&self, namespace: &str, name: &str) -> Option<u16> {
+        let ports = self.ports.lock().ok()?;
+        ports.get(&(namespace.to_owned(), name.to_owned())).copied()
+    }
+
+    fn set_port(&self, namespace: &str, name: &str, port: Option<u16>) {
+        if let Ok(mut ports) = self.ports.lock() {
+            let key = (namespace.to_owned(), name.to_owned());
+            match port {
+                Some(port) => ports.insert(key, port),
+                None => ports.remove(&key),
+            };
+        }
+    }
+
+    /// Copies each workspace volume still under its legacy name (`labforge-<ns>-<claim>`) into
+    /// its injective one, when none of `namespaces` (every user's, besides the store's) but the
+    /// notebook's own could have made that legacy name; the old volume is kept. Only podman can
+    /// copy volumes; `scratch` holds each copy's archive.
+    pub async fn migrate_legacy_volumes(
+        &self,
+        scratch: &std::path::Path,
+        namespaces: impl IntoIterator<Item = String>,
+    ) -> VolumeMigration {
+        let mut migration = VolumeMigration::default();
+        if self.engine.is_docker() {
+            return migration;
+        }
+        let notebooks = self.store.list(None);
+        let namespaces: HashSet<String> = notebooks
+            .iter()
+            .filter_map(|nb| nb.metadata.namespace.clone())
+            .chain(namespaces)
+            .collect();
+        for notebook in &notebooks {
+            let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
+            for claim in notebook.claim_names() {
+                let (new, legacy) = (volume_name(ns, claim), legacy_volume_name(ns, claim));
+                if self.engine.volume_exists(&new).await
+                    || !self.engine.volume_exists(&legacy).await
+                {
+                    continue;
+                }
+                if unambiguous_legacy_claim(&legacy, ns, namespaces.iter().map(String::as_str))
+                    .is_none()
+                {
+                    tracing::warn!(volume = %legacy, "not copied: another namespace could have made this name; copy it by hand");
+                    migration.left += 1;
+                    continue;
+                }
+                match self.engine.copy_volume(&legacy, &new, scratch).await {
+                    Ok(()) => {
+                        tracing::info!(from = %legacy, to = %new, "workspace volume copied to its new name; the old one is kept");
+                        migration.copied += 1;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, volume = %legacy, "copying a workspace volume to its new name");
+                        migration.left += 1;
+                    }
+                }
+            }
+        }
+        migration
+    }
+
+    /// Routes to the containers that kept running while labforge was down, before anything is
+    /// served, so their users see no gap; the first reconcile then checks them as usual.
+    pub async fn adopt(&self) -> Result<usize, EngineError> {
+        let mut adopted = 0;
+        for container in self.engine.containers().await? {
+            let (ns, name) = &container.notebook;
+            let (Some(port), true) = (container.port, container.running) else {
+                continue;
+            };
+            let Some(notebook) = self.store.get(ns, name).filter(|nb| !nb.is_stopped()) else {
+                continue;
+            };
+            let secret = self.secrets.of(ns, name);
+            if let Ok(vs) = route(&notebook, &self.builder_config, port, Some(&secret)) {
+                self.routes.upsert(vs);
+                self.set_port(ns, name, Some(port));
+                adopted += 1;
+            }
+        }
+        Ok(adopted)
+    }
+
+    /// Reconciles on every change and every few seconds, forever.
+    pub async fn run(self: Arc<Self>) {
+        let mut changes = self.store.subscribe();
+        loop {
+            if let Err(err) = self.clone().reconcile_all().await {
+                tracing::warn!(error = %err, "reconciling notebook containers");
+            }
+            let wake = tokio::time::sleep(RESYNC);
+            tokio::pin!(wake);
+            loop {
+                tokio::select! {
+                    () = &mut wake => break,
+                    change = changes.recv() => match change {
+                        Ok(Change::Notebook { .. }) | Err(_) => break,
+                        Ok(_) => continue,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One pass: every stored notebook against every managed container.
+    pub async fn reconcile_all(self: Arc<Self>) -> Result<(), EngineError> {
+        let containers = match self.engine.containers().await {
+            Ok(containers) => containers,
+            Err(err) => {
+                self.engine_unavailable(&err);
+                return Err(err);
+            }
+        };
+        let mut by_notebook: BTreeMap<(String, String), RunningContainer> = BTreeMap::new();
+        for container in containers {
+            by_notebook.insert(container.notebook.clone(), container);
+        }
+        let notebooks = self.store.list(None);
+        let known: HashSet<(String, String)> = notebooks
+            .iter()
+            .map(|nb| {
+                (
+                    nb.metadata.namespace.clone().unwrap_or_default(),
+                    nb.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        // Containers whose notebook was deleted.
+        for (key, container) in &by_notebook {
+            if !known.contains(key) {
+                tracing::info!(container = %container.name, "removing the container of a deleted notebook");
+                self.engine.remove(&container.name).await?;
+                self.routes
+                    .remove(&key.0, &builders::virtual_service_name(&key.0, &key.1));
+                self.gpus.release(&key.0, &key.1);
+                self.set_port(&key.0, &key.1, None);
+            }
+        }
+        for notebook in notebooks {
+            let key = (
+                notebook.metadata.namespace.clone().unwrap_or_default(),
+                notebook.metadata.name.clone().unwrap_or_default(),
+            );
+            if let Ok(mut busy) = self.busy.lock()
+                && !busy.insert(key.clone())
+            {
+                continue;
+            }
+            let existing = by_notebook.remove(&key);
+            let runtime = self.clone();
+            tokio::spawn(async move {
+                runtime.reconcile(&notebook, existing).await;
+                if let Ok(mut busy) = runtime.busy.lock() {
+                    busy.remove(&key);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// The engine does not answer: every notebook meant to run says so (with one event each),
+    /// since labforge cannot tell whether its container is still there.
+    fn engine_unavailable(&self, err: &EngineError) {
+        let message = format!("the container engine is not answering: {err}");
+        for notebook in self.store.list(None) {
+            if notebook.is_stopped() {
+                continue;
+            }
+            if condition_reason(&notebook) != Some(ENGINE_UNAVAILABLE) {
+                self.store.record_event(
+                    notebook.metadata.namespace.as_deref().unwrap_or_default(),
+                    notebook.metadata.name.as_deref().unwrap_or_default(),
+                    "Warning",
+                    ENGINE_UNAVAILABLE,
+                    &message,
+                );
+            }
+            self.set_status(&notebook, waiting_status(ENGINE_UNAVAILABLE, &message));
+        }
+    }
+
+    fn set_status(&self, notebook: &Notebook, status: NotebookStatus) {
+        let (ns, name) = (
+            notebook.metadata.namespace.as_deref().unwrap_or_default(),
+            notebook.metadata.name.as_deref().unwrap_or_default(),
+        );
+        // Against the stored status, not `notebook`'s: a pass may have written one since.
+        let stored = self.store.get(ns, name);
+        if stored.is_some_and(|nb| nb.status.as_ref() == Some(&status)) {
+            return;
+        }
+        if let Err(err) = self.store.update(ns, name, |nb| nb.status = Some(status)) {
+            tracing::debug!(error = %err, "status of a notebook deleted meanwhile");
+        }
+    }
+
+    async fn reconcile(&self, notebook: &Notebook, existing: Option<RunningContainer>) {
+        let ns = notebook.metadata.namespace.clone().unwrap_or_default();
+        let name = notebook.metadata.name.clone().unwrap_or_default();
+        let event = |kind: &str, reason: &str, message: &str| {
+            self.store.record_event(&ns, &name, kind, reason, message)
+        };
+        let vs_name = builders::virtual_service_name(&ns, &name);
+        if notebook.is_stopped() {
+            if let Some(container) = existing {
+                if container.running
+                    && notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true")
+                    && let Some(saves) = &self.saves
+                {
+                    self.save_before_stop(saves, notebook).await;
+                }
+                match self.engine.remove(&container.name).await {
+                    Ok(()) => event(
+                        "Normal",
+                        "Stopped",
+                        "the notebook's container was removed; its workspace is kept",
+                    ),
+                    Err(err) => event("Warning", "StopFailed", &err.to_string()),
+                }
+            }
+            self.routes.remove(&ns, &vs_name);
+            self.gpus.release(&ns, &name);
+            self.set_port(&ns, &name, None);
+            self.set_status(notebook, stopped_status());
+            return;
+        }
+        let preferred = existing
+            .as_ref()
+            .map(|c| c.devices.clone())
+            .unwrap_or_default();
+        let devices = match self.gpus.assign(notebook, &preferred) {
+            Ok(devices) => devices,
+            Err(err) => {
+                event("Warning", "FailedScheduling", &err.to_string());
+                self.set_status(notebook, waiting_status("Unschedulable", &err.to_string()));
+                return;
+            }
+        };
+        let secret = self.secrets.of(&ns, &name);
+        let plan = match plan(
+            notebook,
+            &self.builder_config,
+            self.agent_dir.as_deref(),
+            &devices,
+            Some(&secret),
+        ) {
+            Ok(plan) => plan,
+            Err(err) => {
+                event("Warning", "InvalidSpec", &err.to_string());
+                self.set_status(notebook, waiting_status("InvalidSpec", &err.to_string()));
+                return;
+            }
+        };
+        let was_ready = notebook
+            .status
+            .as_ref()
+            .is_some_and(|s| s.ready_replicas > 0);
+        // What happened to a container that went away outside labforge, told until the notebook
+        // is ready again.
+        let mut restarted = None;
+        let port = match existing {
+            Some(c) if c.plan == plan.digest && c.running && c.port.is_some() => c.port,
+            Some(c) => {
+                if c.plan != plan.digest {
+                    event(
+                        "Normal",
+                        "Replacing",
+                        "the notebook changed; its container is replaced",
+                    );
+                } else if !c.running {
+                    restarted = Some((
+                        "ContainerExited",
+                        format!(
+                            "its container {} stopped ({}{}); starting it again",
+                            c.name,
+                            c.state,
+                            c.exit_code
+                                .map(|code| format!(", exit code {code}"))
+                                .unwrap_or_default()
+                        ),
+                    ));
+                }
+                if let Err(err) = self.engine.remove(&c.name).await {
+                    event("Warning", "FailedRemove", &err.to_string());
+                    return;
+                }
+                None
+            }
+            None if was_ready => {
+                restarted = Some((
+                    "ContainerGone",
+                    format!(
+                        "its container {} was removed outside labforge; starting it again",
+                        container_name(&ns, &name)
+                    ),
+                ));
+                None
+            }
+            None => None,
+        };
+        if let Some((reason, message)) = &restarted {
+            event("Warning", reason, message);
+            self.set_status(notebook, waiting_status(reason, message));
+        }
+        let port = match port {
+            Some(port) => port,
+            None => match self.create(notebook, &plan).await {
+                Ok(port) => port,
+                Err((reason, err)) => {
+                    event("Warning", reason, &err.to_string());
+                    self.set_status(notebook, waiting_status(reason, &err.to_string()));
+                    return;
+                }
+            },
+        };
+        self.set_port(&ns, &name, Some(port));
+        match route(notebook, &self.builder_config, port, Some(&secret)) {
+            Ok(vs) => self.routes.upsert(vs),
+            Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
+        }
+        let (server, path, key) = readiness_check(notebook);
+        let url = format!("http://{PUBLISH_ADDRESS}:{port}{path}");
+        // Not answering yet is starting; answering as something else is told, since it will not
+        // change by waiting (an image of the other IDE, say).
+        let (ready, unexpected) = match self.http.get(&url).send().await {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                // The server is its owner's: its answer is read up to what a version or a
+                // heartbeat takes, not as far as it cares to send.
+                let mut body = Vec::new();
+                while body.len() <= READINESS_ANSWER_LIMIT
+                    && let Ok(Some(chunk)) = response.chunk().await
+                {
+                    body.extend_from_slice(&chunk);
+                }
+                if body.len() <= READINESS_ANSWER_LIMIT && answers_as_expected(status, &body, key) {
+                    (true, String::new())
+                } else {
+                    (
+                        false,
+                        format!(
+                            "{path} answered HTTP {status}, not as {} does: does the image serve {}?",
+                            server.server_name(),
+                            server.server_name()
+                        ),
+                    )
+                }
+            }
+            Err(_) => (false, String::new()),
+        };
+        if ready && !was_ready {
+            event("Normal", "Ready", "the notebook answers");
+        }
+        // Not ready yet after a restart of ours: still say why it restarted.
+        let restarting = restarted.map(|(_, message)| message).or_else(|| {
+            matches!(
+                condition_reason(notebook),
+                Some("ContainerExited" | "ContainerGone" | RESTARTING)
+            )
+            .then(|| condition_message(notebook))
+            .flatten()
+        });
+        let status = match restarting {
+            Some(message) if !ready && unexpected.is_empty() => {
+                running_status(false, RESTARTING, &message)
+            }
+            _ => running_status(ready, "Starting", &unexpected),
+        };
+        self.set_status(notebook, status);
+    }
+
+    /// Saves the environment of a notebook being stopped and moves it to the new image. A failed
+    /// save is recorded and never holds the stop back.
+    async fn save_before_stop(&self, saves: &crate::saves::SaveJobs, notebook: &Notebook) {
+        let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
+        let name = notebook.metadata.name.as_deref().unwrap_or_default();
+        self.store.record_event(
+            ns,
+            name,
+            "Normal",
+            "AutoSaving",
+            "saving the environment before the stop",
+        );
+        match saves.save_before_stop(notebook).await {
+            Ok(Some(saved)) => {
+                let moved = self.store.update(ns, name, |nb| {
+                    if let Some(container) = nb.container_mut() {
+                        container.image = Some(saved.image.clone());
+                    }
+                });
+                match moved {
+                    Ok(_) => self.store.record_event(
+                        ns,
+                        name,
+                        "Normal",
+                        "AutoSaved",
+                        &format!("the next start runs on {}", saved.image),
+                    ),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "moving a stopped notebook to its saved image")
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(message) => self.store.record_event(
+                ns,
+                name,
+                "Warning",
+                "AutoSaveFailed",
+                &format!("stopped without saving: {message}"),
+            ),
+        }
+    }
+
+    /// Pulls if needed and starts the container; returns its published port.
+    async fn create(
+        &self,
+        notebook: &Notebook,
+        plan: &ContainerPlan,
+    ) -> Result<u16, (&'static str, EngineError)> {
+        let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
+        let name = notebook.metadata.name.as_deref().unwrap_or_default();
+        if !self.engine.image_present(&plan.image).await {
+            self.set_status(
+                notebook,
+                waiting_status("Pulling", &format!("pulling {}", plan.image)),
+            );
+            self.store.record_event(
+                ns,
+                name,
+                "Normal",
+                "Pulling",
+                &format!("pulling image {}", plan.image),
+            );
+            self.engine
+                .pull(&plan.image)
+                .await
+                .map_err(|e| ("ErrImagePull", e))?;
+            self.store.record_event(
+                ns,
+                name,
+                "Normal",
+                "Pulled",
+                &format!("pulled image {}", plan.image),
+            );
+        }
+        let port = free_port().map_err(|e| ("FailedCreate", EngineError::Output(e.to_string())))?;
+        self.engine
+            .start(plan, port)
+            .await
+            .map_err(|e| ("FailedCreate", e))?;
+        self.store.record_event(
+            ns,
+            name,
+            "Normal",
+            "Started",
+            &format!("started container {} from {}", plan.name, plan.image),
+        );
+        Ok(port)
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind((PUBLISH_ADDRESS, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// The Ready condition's reason when the engine does not answer.
+const ENGINE_UNAVAILABLE: &str = "EngineUnavailable";
+/// The Ready condition's reason while a container started again after going away is not ready.
+const RESTARTING: &str = "Restarting";
+
+/// A notebook's Ready condition.
+fn ready_condition(notebook: &Notebook) -> Option<&NotebookCondition> {
+    notebook
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// The reason of a notebook's Ready condition.
+fn condition_reason(notebook: &Notebook) -> Option<&str> {
+    ready_condition(notebook)?.reason.as_deref()
+}
+
+fn condition_message(notebook: &Notebook) -> Option<String> {
+    ready_condition(notebook)?.message.clone()
+}
+
+fn condition(kind: &str, status: bool, reason: &str, message: &str) -> NotebookCondition {
+    NotebookCondition {
+        type_: kind.to_owned(),
+        status: if status { "True" } else { "False" }.to_owned(),
+        reason: (!reason.is_empty()).then(|| reason.to_owned()),
+        message: (!message.is_empty()).then(|| message.to_owned()),
+        last_probe_time: None,
+        last_transition_time: None,
+    }
+}
+
+fn stopped_status() -> NotebookStatus {
+    NotebookStatus {
+        conditions: Vec::new(),
+        ready_replicas: 0,
+        container_state: ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                reason: Some("Stopped".into()),
+                exit_code: 0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+fn waiting_status(reason: &str, message: &str) -> NotebookStatus {
+    NotebookStatus {
+        conditions: vec![condition("Ready", false, reason, message)],
+        ready_replicas: 0,
+        container_state: ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.to_owned()),
+                message: Some(message.to_owned()),
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+/// A running container's status; when not ready, `reason` and `why` (what its server answered
+/// instead of being ready, or why it was started again).
+fn running_status(ready: bool, reason: &str, why: &str) -> NotebookStatus {
+    NotebookStatus {
+        conditions: vec![condition(
+            "Ready",
+            ready,
+            if ready { "" } else { reason },
+            if ready { "" } else { why },
+        )],
+        ready_replicas: i32::from(ready),
+        container_state: ContainerState {
+            running: Some(ContainerStateRunning { started_at: None }),
+            ..Default::default()
+        },
+    }
+}
