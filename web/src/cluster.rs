@@ -76,11 +76,7 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
         idle_after: labforge_notebook_controller::culler::CullingConfig::default().idle_time,
         base_path: base_path.clone(),
     };
-    let app = crate::api::router(state.clone())
-        .merge(crate::ui::router(state))
-        .layer(axum::middleware::from_fn(
-            crate::keep_alive::close_if_body_unread,
-        ));
+    let app = crate::ui::app(state);
     let app = if base_path.is_root() {
         app.layer(axum::middleware::map_response(crate::ui::deny_framing))
     } else {

@@ -413,23 +413,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let found = crate::data_dir::check_format(&dir)?;
     // What an earlier run that did not stop cleanly left; this one writes its own once it serves.
     let _ = std::fs::remove_file(dir.join(RunningRecord::FILE));
-    let self_signed = match options.tls {
-        Some(TlsSource::SelfSigned) => Some(crate::self_signed::ensure(
-            &dir.join("tls"),
-            &certificate_names(options.notebook_domain.as_deref(), options.listen)?,
-            jiff::Timestamp::now(),
-        )?),
-        _ => None,
-    };
-    let tls = match (&options.tls, &self_signed) {
-        (Some(TlsSource::Files(files)), _) => Some(files.clone()),
-        (_, Some(made)) => Some(made.files.clone()),
-        _ => None,
-    };
-    // Read now, so that a wrong path stops the start before anything else is set up.
-    if let Some(files) = &tls {
-        labforge_proxy::server::tls_acceptor(files)?;
-    }
+    let (self_signed, tls) = tls_files(&options, &dir)?;
     let users = Users::open(&dir)?;
     let auth = Arc::new(LocalAuth {
         users,
@@ -445,47 +429,19 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
 
     let (registry, registry_child) = match &options.registry {
         Some(registry) => (registry.clone(), None),
-        None => {
-            let child =
-                start_registry(&options.registry_program, &dir, options.registry_listen).await?;
-            (options.registry_listen.to_string(), Some(child))
-        }
+        None => (
+            options.registry_listen.to_string(),
+            Some(start_registry(&options.registry_program, &dir, options.registry_listen).await?),
+        ),
     };
     let mut insecure = options.insecure_registries.clone();
     insecure.push(registry.clone());
 
-    // The agent is copied into a directory of its own: that directory is what notebooks mount.
     let agent_dir = match &options.agent {
-        Some(agent) => {
-            let target_dir = dir.join("agent");
-            let target = target_dir.join("labforge-agent");
-            let copy = || -> std::io::Result<()> {
-                std::fs::create_dir_all(&target_dir)?;
-                let temporary = target_dir.join(".labforge-agent.tmp");
-                std::fs::copy(agent, &temporary)?;
-                std::fs::rename(&temporary, &target)
-            };
-            copy().map_err(|source| UpError::Agent {
-                path: agent.clone(),
-                source,
-            })?;
-            Some(target_dir)
-        }
+        Some(agent) => Some(install_agent(agent, &dir)?),
         None => None,
     };
-
-    let mut spawner = options
-        .spawner
-        .clone()
-        .unwrap_or_else(|| default_spawner(&registry));
-    let gpus = GpuPool::discover(&spawner.gpu_vendors, &options.cdi_dirs);
-    // Only vendors with devices here are offered.
-    let available = gpus.available_vendors();
-    spawner
-        .gpu_vendors
-        .retain(|v| available.contains(&v.limits_key));
-    // More than this machine has would wait forever: refused when asked, and the form's limit.
-    spawner.defaults.max_gpus = spawner.defaults.max_gpus.min(gpus.most_devices());
+    let (spawner, gpus) = spawner_for_this_machine(&options, &registry);
 
     let builder_config = BuilderConfig {
         notebook_domain: options.notebook_domain.clone(),
@@ -497,30 +453,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         insecure_registries: insecure.clone(),
         instance: instance_id(&dir)?,
     };
-    let save_options = SaveOptions {
-        compression: Compression::Zstd { level: 3 },
-        registry: RegistryOptions {
-            insecure: insecure.clone(),
-            credentials: None,
-            trusted_token_realms: Vec::new(),
-            stall_timeout: None,
-        },
-        cache: Some(
-            options
-                .cache
-                .take()
-                .unwrap_or_else(|| BlobCache::Dir(dir.join("cache"))),
-        ),
-        runtime: RuntimeConfig::default(),
-        scratch_dir: dir.join("scratch"),
-        created_by: "labforge save (web)".into(),
-        // A save with nothing to keep makes no image: the notebook's own is that already.
-        push_unchanged: false,
-    };
-    std::fs::create_dir_all(&save_options.scratch_dir).map_err(|source| UpError::DataDir {
-        path: save_options.scratch_dir.clone(),
-        source,
-    })?;
+    let save_options = save_options(options.cache.take(), &dir, &insecure)?;
 
     // The web app listens on loopback only; users reach it through the proxy.
     let web_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -528,36 +461,14 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         .map_err(UpError::Web)?;
     let web_addr = web_listener.local_addr().map_err(UpError::Web)?;
     let proxy = labforge_proxy::start(
-        ProxyOptions {
-            listen: options.listen,
-            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-            gateway: GatewayFilter(Some(builder_config.gateway.clone())),
-            identity: auth.clone(),
-            access: auth.clone(),
-            tls: tls.clone(),
-            upstream_addresses: Default::default(),
-            threads: 0,
-            upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
-            upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
-            request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
-            fallback: Some(web_addr.to_string()),
-            // Every route is the runtime's own (`RouteStore::upsert`), trusted.
-            confinement: Default::default(),
-            visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
-                .map(String::from)
-                .into(),
-            max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
-            body_pace: Default::default(),
-            // The web app on the domain itself, each notebook on a host below it.
-            notebook_hosts: options
-                .notebook_domain
-                .as_ref()
-                .map(|domain| NotebookHosts {
-                    domain: domain.clone(),
-                    sign_in: Some(notebook_sign_in.clone()),
-                }),
-            app_path: Some("/".into()),
-        },
+        proxy_options(
+            &options,
+            &auth,
+            &builder_config,
+            tls.clone(),
+            web_addr,
+            &notebook_sign_in,
+        ),
         RoutesFrom::Pushed,
     )
     .await?;
@@ -585,36 +496,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Some(saves.clone()),
         secrets.clone(),
     ));
-    if let crate::data_dir::Found::Older(format) = found {
-        tracing::info!(
-            from = format,
-            to = crate::data_dir::FORMAT,
-            "migrating the data dir"
-        );
-    }
-    // Format 1: workspace volumes under their injective names. Until every one is, the format
-    // stays older, and the next start tries again.
-    let mut migrated = true;
-    if found == crate::data_dir::Found::Older(0) {
-        let namespaces = auth.users.list().into_iter().map(|u| u.namespace);
-        let volumes = runtime.migrate_legacy_volumes(&dir, namespaces).await;
-        if volumes.copied > 0 {
-            tracing::info!(
-                copied = volumes.copied,
-                "workspace volumes moved to their new names"
-            );
-        }
-        if volumes.left > 0 {
-            tracing::warn!(
-                left = volumes.left,
-                "workspace volumes left under their old names; the data dir stays at format 0 and the next start tries again"
-            );
-            migrated = false;
-        }
-    }
-    if found != crate::data_dir::Found::Current && migrated {
-        crate::data_dir::record_format(&dir)?;
-    }
+    migrate_data_dir(&dir, found, &runtime, &auth).await?;
     match runtime.adopt().await {
         Ok(0) => {}
         Ok(adopted) => tracing::info!(adopted, "notebooks still running were adopted"),
@@ -622,15 +504,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     }
     let usage = Arc::new(crate::usage::UsageBoard::default());
     let metrics = match options.metrics_listen {
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|source| UpError::Metrics { address, source })?;
-            let bound = listener
-                .local_addr()
-                .map_err(|source| UpError::Metrics { address, source })?;
-            Some((listener, format!("http://{bound}/metrics")))
-        }
+        Some(address) => Some(metrics_listener(address).await?),
         None => None,
     };
     let sampler = tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone()));
@@ -661,12 +535,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         idle_after: options.culling.idle_time,
         base_path: Default::default(),
     };
-    let api = crate::api::router(state.clone())
-        .merge(crate::ui::router(state))
-        .layer(axum::middleware::from_fn(
-            crate::keep_alive::close_if_body_unread,
-        ))
-        .layer(axum::middleware::map_response(crate::ui::deny_framing));
+    let api = crate::ui::app(state).layer(axum::middleware::map_response(crate::ui::deny_framing));
     let mut tasks = vec![
         session_watch,
         tokio::spawn(async move {
@@ -689,25 +558,15 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             options.culling.clone(),
         )));
     }
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let url = match &options.notebook_domain {
-        Some(domain) => format!("{scheme}://{domain}:{}/", proxy.addr.port()),
-        None => format!("{scheme}://{}/", proxy.addr),
-    };
-    if let Err(err) = lock.record(&url) {
-        tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot write the instance's URL into the data dir's lock file");
-    }
-    let record = RunningRecord {
-        pid: std::process::id(),
-        url: url.clone(),
-        registry: registry.clone(),
-        local_registry: registry_child.is_some(),
-        engine: options.engine.clone(),
-        started: jiff::Timestamp::now(),
-    };
-    if let Err(err) = record.write(&dir) {
-        tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot record the running instance for labforge status");
-    }
+    let url = announce(
+        &options,
+        &dir,
+        &lock,
+        &proxy,
+        tls.is_some(),
+        &registry,
+        registry_child.is_some(),
+    );
     Ok(Running {
         url,
         registry,
@@ -722,6 +581,228 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         _registry: registry_child,
         _lock: lock,
     })
+}
+
+/// The URL `up` serves at, written where `labforge status` and a second `up` read it.
+fn announce(
+    options: &UpOptions,
+    dir: &Path,
+    lock: &InstanceLock,
+    proxy: &RunningProxy,
+    tls: bool,
+    registry: &str,
+    local_registry: bool,
+) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let url = match &options.notebook_domain {
+        Some(domain) => format!("{scheme}://{domain}:{}/", proxy.addr.port()),
+        None => format!("{scheme}://{}/", proxy.addr),
+    };
+    if let Err(err) = lock.record(&url) {
+        tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot write the instance's URL into the data dir's lock file");
+    }
+    let record = RunningRecord {
+        pid: std::process::id(),
+        url: url.clone(),
+        registry: registry.to_owned(),
+        local_registry,
+        engine: options.engine.clone(),
+        started: jiff::Timestamp::now(),
+    };
+    if let Err(err) = record.write(dir) {
+        tracing::warn!(error = %labforge_messages::error_chain(&err), "cannot record the running instance for labforge status");
+    }
+    url
+}
+
+/// The certificate the proxy serves, if any: the admin's files, or one made and kept in the data
+/// dir (returned too, so that `up` can say where it is). Read now, so that a wrong path stops the
+/// start before anything else is set up.
+fn tls_files(
+    options: &UpOptions,
+    dir: &Path,
+) -> Result<
+    (
+        Option<crate::self_signed::SelfSigned>,
+        Option<labforge_proxy::server::TlsFiles>,
+    ),
+    UpError,
+> {
+    let self_signed = match options.tls {
+        Some(TlsSource::SelfSigned) => Some(crate::self_signed::ensure(
+            &dir.join("tls"),
+            &certificate_names(options.notebook_domain.as_deref(), options.listen)?,
+            jiff::Timestamp::now(),
+        )?),
+        _ => None,
+    };
+    let tls = match (&options.tls, &self_signed) {
+        (Some(TlsSource::Files(files)), _) => Some(files.clone()),
+        (_, Some(made)) => Some(made.files.clone()),
+        _ => None,
+    };
+    if let Some(files) = &tls {
+        labforge_proxy::server::tls_acceptor(files)?;
+    }
+    Ok((self_signed, tls))
+}
+
+/// Copies the agent into a directory of its own in the data dir: that directory is what
+/// notebooks mount. Returns the directory.
+fn install_agent(agent: &Path, dir: &Path) -> Result<PathBuf, UpError> {
+    let target_dir = dir.join("agent");
+    let target = target_dir.join("labforge-agent");
+    let copy = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&target_dir)?;
+        let temporary = target_dir.join(".labforge-agent.tmp");
+        std::fs::copy(agent, &temporary)?;
+        std::fs::rename(&temporary, &target)
+    };
+    copy().map_err(|source| UpError::Agent {
+        path: agent.to_owned(),
+        source,
+    })?;
+    Ok(target_dir)
+}
+
+/// The spawner's options as this machine can honour them, and its GPUs: only vendors with devices
+/// here are offered, and no more GPUs than it has (more would wait forever).
+fn spawner_for_this_machine(options: &UpOptions, registry: &str) -> (SpawnerConfig, GpuPool) {
+    let mut spawner = options
+        .spawner
+        .clone()
+        .unwrap_or_else(|| default_spawner(registry));
+    let gpus = GpuPool::discover(&spawner.gpu_vendors, &options.cdi_dirs);
+    let available = gpus.available_vendors();
+    spawner
+        .gpu_vendors
+        .retain(|v| available.contains(&v.limits_key));
+    spawner.defaults.max_gpus = spawner.defaults.max_gpus.min(gpus.most_devices());
+    (spawner, gpus)
+}
+
+/// How saves run here: zstd, the local registry (and the admin's insecure ones), blobs cached in
+/// `cache` or the data dir, scratch space in the data dir (made now).
+fn save_options(
+    cache: Option<BlobCache>,
+    dir: &Path,
+    insecure: &[String],
+) -> Result<SaveOptions, UpError> {
+    let options = SaveOptions {
+        compression: Compression::Zstd { level: 3 },
+        registry: RegistryOptions {
+            insecure: insecure.to_vec(),
+            credentials: None,
+            trusted_token_realms: Vec::new(),
+            stall_timeout: None,
+        },
+        cache: Some(cache.unwrap_or_else(|| BlobCache::Dir(dir.join("cache")))),
+        runtime: RuntimeConfig::default(),
+        scratch_dir: dir.join("scratch"),
+        created_by: "labforge save (web)".into(),
+        // A save with nothing to keep makes no image: the notebook's own is that already.
+        push_unchanged: false,
+    };
+    std::fs::create_dir_all(&options.scratch_dir).map_err(|source| UpError::DataDir {
+        path: options.scratch_dir.clone(),
+        source,
+    })?;
+    Ok(options)
+}
+
+/// The proxy of `up`: the one entry point, on `options.listen`, with the web app (at `web_addr`)
+/// behind every path that is no notebook's, and the local users as identity and access.
+fn proxy_options(
+    options: &UpOptions,
+    auth: &Arc<LocalAuth>,
+    builder_config: &BuilderConfig,
+    tls: Option<labforge_proxy::server::TlsFiles>,
+    web_addr: SocketAddr,
+    notebook_sign_in: &Arc<crate::notebook_sign_in::NotebookSignIn>,
+) -> ProxyOptions {
+    ProxyOptions {
+        listen: options.listen,
+        admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+        gateway: GatewayFilter(Some(builder_config.gateway.clone())),
+        identity: auth.clone(),
+        access: auth.clone(),
+        tls,
+        upstream_addresses: Default::default(),
+        threads: 0,
+        upstream_idle_timeout: labforge_proxy::upstream::DEFAULT_IDLE_TIMEOUT,
+        upstream_connect_timeout: labforge_proxy::upstream::DEFAULT_CONNECT_TIMEOUT,
+        request_head_timeout: labforge_proxy::server::DEFAULT_REQUEST_HEAD_TIMEOUT,
+        fallback: Some(web_addr.to_string()),
+        // Every route is the runtime's own (`RouteStore::upsert`), trusted.
+        confinement: Default::default(),
+        visitor_cookies: labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
+            .map(String::from)
+            .into(),
+        max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
+        body_pace: Default::default(),
+        // The web app on the domain itself, each notebook on a host below it.
+        notebook_hosts: options
+            .notebook_domain
+            .as_ref()
+            .map(|domain| NotebookHosts {
+                domain: domain.clone(),
+                sign_in: Some(notebook_sign_in.clone()),
+            }),
+        app_path: Some("/".into()),
+    }
+}
+
+/// Brings an older data dir to the current format, and records it once everything moved.
+async fn migrate_data_dir(
+    dir: &Path,
+    found: crate::data_dir::Found,
+    runtime: &Runtime,
+    auth: &LocalAuth,
+) -> Result<(), UpError> {
+    if let crate::data_dir::Found::Older(format) = found {
+        tracing::info!(
+            from = format,
+            to = crate::data_dir::FORMAT,
+            "migrating the data dir"
+        );
+    }
+    // Format 1: workspace volumes under their injective names. Until every one is, the format
+    // stays older, and the next start tries again.
+    let mut migrated = true;
+    if found == crate::data_dir::Found::Older(0) {
+        let namespaces = auth.users.list().into_iter().map(|u| u.namespace);
+        let volumes = runtime.migrate_legacy_volumes(dir, namespaces).await;
+        if volumes.copied > 0 {
+            tracing::info!(
+                copied = volumes.copied,
+                "workspace volumes moved to their new names"
+            );
+        }
+        if volumes.left > 0 {
+            tracing::warn!(
+                left = volumes.left,
+                "workspace volumes left under their old names; the data dir stays at format 0 and the next start tries again"
+            );
+            migrated = false;
+        }
+    }
+    if found != crate::data_dir::Found::Current && migrated {
+        crate::data_dir::record_format(dir)?;
+    }
+    Ok(())
+}
+
+/// A listener for the metrics endpoint on `address`, and the URL it answers at.
+async fn metrics_listener(
+    address: SocketAddr,
+) -> Result<(tokio::net::TcpListener, String), UpError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| UpError::Metrics { address, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| UpError::Metrics { address, source })?;
+    Ok((listener, format!("http://{bound}/metrics")))
 }
 
 /// Culling as in cluster mode: the proxy's traffic and Jupyter's kernels say when a notebook was

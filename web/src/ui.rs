@@ -788,6 +788,16 @@ async fn not_found(State(state): State<ApiState>, headers: HeaderMap) -> Respons
     )
 }
 
+/// The whole web app, as both modes serve it: the API and the pages.
+pub fn app(state: ApiState) -> Router {
+    crate::api::router(state.clone())
+        .merge(router(state))
+        .layer(axum::middleware::from_fn(
+            crate::keep_alive::close_if_body_unread,
+        ))
+}
+
+/// The pages and their assets.
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/", get(notebooks_page))
