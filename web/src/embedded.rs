@@ -400,23 +400,10 @@ pub fn default_spawner(registry: &str) -> SpawnerConfig {
 
 /// Starts everything; returns once the URL answers.
 pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
-    // Checked first: without the engine no notebook could ever start, and every reconcile
-    // would say so again.
-    if which_engine(&options.engine).is_none() {
-        return Err(UpError::EngineMissing {
-            program: options.engine.display().to_string(),
-        });
-    }
-    let dir = data_dir(&options.data_dir)?;
-    let lock = InstanceLock::acquire(&dir)?;
-    // Before anything reads or writes the data: a newer labforge's data is refused untouched.
-    let found = crate::data_dir::check_format(&dir)?;
-    // What an earlier run that did not stop cleanly left; this one writes its own once it serves.
-    let _ = std::fs::remove_file(dir.join(RunningRecord::FILE));
+    let (dir, lock, found) = open_data_dir(&options)?;
     let (self_signed, tls) = tls_files(&options, &dir)?;
-    let users = Users::open(&dir)?;
     let auth = Arc::new(LocalAuth {
-        users,
+        users: Users::open(&dir)?,
         sessions: Sessions::default(),
     });
     let store = Arc::new(Store::open(&dir.join("store"))?);
@@ -507,7 +494,6 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Some(address) => Some(metrics_listener(address).await?),
         None => None,
     };
-    let sampler = tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone()));
     let state = ApiState {
         backend: store.clone(),
         access: auth.clone(),
@@ -526,7 +512,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         }),
         image_check: Some(Arc::new(crate::image_check::RegistryImageCheck {
             options: RegistryOptions {
-                insecure: insecure.clone(),
+                insecure,
                 ..RegistryOptions::default()
             },
             engine: Some(options.engine.clone()),
@@ -544,18 +530,20 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             }
         }),
         tokio::spawn(runtime.clone().run()),
-        sampler,
+        tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone())),
     ];
     let metrics_url = metrics.map(|(listener, url)| {
         tasks.push(tokio::spawn(crate::usage::serve_metrics(listener, usage)));
         url
     });
     if options.culling.enabled {
+        let activity = proxy.activity.clone();
+        let culling = options.culling.clone();
         tasks.push(tokio::spawn(cull(
             store.clone(),
             runtime.clone(),
-            proxy.activity.clone(),
-            options.culling.clone(),
+            activity,
+            culling,
         )));
     }
     let url = announce(
@@ -581,6 +569,25 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         _registry: registry_child,
         _lock: lock,
     })
+}
+
+/// The data dir, held for this instance, and the format it was found in. The engine is checked
+/// first: without it no notebook could ever start, and every reconcile would say so again.
+fn open_data_dir(
+    options: &UpOptions,
+) -> Result<(PathBuf, InstanceLock, crate::data_dir::Found), UpError> {
+    if which_engine(&options.engine).is_none() {
+        return Err(UpError::EngineMissing {
+            program: options.engine.display().to_string(),
+        });
+    }
+    let dir = data_dir(&options.data_dir)?;
+    let lock = InstanceLock::acquire(&dir)?;
+    // Before anything reads or writes the data: a newer labforge's data is refused untouched.
+    let found = crate::data_dir::check_format(&dir)?;
+    // What an earlier run that did not stop cleanly left; this one writes its own once it serves.
+    let _ = std::fs::remove_file(dir.join(RunningRecord::FILE));
+    Ok((dir, lock, found))
 }
 
 /// The URL `up` serves at, written where `labforge status` and a second `up` read it.
