@@ -221,6 +221,35 @@ struct NotebookSignInQuery {
     return_to: String,
 }
 
+/// What is wrong with a notebook sign-in link, if anything: `return` must be a path below the
+/// notebook's prefix, short and printable, and `state` the hex the proxy chose.
+fn sign_in_link_problem(query: &NotebookSignInQuery) -> Option<String> {
+    let prefix =
+        labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
+    let below_prefix = query
+        .return_to
+        .strip_prefix(&prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']));
+    if !below_prefix
+        || query.return_to.len() > MAX_RETURN
+        || query
+            .return_to
+            .bytes()
+            .any(|b| b.is_ascii_control() || b == b' ')
+    {
+        return Some(format!(
+            "return must be a path below {prefix}/ of at most {MAX_RETURN} bytes, without spaces or control characters."
+        ));
+    }
+    if query.state.is_empty()
+        || query.state.len() > 64
+        || !query.state.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Some("state must be the hex the proxy chose.".to_owned());
+    }
+    None
+}
+
 /// Signs a visitor in to a notebook's own host (the proxy sent them here): access checked, a
 /// one-time code for that notebook and browser, and back to the notebook's host with it.
 async fn notebook_sign_in(
@@ -260,38 +289,12 @@ async fn notebook_sign_in(
         let next = uri.path_and_query().map_or("/", |p| p.as_str());
         return to_login_then(&state.base_path, next);
     };
-    let prefix =
-        labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
-    let below_prefix = query
-        .return_to
-        .strip_prefix(&prefix)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']));
-    if !below_prefix
-        || query.return_to.len() > MAX_RETURN
-        || query
-            .return_to
-            .bytes()
-            .any(|b| b.is_ascii_control() || b == b' ')
-    {
+    if let Some(problem) = sign_in_link_problem(&query) {
         return error_page(
             &state.base_path,
             StatusCode::BAD_REQUEST,
             "Bad sign-in link",
-            &format!(
-                "return must be a path below {prefix}/ of at most {MAX_RETURN} bytes, without spaces or control characters."
-            ),
-            Some(&user),
-        );
-    }
-    if query.state.is_empty()
-        || query.state.len() > 64
-        || !query.state.bytes().all(|b| b.is_ascii_hexdigit())
-    {
-        return error_page(
-            &state.base_path,
-            StatusCode::BAD_REQUEST,
-            "Bad sign-in link",
-            "state must be the hex the proxy chose.",
+            &problem,
             Some(&user),
         );
     }
@@ -468,52 +471,58 @@ struct NewQuery {
     ns: Option<String>,
 }
 
-fn spawner_form(
+/// The image choices for `server_type`: the catalog's (its default selected unless an image is
+/// preset), then the user's saved images for that server.
+fn image_options(
     config: &SpawnerConfig,
     saved: &[SavedImage],
     preset_image: Option<&str>,
+    server_type: ServerType,
 ) -> String {
-    let options = |server_type: ServerType| {
-        let saved_options: String = saved
-            .iter()
-            .filter(|i| i.server_type.is_none_or(|t| t == server_type))
-            .map(|i| {
-                format!(
-                    r#"<option value="{v}">{v} — saved from {nb}</option>"#,
-                    v = escape(&i.image),
-                    nb = escape(&i.notebook)
-                )
-            })
-            .collect();
-        let saved_group = if saved_options.is_empty() {
-            String::new()
-        } else {
-            format!(r#"<optgroup label="Your saved images">{saved_options}</optgroup>"#)
-        };
-        let catalog: String = config
-            .images
-            .iter()
-            .filter(|i| i.server_type == server_type)
-            .map(|i| {
-                let selected = if preset_image.is_none() && i.default {
-                    " selected"
-                } else {
-                    ""
-                };
-                format!(
-                    r#"<option value="{v}"{selected}>{v}{d}</option>"#,
-                    v = escape(&i.image),
-                    d = if i.description.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" — {}", escape(&i.description))
-                    }
-                )
-            })
-            .collect();
-        format!(r#"<optgroup label="Catalog">{catalog}</optgroup>{saved_group}"#)
+    let saved_options: String = saved
+        .iter()
+        .filter(|i| i.server_type.is_none_or(|t| t == server_type))
+        .map(|i| {
+            format!(
+                r#"<option value="{v}">{v} — saved from {nb}</option>"#,
+                v = escape(&i.image),
+                nb = escape(&i.notebook)
+            )
+        })
+        .collect();
+    let saved_group = if saved_options.is_empty() {
+        String::new()
+    } else {
+        format!(r#"<optgroup label="Your saved images">{saved_options}</optgroup>"#)
     };
-    let custom = if config.allow_custom_images {
+    let catalog: String = config
+        .images
+        .iter()
+        .filter(|i| i.server_type == server_type)
+        .map(|i| {
+            let selected = if preset_image.is_none() && i.default {
+                " selected"
+            } else {
+                ""
+            };
+            format!(
+                r#"<option value="{v}"{selected}>{v}{d}</option>"#,
+                v = escape(&i.image),
+                d = if i.description.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — {}", escape(&i.description))
+                }
+            )
+        })
+        .collect();
+    format!(r#"<optgroup label="Catalog">{catalog}</optgroup>{saved_group}"#)
+}
+
+/// The custom image field where the admin allows one (holding `preset_image`), else only the
+/// place where the image's error shows.
+fn custom_image_field(config: &SpawnerConfig, preset_image: Option<&str>) -> String {
+    if config.allow_custom_images {
         format!(
             r#"<label for="customImage">Custom image <span class="hint">(instead of the list)</span></label>
 <input id="customImage" name="customImage" placeholder="registry.example.com/team/image:tag" value="{}">
@@ -522,29 +531,42 @@ fn spawner_form(
         )
     } else {
         r#"<p class="error" data-error-for="image"></p>"#.to_owned()
-    };
-    let gpus = if config.gpu_vendors.is_empty() {
-        r#"<p class="hint">No GPUs are available here.</p>"#.to_owned()
-    } else {
-        let vendors: String = config
-            .gpu_vendors
-            .iter()
-            .map(|v| {
-                format!(
-                    r#"<option value="{}">{}</option>"#,
-                    escape(&v.limits_key),
-                    escape(&v.name)
-                )
-            })
-            .collect();
-        format!(
-            r#"<div class="pair"><div><label for="gpuVendor">GPU vendor</label><select id="gpuVendor" name="gpuVendor"><option value="">None</option>{vendors}</select>
+    }
+}
+
+/// The GPU vendor and count, or a line saying there are none here.
+fn gpu_fields(config: &SpawnerConfig) -> String {
+    if config.gpu_vendors.is_empty() {
+        return r#"<p class="hint">No GPUs are available here.</p>"#.to_owned();
+    }
+    let vendors: String = config
+        .gpu_vendors
+        .iter()
+        .map(|v| {
+            format!(
+                r#"<option value="{}">{}</option>"#,
+                escape(&v.limits_key),
+                escape(&v.name)
+            )
+        })
+        .collect();
+    format!(
+        r#"<div class="pair"><div><label for="gpuVendor">GPU vendor</label><select id="gpuVendor" name="gpuVendor"><option value="">None</option>{vendors}</select>
 <p class="error" data-error-for="gpus.vendor"></p></div>
 <div><label for="gpuCount">GPUs</label><input id="gpuCount" name="gpuCount" type="number" min="0" max="{max}" value="0">
 <p class="error" data-error-for="gpus.count"></p></div></div>"#,
-            max = config.defaults.max_gpus
-        )
-    };
+        max = config.defaults.max_gpus
+    )
+}
+
+fn spawner_form(
+    config: &SpawnerConfig,
+    saved: &[SavedImage],
+    preset_image: Option<&str>,
+) -> String {
+    let options = |server_type| image_options(config, saved, preset_image, server_type);
+    let custom = custom_image_field(config, preset_image);
+    let gpus = gpu_fields(config);
     // RStudio only where the catalog has an image for it.
     let offers_rstudio = config.default_image(ServerType::Rstudio).is_some();
     let d = &config.defaults;
@@ -817,6 +839,40 @@ pub fn router(state: ApiState) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sign_in_link_returns_below_its_notebook_with_the_proxys_state() {
+        let link = |return_to: &str, state: &str| NotebookSignInQuery {
+            namespace: "alice".into(),
+            name: "lab".into(),
+            state: state.into(),
+            return_to: return_to.into(),
+        };
+        assert_eq!(
+            sign_in_link_problem(&link("/notebook/alice/lab/tree?x=1", "0af3")),
+            None
+        );
+        assert_eq!(
+            sign_in_link_problem(&link("/notebook/alice/lab", "0af3")),
+            None
+        );
+        for (return_to, state) in [
+            ("/notebook/alice/lab2/", "0af3"),
+            ("/notebook/bob/lab/", "0af3"),
+            ("https://evil.example/notebook/alice/lab/", "0af3"),
+            ("/notebook/alice/lab/a b", "0af3"),
+            ("/notebook/alice/lab/\r\nSet-Cookie: x", "0af3"),
+            ("/notebook/alice/lab/", ""),
+            ("/notebook/alice/lab/", "not-hex"),
+        ] {
+            assert!(
+                sign_in_link_problem(&link(return_to, state)).is_some(),
+                "{return_to:?} with state {state:?} was taken"
+            );
+        }
+        let long = format!("/notebook/alice/lab/{}", "a".repeat(MAX_RETURN));
+        assert!(sign_in_link_problem(&link(&long, "0af3")).is_some());
+    }
 
     #[test]
     fn text_cannot_break_out_of_markup() {

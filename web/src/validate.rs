@@ -457,19 +457,9 @@ fn shared_memory(asked: &str, defaults: &crate::config::Defaults) -> Result<Stri
     Ok(shm)
 }
 
-/// The Notebook of a request whose every field checked out.
-#[allow(clippy::too_many_arguments)]
-fn assemble(
-    request: &NotebookRequest,
-    namespace: &str,
-    owner: &str,
-    config: &SpawnerConfig,
-    image: String,
-    resources: Resources,
-    claims: &[Claim],
-    shm: String,
-    env: Vec<EnvVar>,
-) -> Notebook {
+/// The pod's volumes and the container's mounts: each claim, and `/dev/shm` in memory when `shm`
+/// is more than nothing.
+fn volumes_and_mounts(claims: &[Claim], shm: String) -> (Vec<Volume>, Vec<VolumeMount>) {
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     for claim in claims {
@@ -502,7 +492,18 @@ fn assemble(
             ..Default::default()
         });
     }
+    (volumes, mounts)
+}
 
+/// The Notebook's annotations: its creator, auto-save, server type, the route's rewrite and
+/// headers its server needs, and the sizes asked for new volumes.
+fn annotations(
+    request: &NotebookRequest,
+    namespace: &str,
+    owner: &str,
+    config: &SpawnerConfig,
+    claims: &[Claim],
+) -> BTreeMap<String, String> {
     let mut annotations = BTreeMap::from([
         (CREATOR_ANNOTATION.to_owned(), owner.to_owned()),
         (
@@ -548,7 +549,24 @@ fn assemble(
             serde_json::to_string(&volume_sizes).unwrap_or_default(),
         );
     }
+    annotations
+}
 
+/// The Notebook of a request whose every field checked out.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    request: &NotebookRequest,
+    namespace: &str,
+    owner: &str,
+    config: &SpawnerConfig,
+    image: String,
+    resources: Resources,
+    claims: &[Claim],
+    shm: String,
+    env: Vec<EnvVar>,
+) -> Notebook {
+    let (volumes, mounts) = volumes_and_mounts(claims, shm);
+    let annotations = annotations(request, namespace, owner, config, claims);
     Notebook {
         metadata: ObjectMeta {
             name: Some(request.name.clone()),
