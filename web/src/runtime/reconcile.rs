@@ -290,28 +290,8 @@ impl Runtime {
         let event = |kind: &str, reason: &str, message: &str| {
             self.store.record_event(&ns, &name, kind, reason, message)
         };
-        let vs_name = builders::virtual_service_name(&ns, &name);
         if notebook.is_stopped() {
-            if let Some(container) = existing {
-                if container.running
-                    && notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true")
-                    && let Some(saves) = &self.saves
-                {
-                    self.save_before_stop(saves, notebook).await;
-                }
-                match self.engine.remove(&container.name).await {
-                    Ok(()) => event(
-                        "Normal",
-                        "Stopped",
-                        "the notebook's container was removed; its workspace is kept",
-                    ),
-                    Err(err) => event("Warning", "StopFailed", &err.to_string()),
-                }
-            }
-            self.routes.remove(&ns, &vs_name);
-            self.gpus.release(&ns, &name);
-            self.set_port(&ns, &name, None);
-            self.set_status(notebook, stopped_status());
+            self.stop(notebook, existing).await;
             return;
         }
         let preferred = existing
@@ -358,17 +338,7 @@ impl Runtime {
                         "the notebook changed; its container is replaced",
                     );
                 } else if !c.running {
-                    restarted = Some((
-                        "ContainerExited",
-                        format!(
-                            "its container {} stopped ({}{}); starting it again",
-                            c.name,
-                            c.state,
-                            c.exit_code
-                                .map(|code| format!(", exit code {code}"))
-                                .unwrap_or_default()
-                        ),
-                    ));
+                    restarted = Some(("ContainerExited", exited(&c)));
                 }
                 if let Err(err) = self.engine.remove(&c.name).await {
                     event("Warning", "FailedRemove", &err.to_string());
@@ -408,11 +378,67 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
+        let (ready, unexpected) = self.readiness(notebook, port).await;
+        if ready && !was_ready {
+            event("Normal", "Ready", "the notebook answers");
+        }
+        // Not ready yet after a restart of ours: still say why it restarted.
+        let restarting = restarted.map(|(_, message)| message).or_else(|| {
+            matches!(
+                condition_reason(notebook),
+                Some("ContainerExited" | "ContainerGone" | RESTARTING)
+            )
+            .then(|| condition_message(notebook))
+            .flatten()
+        });
+        let status = match restarting {
+            Some(message) if !ready && unexpected.is_empty() => {
+                running_status(false, RESTARTING, &message)
+            }
+            _ => running_status(ready, "Starting", &unexpected),
+        };
+        self.set_status(notebook, status);
+    }
+
+    /// A stopped notebook: its container saved first under auto-save, then removed; its route,
+    /// GPUs and port let go.
+    async fn stop(&self, notebook: &Notebook, existing: Option<RunningContainer>) {
+        let ns = notebook.metadata.namespace.clone().unwrap_or_default();
+        let name = notebook.metadata.name.clone().unwrap_or_default();
+        let event = |kind: &str, reason: &str, message: &str| {
+            self.store.record_event(&ns, &name, kind, reason, message)
+        };
+        let vs_name = builders::virtual_service_name(&ns, &name);
+        if let Some(container) = existing {
+            if container.running
+                && notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true")
+                && let Some(saves) = &self.saves
+            {
+                self.save_before_stop(saves, notebook).await;
+            }
+            match self.engine.remove(&container.name).await {
+                Ok(()) => event(
+                    "Normal",
+                    "Stopped",
+                    "the notebook's container was removed; its workspace is kept",
+                ),
+                Err(err) => event("Warning", "StopFailed", &err.to_string()),
+            }
+        }
+        self.routes.remove(&ns, &vs_name);
+        self.gpus.release(&ns, &name);
+        self.set_port(&ns, &name, None);
+        self.set_status(notebook, stopped_status());
+    }
+
+    /// Whether the notebook's server answers on `port` as its server type does; when it answers
+    /// as something else, what to tell the user. Not answering yet is starting; answering as
+    /// something else is told, since it will not change by waiting (an image of the other IDE,
+    /// say).
+    async fn readiness(&self, notebook: &Notebook, port: u16) -> (bool, String) {
         let (server, path, key) = readiness_check(notebook);
         let url = format!("http://{PUBLISH_ADDRESS}:{port}{path}");
-        // Not answering yet is starting; answering as something else is told, since it will not
-        // change by waiting (an image of the other IDE, say).
-        let (ready, unexpected) = match self.http.get(&url).send().await {
+        match self.http.get(&url).send().await {
             Ok(mut response) => {
                 let status = response.status().as_u16();
                 // The server is its owner's: its answer is read up to what a version or a
@@ -437,26 +463,7 @@ impl Runtime {
                 }
             }
             Err(_) => (false, String::new()),
-        };
-        if ready && !was_ready {
-            event("Normal", "Ready", "the notebook answers");
         }
-        // Not ready yet after a restart of ours: still say why it restarted.
-        let restarting = restarted.map(|(_, message)| message).or_else(|| {
-            matches!(
-                condition_reason(notebook),
-                Some("ContainerExited" | "ContainerGone" | RESTARTING)
-            )
-            .then(|| condition_message(notebook))
-            .flatten()
-        });
-        let status = match restarting {
-            Some(message) if !ready && unexpected.is_empty() => {
-                running_status(false, RESTARTING, &message)
-            }
-            _ => running_status(ready, "Starting", &unexpected),
-        };
-        self.set_status(notebook, status);
     }
 
     /// Saves the environment of a notebook being stopped and moves it to the new image. A failed
@@ -560,6 +567,19 @@ fn free_port() -> std::io::Result<u16> {
 const ENGINE_UNAVAILABLE: &str = "EngineUnavailable";
 /// The Ready condition's reason while a container started again after going away is not ready.
 const RESTARTING: &str = "Restarting";
+
+/// What became of a container that stopped by itself, as the notebook's state tells it.
+fn exited(container: &RunningContainer) -> String {
+    format!(
+        "its container {} stopped ({}{}); starting it again",
+        container.name,
+        container.state,
+        container
+            .exit_code
+            .map(|code| format!(", exit code {code}"))
+            .unwrap_or_default()
+    )
+}
 
 /// A notebook's Ready condition.
 fn ready_condition(notebook: &Notebook) -> Option<&NotebookCondition> {
