@@ -400,8 +400,151 @@ pub fn default_spawner(registry: &str) -> SpawnerConfig {
 
 /// Starts everything; returns once the URL answers.
 pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
-    let (dir, lock, found) = open_data_dir(&options)?;
-    let (self_signed, tls) = tls_files(&options, &dir)?;
+    let opened = open(&mut options).await?;
+    // The web app listens on loopback only; users reach it through the proxy.
+    let web_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(UpError::Web)?;
+    let web_addr = web_listener.local_addr().map_err(UpError::Web)?;
+    let proxy = labforge_proxy::start(
+        proxy_options(
+            &options,
+            &opened.auth,
+            &opened.builder_config,
+            opened.tls.clone(),
+            web_addr,
+            &opened.notebook_sign_in,
+        ),
+        RoutesFrom::Pushed,
+    )
+    .await?;
+    proxy.routes.replace_all(Vec::new());
+    // Made only once the address is ours: a start that fails before has no one to show the
+    // password to.
+    let created_admin = opened.auth.users.ensure_admin()?;
+    // Sessions of users removed or reset by the CLI end, and their tunnels with them.
+    let session_watch = tokio::spawn(opened.auth.clone().watch_sessions());
+
+    let saves = Arc::new(SaveJobs::new(
+        opened.store.clone(),
+        options.engine.clone(),
+        opened.registry.clone(),
+        opened.save_options,
+        opened.spawner.defaults.keep_saved_images,
+    ));
+    let runtime = Arc::new(Runtime::new(
+        opened.engine.clone(),
+        opened.store.clone(),
+        proxy.routes.clone(),
+        opened.builder_config,
+        opened.agent_dir,
+        opened.gpus,
+        Some(saves.clone()),
+        opened.secrets.clone(),
+    ));
+    migrate_data_dir(&opened.dir, opened.found, &runtime, &opened.auth).await?;
+    adopt_running(&runtime).await;
+    let usage = Arc::new(crate::usage::UsageBoard::default());
+    let metrics = match options.metrics_listen {
+        Some(address) => Some(metrics_listener(address).await?),
+        None => None,
+    };
+    let state = ApiState {
+        backend: opened.store.clone(),
+        access: opened.auth.clone(),
+        local_users: Some(opened.auth.clone()),
+        sign_in: Some(Arc::new(crate::sign_in::SignIn::for_this_machine()?)),
+        saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
+        config: Arc::new(opened.spawner),
+        workloads: Arc::new(crate::engine_workloads::EngineWorkloads {
+            engine: opened.engine,
+        }),
+        activity: proxy.activity.clone(),
+        secure_cookies: opened.tls.is_some(),
+        notebook_links: notebook_links(&options, &opened.notebook_sign_in),
+        image_check: Some(image_check(&options, opened.insecure)),
+        usage: Some(usage.clone()),
+        idle_after: options.culling.idle_time,
+        base_path: Default::default(),
+    };
+    let api = crate::ui::app(state).layer(axum::middleware::map_response(crate::ui::deny_framing));
+    let mut tasks = vec![
+        session_watch,
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(web_listener, api).await {
+                tracing::error!(error = %err, "web app stopped");
+            }
+        }),
+        tokio::spawn(runtime.clone().run()),
+        tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone())),
+    ];
+    let metrics_url = metrics.map(|(listener, url)| {
+        tasks.push(tokio::spawn(crate::usage::serve_metrics(listener, usage)));
+        url
+    });
+    if options.culling.enabled {
+        let activity = proxy.activity.clone();
+        let culling = options.culling.clone();
+        tasks.push(tokio::spawn(cull(
+            opened.store.clone(),
+            runtime.clone(),
+            activity,
+            culling,
+        )));
+    }
+    let url = announce(
+        &options,
+        &opened.dir,
+        &opened.lock,
+        &proxy,
+        opened.tls.is_some(),
+        &opened.registry,
+        opened.registry_child.is_some(),
+    );
+    Ok(Running {
+        url,
+        registry: opened.registry,
+        created_admin,
+        self_signed: opened.self_signed,
+        metrics_url,
+        store: opened.store,
+        runtime,
+        proxy,
+        tasks,
+        data_dir: opened.dir.clone(),
+        _registry: opened.registry_child,
+        _lock: opened.lock,
+    })
+}
+
+/// What `up` opens before it serves: the data dir and what it holds, the registry, the engine,
+/// and the settings they give.
+struct Opened {
+    dir: PathBuf,
+    lock: InstanceLock,
+    found: crate::data_dir::Found,
+    self_signed: Option<crate::self_signed::SelfSigned>,
+    tls: Option<labforge_proxy::server::TlsFiles>,
+    auth: Arc<LocalAuth>,
+    store: Arc<Store>,
+    secrets: Arc<NotebookSecrets>,
+    /// The registry saves go to, and the local one's process when `up` runs it.
+    registry: String,
+    registry_child: Option<Child>,
+    insecure: Vec<String>,
+    agent_dir: Option<PathBuf>,
+    spawner: SpawnerConfig,
+    gpus: GpuPool,
+    builder_config: BuilderConfig,
+    notebook_sign_in: Arc<crate::notebook_sign_in::NotebookSignIn>,
+    engine: Engine,
+    save_options: SaveOptions,
+}
+
+/// Opens the data dir and everything `up` keeps there, and starts the local registry.
+async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
+    let (dir, lock, found) = open_data_dir(options)?;
+    let (self_signed, tls) = tls_files(options, &dir)?;
     let auth = Arc::new(LocalAuth {
         users: Users::open(&dir)?,
         sessions: Sessions::default(),
@@ -428,7 +571,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         Some(agent) => Some(install_agent(agent, &dir)?),
         None => None,
     };
-    let (spawner, gpus) = spawner_for_this_machine(&options, &registry);
+    let (spawner, gpus) = spawner_for_this_machine(options, &registry);
 
     let builder_config = BuilderConfig {
         notebook_domain: options.notebook_domain.clone(),
@@ -442,132 +585,64 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     };
     let save_options = save_options(options.cache.take(), &dir, &insecure)?;
 
-    // The web app listens on loopback only; users reach it through the proxy.
-    let web_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(UpError::Web)?;
-    let web_addr = web_listener.local_addr().map_err(UpError::Web)?;
-    let proxy = labforge_proxy::start(
-        proxy_options(
-            &options,
-            &auth,
-            &builder_config,
-            tls.clone(),
-            web_addr,
-            &notebook_sign_in,
-        ),
-        RoutesFrom::Pushed,
-    )
-    .await?;
-    proxy.routes.replace_all(Vec::new());
-    // Made only once the address is ours: a start that fails before has no one to show the
-    // password to.
-    let created_admin = auth.users.ensure_admin()?;
-    // Sessions of users removed or reset by the CLI end, and their tunnels with them.
-    let session_watch = tokio::spawn(auth.clone().watch_sessions());
-
-    let saves = Arc::new(SaveJobs::new(
-        store.clone(),
-        options.engine.clone(),
-        registry.clone(),
-        save_options,
-        spawner.defaults.keep_saved_images,
-    ));
-    let runtime = Arc::new(Runtime::new(
-        engine.clone(),
-        store.clone(),
-        proxy.routes.clone(),
-        builder_config,
+    Ok(Opened {
+        dir,
+        lock,
+        found,
+        self_signed,
+        tls,
+        auth,
+        store,
+        secrets,
+        registry,
+        registry_child,
+        insecure,
         agent_dir,
+        spawner,
         gpus,
-        Some(saves.clone()),
-        secrets.clone(),
-    ));
-    migrate_data_dir(&dir, found, &runtime, &auth).await?;
+        builder_config,
+        notebook_sign_in,
+        engine,
+        save_options,
+    })
+}
+
+/// Adopts the notebooks' containers still running from an earlier `up`.
+async fn adopt_running(runtime: &Runtime) {
     match runtime.adopt().await {
         Ok(0) => {}
         Ok(adopted) => tracing::info!(adopted, "notebooks still running were adopted"),
         Err(err) => tracing::warn!(error = %err, "listing running notebooks"),
     }
-    let usage = Arc::new(crate::usage::UsageBoard::default());
-    let metrics = match options.metrics_listen {
-        Some(address) => Some(metrics_listener(address).await?),
-        None => None,
-    };
-    let state = ApiState {
-        backend: store.clone(),
-        access: auth.clone(),
-        local_users: Some(auth.clone()),
-        sign_in: Some(Arc::new(crate::sign_in::SignIn::for_this_machine()?)),
-        saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
-        config: Arc::new(spawner),
-        workloads: Arc::new(crate::engine_workloads::EngineWorkloads { engine }),
-        activity: proxy.activity.clone(),
-        secure_cookies: tls.is_some(),
-        notebook_links: options.notebook_domain.as_ref().map(|domain| {
-            crate::notebook_sign_in::NotebookLinks {
-                domain: domain.clone(),
-                sign_in: Some(notebook_sign_in.clone()),
-            }
-        }),
-        image_check: Some(Arc::new(crate::image_check::RegistryImageCheck {
-            options: RegistryOptions {
-                insecure,
-                ..RegistryOptions::default()
-            },
-            engine: Some(options.engine.clone()),
-        })),
-        usage: Some(usage.clone()),
-        idle_after: options.culling.idle_time,
-        base_path: Default::default(),
-    };
-    let api = crate::ui::app(state).layer(axum::middleware::map_response(crate::ui::deny_framing));
-    let mut tasks = vec![
-        session_watch,
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(web_listener, api).await {
-                tracing::error!(error = %err, "web app stopped");
-            }
-        }),
-        tokio::spawn(runtime.clone().run()),
-        tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone())),
-    ];
-    let metrics_url = metrics.map(|(listener, url)| {
-        tasks.push(tokio::spawn(crate::usage::serve_metrics(listener, usage)));
-        url
-    });
-    if options.culling.enabled {
-        let activity = proxy.activity.clone();
-        let culling = options.culling.clone();
-        tasks.push(tokio::spawn(cull(
-            store.clone(),
-            runtime.clone(),
-            activity,
-            culling,
-        )));
-    }
-    let url = announce(
-        &options,
-        &dir,
-        &lock,
-        &proxy,
-        tls.is_some(),
-        &registry,
-        registry_child.is_some(),
-    );
-    Ok(Running {
-        url,
-        registry,
-        created_admin,
-        self_signed,
-        metrics_url,
-        store,
-        runtime,
-        proxy,
-        tasks,
-        data_dir: dir.clone(),
-        _registry: registry_child,
-        _lock: lock,
+}
+
+/// Where notebooks are opened on hosts of their own (with `--notebook-domain`), and who signs
+/// visitors in there.
+fn notebook_links(
+    options: &UpOptions,
+    sign_in: &Arc<crate::notebook_sign_in::NotebookSignIn>,
+) -> Option<crate::notebook_sign_in::NotebookLinks> {
+    options
+        .notebook_domain
+        .as_ref()
+        .map(|domain| crate::notebook_sign_in::NotebookLinks {
+            domain: domain.clone(),
+            sign_in: Some(sign_in.clone()),
+        })
+}
+
+/// How a new notebook's image is checked before it is stored: among the engine's own images,
+/// then in its registry (the insecure ones over plain HTTP).
+fn image_check(
+    options: &UpOptions,
+    insecure: Vec<String>,
+) -> Arc<crate::image_check::RegistryImageCheck> {
+    Arc::new(crate::image_check::RegistryImageCheck {
+        options: RegistryOptions {
+            insecure,
+            ..RegistryOptions::default()
+        },
+        engine: Some(options.engine.clone()),
     })
 }
 
