@@ -165,7 +165,6 @@ pub async fn save(
     let parent_key = parent
         .as_ref()
         .map_or_else(|| "scratch".to_owned(), |p| p.manifest_digest.to_string());
-
     // Encoded indexes are kept when at hand, so an unchanged or cached save stores its image's
     // index without encoding 100k entries again.
     let (baseline, packages, index, baseline_encoded) = match &parent {
@@ -179,19 +178,7 @@ pub async fn save(
     };
     let baseline = Arc::new(baseline);
 
-    let running = {
-        let source = source.clone();
-        let baseline = Arc::clone(&baseline);
-        let parent_key = parent_key.clone();
-        let report = progress.clone();
-        tokio::task::spawn_blocking(move || {
-            crate::source::start(&source, baseline, &parent_key, |entries| {
-                report(SaveProgress::Scanning { entries })
-            })
-        })
-        .await
-        .map_err(|_| SaveError::TaskPanicked)??
-    };
+    let running = start_scan(source, &baseline, &parent_key, progress.clone()).await?;
     let header = running.header.clone();
     progress(SaveProgress::Scanned(header.clone()));
     let started = std::time::Instant::now();
@@ -206,48 +193,21 @@ pub async fn save(
     if unchanged && !options.push_unchanged {
         running.abandon();
         tracing::info!("nothing changed since the base: nothing pushed");
-        let outcome = if cache.enabled() {
+        let outcome = cache.reported(if cache.enabled() {
             CacheOutcome::Unused
         } else {
             CacheOutcome::Disabled
-        };
-        let outcome = cache
-            .unavailable()
-            .map_or(outcome, CacheOutcome::Unavailable);
+        });
         return Ok(Saved::nothing_pushed(header, outcome, index));
     }
-    let record_key = format!(
-        "changesets/{}-{}.json",
-        header.key.trim_start_matches("sha256:"),
-        compression.name()
-    );
-    let child_index_key = format!(
-        "changesets/{}.index.json.zst",
-        header.key.trim_start_matches("sha256:")
-    );
-    let child_packages_key = format!(
-        "changesets/{}.packages.json.zst",
-        header.key.trim_start_matches("sha256:")
-    );
-
-    let staged = tempfile::Builder::new()
-        .prefix("labforge-layer-")
-        .tempfile_in(&options.scratch_dir)
-        .map_err(|source| SaveError::Scratch {
-            dir: options.scratch_dir.clone(),
-            source,
-        })?;
+    let keys = ChangeSetKeys::of(&header.key, compression);
+    let staged = staging_file(&options.scratch_dir)?;
     let mut outcome = if cache.enabled() {
         CacheOutcome::Stored
     } else {
         CacheOutcome::Disabled
     };
 
-    let keys = ChangeSetKeys {
-        record: &record_key,
-        child_index: &child_index_key,
-        child_packages: &child_packages_key,
-    };
     // Each branch ends with the child index encoded and no index but the baseline in memory: an
     // index of a 100k-file image is tens of MiB, so two at once would double the peak.
     let mut streamed = None;
@@ -265,36 +225,22 @@ pub async fn save(
         drop(baseline_encoded);
         let (upload, sink) = registry.start_upload(target).await.unzip();
         streamed = upload;
-        let written = write_layer(
+        let layer_number = parent.as_ref().map_or(0, |p| p.layers().len());
+        let staging = Staging {
+            file: &staged,
+            upload: sink,
+        };
+        let new = NewLayer {
             running,
             baseline,
-            packages.clone(),
-            parent.as_ref().map_or(0, |p| p.layers().len()),
+            packages: packages.clone(),
+            layer_number,
             compression,
-            Staging {
-                file: &staged,
-                upload: sink,
-            },
-            progress.clone(),
-        )
-        .await?;
-        let (layer, files) = (written.layer, FileTotals::from(written.stats));
+        };
+        let (layer, encoded, child_packages, files) =
+            write_and_cache(new, staging, &cache, &keys, progress.clone()).await?;
         blob_to_cache = Some(blob_key(&layer.digest));
-        let mut record = LayerRecord::from(&layer);
-        record.files = Some(files);
-        cache
-            .put_bytes(
-                &record_key,
-                &serde_json::to_vec(&record).unwrap_or_default(),
-            )
-            .await;
-        let encoded = encode_index(&written.index);
-        drop(written.index);
-        cache.put_bytes(&child_index_key, &encoded).await;
-        cache
-            .put_bytes(&child_packages_key, &written.packages.encode())
-            .await;
-        (Some(layer), encoded, written.packages, files)
+        (Some(layer), encoded, child_packages, files)
     };
     let summary = summarize(&packages, &child_packages, files);
     for (ecosystem, line) in summary.package_lines() {
@@ -306,10 +252,11 @@ pub async fn save(
     // until its garbage collection.
     if !options.push_unchanged && files.added + files.changed + files.deleted == 0 {
         tracing::info!("no file changed since the base: nothing pushed");
-        let outcome = cache
-            .unavailable()
-            .map_or(outcome, CacheOutcome::Unavailable);
-        return Ok(Saved::nothing_pushed(header, outcome, index));
+        return Ok(Saved::nothing_pushed(
+            header,
+            cache.reported(outcome),
+            index,
+        ));
     }
 
     let mut layer = layer;
@@ -329,20 +276,8 @@ pub async fn save(
             layer_bytes: layer.size,
         });
     }
-    let mut annotations = BTreeMap::from([
-        ("org.opencontainers.image.created".to_owned(), now),
-        ("dev.labforge.change-set".to_owned(), header.key.clone()),
-    ]);
-    if let (Some(base), Some(parent)) = (base, &parent) {
-        annotations.insert("org.opencontainers.image.base.name".into(), base.to_owned());
-        annotations.insert(
-            "org.opencontainers.image.base.digest".into(),
-            parent.manifest_digest.to_string(),
-        );
-    }
-    if layer.is_some() {
-        annotations.extend(summary.annotations());
-    }
+    let base = base.zip(parent.as_ref());
+    let annotations = image_annotations(now, &header, base, layer.is_some().then_some(&summary));
     tracing::info!(elapsed = ?started.elapsed(), "layer ready");
     let blob = layer.as_ref().map(|descriptor| LayerBlob {
         descriptor: descriptor.clone(),
@@ -359,26 +294,134 @@ pub async fn save(
         }
     );
     let image = image?;
-    cache
-        .put_bytes(&index_key(&image.manifest_digest), &child_encoded)
-        .await;
-    cache
-        .put_bytes(
-            &packages_key(&image.manifest_digest),
-            &child_packages.encode(),
-        )
-        .await;
-    if let Some(reason) = cache.unavailable() {
-        outcome = CacheOutcome::Unavailable(reason);
-    }
+    cache_image_index(&cache, &image, &child_encoded, &child_packages).await;
     Ok(Saved {
         layer,
         image: Some(image),
         header,
-        cache: outcome,
+        cache: cache.reported(outcome),
         index,
         summary,
     })
+}
+
+/// The new image's annotations: when it was made, from which change set, on which base (its
+/// name and digest), and what changed in its packages when it has a new layer.
+fn image_annotations(
+    created: String,
+    header: &ChangeSetHeader,
+    base: Option<(&str, &ParentImage)>,
+    summary: Option<&ChangeSummary>,
+) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::from([
+        ("org.opencontainers.image.created".to_owned(), created),
+        ("dev.labforge.change-set".to_owned(), header.key.clone()),
+    ]);
+    if let Some((name, parent)) = base {
+        annotations.insert("org.opencontainers.image.base.name".into(), name.to_owned());
+        annotations.insert(
+            "org.opencontainers.image.base.digest".into(),
+            parent.manifest_digest.to_string(),
+        );
+    }
+    if let Some(summary) = summary {
+        annotations.extend(summary.annotations());
+    }
+    annotations
+}
+
+/// Caches a pushed image's index and packages, so that a save on it needs neither read again.
+async fn cache_image_index<P: Fn(SaveProgress)>(
+    cache: &CacheState<'_, P>,
+    image: &PushedImage,
+    index_encoded: &[u8],
+    packages: &PackageSet,
+) {
+    cache
+        .put_bytes(&index_key(&image.manifest_digest), index_encoded)
+        .await;
+    cache
+        .put_bytes(&packages_key(&image.manifest_digest), &packages.encode())
+        .await;
+}
+
+/// A new file in `scratch_dir` for the layer being written (removed when dropped).
+fn staging_file(scratch_dir: &std::path::Path) -> Result<tempfile::NamedTempFile, SaveError> {
+    tempfile::Builder::new()
+        .prefix("labforge-layer-")
+        .tempfile_in(scratch_dir)
+        .map_err(|source| SaveError::Scratch {
+            dir: scratch_dir.to_owned(),
+            source,
+        })
+}
+
+/// Starts scanning `source` against `baseline` on a blocking thread, reporting entries as they
+/// are scanned.
+async fn start_scan(
+    source: &ChangeSource,
+    baseline: &Arc<BaselineIndex>,
+    parent_key: &str,
+    progress: impl Fn(SaveProgress) + Send + Sync + 'static,
+) -> Result<RunningChangeSet, SaveError> {
+    let source = source.clone();
+    let baseline = Arc::clone(baseline);
+    let parent_key = parent_key.to_owned();
+    let started = tokio::task::spawn_blocking(move || {
+        crate::source::start(&source, baseline, &parent_key, |entries| {
+            progress(SaveProgress::Scanning { entries })
+        })
+    })
+    .await
+    .map_err(|_| SaveError::TaskPanicked)?;
+    Ok(started?)
+}
+
+/// A change set to write as a new layer on the parent's `layer_number` layers.
+struct NewLayer {
+    running: RunningChangeSet,
+    baseline: Arc<BaselineIndex>,
+    packages: PackageSet,
+    layer_number: usize,
+    compression: Compression,
+}
+
+/// Writes `new` as a layer (staged, and streamed to the registry when an upload is open), then
+/// caches its record, its index and its packages under `keys`. Returns the layer, its index
+/// encoded, its packages and its file totals; no index but the encoded one stays in memory.
+async fn write_and_cache<P: Fn(SaveProgress)>(
+    new: NewLayer,
+    staging: Staging<'_>,
+    cache: &CacheState<'_, P>,
+    keys: &ChangeSetKeys,
+    progress: impl Fn(SaveProgress) + Send + 'static,
+) -> Result<(LayerDescriptor, Vec<u8>, PackageSet, FileTotals), SaveError> {
+    let written = write_layer(
+        new.running,
+        new.baseline,
+        new.packages,
+        new.layer_number,
+        new.compression,
+        staging,
+        progress,
+    )
+    .await?;
+    let (layer, files) = (written.layer, FileTotals::from(written.stats));
+    let mut record = LayerRecord::from(&layer);
+    record.files = Some(files);
+    cache
+        .put_bytes(
+            &keys.record,
+            &serde_json::to_vec(&record).unwrap_or_default(),
+        )
+        .await;
+    let encoded = encode_index(&written.index);
+    drop(written.index);
+    cache.put_bytes(&keys.child_index, &encoded).await;
+    cache
+        .put_bytes(&keys.child_packages, &written.packages.encode())
+        .await;
+    Ok((layer, encoded, written.packages, files))
 }
 
 /// Cache keys: every builder sharing a cache (replicas, the CLI, the web app) must agree on them.
@@ -396,10 +439,22 @@ fn packages_key(manifest: &Digest) -> String {
 }
 
 /// Where a change set's record, child index and child package set are cached.
-struct ChangeSetKeys<'a> {
-    record: &'a str,
-    child_index: &'a str,
-    child_packages: &'a str,
+struct ChangeSetKeys {
+    record: String,
+    child_index: String,
+    child_packages: String,
+}
+
+impl ChangeSetKeys {
+    /// The keys of change set `change_set` (its header's key) compressed with `compression`.
+    fn of(change_set: &str, compression: Compression) -> Self {
+        let key = change_set.trim_start_matches("sha256:");
+        Self {
+            record: format!("changesets/{key}-{}.json", compression.name()),
+            child_index: format!("changesets/{key}.index.json.zst"),
+            child_packages: format!("changesets/{key}.packages.json.zst"),
+        }
+    }
 }
 
 /// zstd-compressed JSON, streamed both ways: the uncompressed JSON is never held in memory.
@@ -491,6 +546,12 @@ impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
 
     fn unavailable(&self) -> Option<String> {
         self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// `outcome`, unless the cache failed meanwhile: then why.
+    fn reported(&self, outcome: CacheOutcome) -> CacheOutcome {
+        self.unavailable()
+            .map_or(outcome, CacheOutcome::Unavailable)
     }
 
     fn usable(&self) -> Option<&'a BlobCache> {
@@ -617,18 +678,18 @@ async fn cached_change_set<P: Fn(SaveProgress)>(
     registry: &RegistryClient,
     target: &str,
     cache: &CacheState<'_, P>,
-    keys: &ChangeSetKeys<'_>,
+    keys: &ChangeSetKeys,
     staged: &tempfile::NamedTempFile,
 ) -> Option<CachedChangeSet> {
-    let record: LayerRecord = serde_json::from_slice(&cache.get_bytes(keys.record).await?).ok()?;
+    let record: LayerRecord = serde_json::from_slice(&cache.get_bytes(&keys.record).await?).ok()?;
     let layer = record.descriptor()?;
     let files = record.files?;
-    let index_encoded = cache.get_bytes(keys.child_index).await?;
+    let index_encoded = cache.get_bytes(&keys.child_index).await?;
     // Checked to decode, without building it: it is stored again as it is.
     if !index_decodes(&index_encoded) {
         return None;
     }
-    let packages = PackageSet::decode(&cache.get_bytes(keys.child_packages).await?)?;
+    let packages = PackageSet::decode(&cache.get_bytes(&keys.child_packages).await?)?;
     if !registry.has_blob(target, &layer.digest).await
         && !cache
             .get_to_file(&blob_key(&layer.digest), staged.path())
