@@ -521,7 +521,6 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
 /// and the settings they give.
 struct Opened {
     dir: PathBuf,
-    lock: InstanceLock,
     found: crate::data_dir::Found,
     self_signed: Option<crate::self_signed::SelfSigned>,
     tls: Option<labforge_proxy::server::TlsFiles>,
@@ -539,6 +538,8 @@ struct Opened {
     notebook_sign_in: Arc<crate::notebook_sign_in::NotebookSignIn>,
     engine: Engine,
     save_options: SaveOptions,
+    /// Last: fields drop in order, and the data dir stays held until all else has gone.
+    lock: InstanceLock,
 }
 
 /// Opens the data dir and everything `up` keeps there, and starts the local registry.
@@ -587,7 +588,6 @@ async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
 
     Ok(Opened {
         dir,
-        lock,
         found,
         self_signed,
         tls,
@@ -604,6 +604,7 @@ async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
         notebook_sign_in,
         engine,
         save_options,
+        lock,
     })
 }
 

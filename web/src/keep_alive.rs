@@ -1,7 +1,8 @@
 //! `Connection: close` on an answer given before the request's body was read to its end.
 //!
-//! hyper's server closes such a connection once it has answered (what is left of the body would
-//! be read as the next request), without saying so. A client that keeps connections, as the
+//! Unless the rest of the body is already in its buffer, hyper's server closes such a connection
+//! once it has answered (what is left of the body would be read as the next request), without
+//! saying so. A client that keeps connections, as the
 //! proxy in front of the app does, could send its next request on that connection just as it
 //! closes, and get no answer. With the header, the client knows not to reuse it.
 
