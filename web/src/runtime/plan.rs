@@ -2,7 +2,7 @@
 //! a pure function of the Notebook and the runtime's settings.
 
 use crate::model::{SERVER_TYPE_ANNOTATION, ServerType};
-use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use labforge_crds::istio::VirtualService;
 use labforge_crds::notebook::{Notebook, REWRITE_URI_ANNOTATION};
 use labforge_notebook_controller::builders::{self, BuilderConfig};
@@ -149,63 +149,8 @@ pub fn plan(
     if let Some(dir) = &container.working_dir {
         options.extend(["--workdir".into(), dir.clone()]);
     }
-    for var in container.env.iter().flatten() {
-        match &var.value {
-            Some(value) => options.extend(["--env".into(), format!("{}={value}", var.name)]),
-            None if var.value_from.is_some() => {
-                return Err(PlanError::Unsupported(format!(
-                    "env {} comes from a reference, which the embedded mode cannot resolve",
-                    var.name
-                )));
-            }
-            None => options.extend(["--env".into(), format!("{}=", var.name)]),
-        }
-    }
-    let volumes: HashMap<&str, &k8s_openapi::api::core::v1::Volume> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| (v.name.as_str(), v))
-        .collect();
-    for mount in container.volume_mounts.iter().flatten() {
-        if mount.mount_path == AGENT_MOUNT {
-            continue;
-        }
-        let volume = volumes.get(mount.name.as_str()).ok_or_else(|| {
-            PlanError::Unsupported(format!("volume mount {} names no volume", mount.name))
-        })?;
-        let read_only = if mount.read_only == Some(true) {
-            ":ro"
-        } else {
-            ""
-        };
-        if let Some(claim) = &volume.persistent_volume_claim {
-            options.extend([
-                "--volume".into(),
-                format!(
-                    "{}:{}{read_only}",
-                    volume_name(&namespace, &claim.claim_name),
-                    mount.mount_path
-                ),
-            ]);
-        } else if let Some(empty) = &volume.empty_dir {
-            if empty.medium.as_deref() == Some("Memory") && mount.mount_path == "/dev/shm" {
-                let size = empty
-                    .size_limit
-                    .as_ref()
-                    .and_then(|q| bytes(&q.0))
-                    .unwrap_or_else(|| "67108864".into());
-                options.extend(["--shm-size".into(), size]);
-            } else {
-                options.extend(["--tmpfs".into(), mount.mount_path.clone()]);
-            }
-        } else {
-            return Err(PlanError::Unsupported(format!(
-                "volume {} is neither a PersistentVolumeClaim nor an emptyDir",
-                mount.name
-            )));
-        }
-    }
+    options.extend(env_options(container)?);
+    options.extend(volume_options(&pod, container, &namespace)?);
     if let Some(resources) = &container.resources
         && let Some(limits) = &resources.limits
     {
@@ -275,6 +220,82 @@ pub fn plan(
         container_port,
         digest,
     })
+}
+
+/// `--env` for each of the container's variables; one whose value comes from a reference is
+/// refused, since nothing here could resolve it.
+fn env_options(container: &Container) -> Result<Vec<String>, PlanError> {
+    let mut options = Vec::new();
+    for var in container.env.iter().flatten() {
+        match &var.value {
+            Some(value) => options.extend(["--env".into(), format!("{}={value}", var.name)]),
+            None if var.value_from.is_some() => {
+                return Err(PlanError::Unsupported(format!(
+                    "env {} comes from a reference, which the embedded mode cannot resolve",
+                    var.name
+                )));
+            }
+            None => options.extend(["--env".into(), format!("{}=", var.name)]),
+        }
+    }
+    Ok(options)
+}
+
+/// `--volume`, `--shm-size` and `--tmpfs` for the container's mounts (the agent's own mount
+/// left out): claims as the engine's named volumes, `/dev/shm` in memory at its size, other
+/// emptyDirs as tmpfs. Any other kind of volume is refused.
+fn volume_options(
+    pod: &PodSpec,
+    container: &Container,
+    namespace: &str,
+) -> Result<Vec<String>, PlanError> {
+    let mut options = Vec::new();
+    let volumes: HashMap<&str, &k8s_openapi::api::core::v1::Volume> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    for mount in container.volume_mounts.iter().flatten() {
+        if mount.mount_path == AGENT_MOUNT {
+            continue;
+        }
+        let volume = volumes.get(mount.name.as_str()).ok_or_else(|| {
+            PlanError::Unsupported(format!("volume mount {} names no volume", mount.name))
+        })?;
+        let read_only = if mount.read_only == Some(true) {
+            ":ro"
+        } else {
+            ""
+        };
+        if let Some(claim) = &volume.persistent_volume_claim {
+            options.extend([
+                "--volume".into(),
+                format!(
+                    "{}:{}{read_only}",
+                    volume_name(namespace, &claim.claim_name),
+                    mount.mount_path
+                ),
+            ]);
+        } else if let Some(empty) = &volume.empty_dir {
+            if empty.medium.as_deref() == Some("Memory") && mount.mount_path == "/dev/shm" {
+                let size = empty
+                    .size_limit
+                    .as_ref()
+                    .and_then(|q| bytes(&q.0))
+                    .unwrap_or_else(|| "67108864".into());
+                options.extend(["--shm-size".into(), size]);
+            } else {
+                options.extend(["--tmpfs".into(), mount.mount_path.clone()]);
+            }
+        } else {
+            return Err(PlanError::Unsupported(format!(
+                "volume {} is neither a PersistentVolumeClaim nor an emptyDir",
+                mount.name
+            )));
+        }
+    }
+    Ok(options)
 }
 
 /// The route of `notebook`, pointed at its container's published port, presenting `secret` (the
