@@ -179,21 +179,19 @@ fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(4096)
 }
 
-/// Binds both listeners, loads or starts watching routes, and serves: requests on `threads`
-/// threads, each with its own single-threaded runtime, listener and upstream pool (a request and
-/// its upstream call never cross threads, as in nginx's workers); admin and route watch on the
-/// caller's runtime.
-pub async fn start(
-    options: ProxyOptions,
-    routes_from: RoutesFrom,
-) -> Result<RunningProxy, ProxyStartError> {
-    let tls = options.tls.as_ref().map(server::tls_acceptor).transpose()?;
-    let bind_error = |what, addr| {
-        move |source: std::io::Error| match source.kind() {
-            std::io::ErrorKind::AddrInUse => ProxyStartError::AddressInUse { what, addr },
-            _ => ProxyStartError::Bind { what, addr, source },
-        }
-    };
+/// What a bind failure is: the address taken, or another reason.
+fn bind_error(what: &'static str, addr: SocketAddr) -> impl Fn(std::io::Error) -> ProxyStartError {
+    move |source: std::io::Error| match source.kind() {
+        std::io::ErrorKind::AddrInUse => ProxyStartError::AddressInUse { what, addr },
+        _ => ProxyStartError::Bind { what, addr, source },
+    }
+}
+
+/// One listener per serving thread, all on the same address (`SO_REUSEPORT`): the configured
+/// thread count, or one per core. Returns them and the address they got.
+fn bind_listeners(
+    options: &ProxyOptions,
+) -> Result<(Vec<tokio::net::TcpListener>, SocketAddr), ProxyStartError> {
     let claimed = claim(options.listen).map_err(bind_error("the proxy", options.listen))?;
     let first = bind_shared(claimed).map_err(bind_error("the proxy", claimed))?;
     let addr = first
@@ -207,6 +205,75 @@ pub async fn start(
     for _ in 1..threads {
         listeners.push(bind_shared(addr).map_err(bind_error("the proxy", addr))?);
     }
+    Ok((listeners, addr))
+}
+
+/// What a serving thread needs: it runs a runtime of its own and serves its listener until told
+/// to stop.
+struct Serving {
+    forwarder: Forwarder,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    heap: Arc<HeapRelease>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    request_head_timeout: Duration,
+    max_connections: usize,
+}
+
+impl Serving {
+    /// Starts serving thread `i` on `listener`.
+    fn spawn(self, i: usize, listener: std::net::TcpListener) -> std::io::Result<()> {
+        let Serving {
+            forwarder,
+            tls,
+            heap,
+            mut stopped,
+            request_head_timeout,
+            max_connections,
+        } = self;
+        let serving = move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    tracing::error!(error = %err, "starting a serving thread's runtime");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(err) => {
+                        tracing::error!(error = %err, "registering the listener");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    () = server::serve(listener, Arc::new(forwarder), tls, heap, request_head_timeout, max_connections) => {}
+                    _ = stopped.wait_for(|stop| *stop) => {}
+                }
+            });
+            // Dropping the runtime ends this thread's connections and tunnels.
+        };
+        std::thread::Builder::new()
+            .name(format!("labforge-proxy-{i}"))
+            .spawn(serving)
+            .map(|_| ())
+    }
+}
+
+/// Binds both listeners, loads or starts watching routes, and serves: requests on `threads`
+/// threads, each with its own single-threaded runtime, listener and upstream pool (a request and
+/// its upstream call never cross threads, as in nginx's workers); admin and route watch on the
+/// caller's runtime.
+pub async fn start(
+    options: ProxyOptions,
+    routes_from: RoutesFrom,
+) -> Result<RunningProxy, ProxyStartError> {
+    let tls = options.tls.as_ref().map(server::tls_acceptor).transpose()?;
+    let (listeners, addr) = bind_listeners(&options)?;
+    let threads = listeners.len();
     let admin_listener = tokio::net::TcpListener::bind(options.admin)
         .await
         .map_err(bind_error("the admin server", options.admin))?;
@@ -274,40 +341,16 @@ pub async fn start(
                 heap.clone(),
             ),
         );
-        let heap = heap.clone();
-        let tls = tls.clone();
-        let mut stopped = stopped.clone();
-        let request_head_timeout = options.request_head_timeout;
-        let max_connections = options.max_connections;
-        let serving = move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(err) => {
-                    tracing::error!(error = %err, "starting a serving thread's runtime");
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(listener) => listener,
-                    Err(err) => {
-                        tracing::error!(error = %err, "registering the listener");
-                        return;
-                    }
-                };
-                tokio::select! {
-                    () = server::serve(listener, Arc::new(forwarder), tls, heap, request_head_timeout, max_connections) => {}
-                    _ = stopped.wait_for(|stop| *stop) => {}
-                }
-            });
-            // Dropping the runtime ends this thread's connections and tunnels.
+        let serving = Serving {
+            forwarder,
+            tls: tls.clone(),
+            heap: heap.clone(),
+            stopped: stopped.clone(),
+            request_head_timeout: options.request_head_timeout,
+            max_connections: options.max_connections,
         };
-        std::thread::Builder::new()
-            .name(format!("labforge-proxy-{i}"))
-            .spawn(serving)
+        serving
+            .spawn(i, listener)
             .map_err(bind_error("a serving thread", addr))?;
     }
     tracing::info!(%addr, %admin_addr, threads, "proxy serving");
