@@ -123,8 +123,6 @@ async fn check(
         // event stream that does not end.
         .args(["--exclude-path", "/api/logout"])
         .args(["--exclude-path", "/api/namespaces/{ns}/watch"])
-        .args(["--report", "junit", "--report-dir"])
-        .arg(scratch.path())
         .env("NO_COLOR", "1")
         .current_dir(scratch.path());
     let output = command.output().await.context("run schemathesis")?;
