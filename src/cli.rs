@@ -288,8 +288,8 @@ impl UpArgs {
         Ok(args)
     }
 
-    fn tls(&self) -> Option<labforge_web::embedded::TlsSource> {
-        use labforge_web::embedded::TlsSource;
+    fn tls(&self) -> Option<labforge_embedded::up::TlsSource> {
+        use labforge_embedded::up::TlsSource;
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(TlsSource::Files(TlsFiles {
                 cert: cert.clone(),
@@ -947,7 +947,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Up(args) => up(&args).await,
         Command::Service(ServiceCommand::Install(args)) => service_install(&args),
         Command::Backup { file, data_dir } => {
-            let summary = labforge_web::data_dir::backup(&data_dir, &file)?;
+            let summary = labforge_embedded::data_dir::backup(&data_dir, &file)?;
             println!(
                 "Backed up {} ({} files, {} bytes) to {}",
                 data_dir.display(),
@@ -962,7 +962,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             engine,
             json,
         } => {
-            let status = labforge_web::status::read(&data_dir, &engine)?;
+            let status = labforge_embedded::status::read(&data_dir, &engine)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
@@ -971,7 +971,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Restore { file, data_dir } => {
-            let summary = labforge_web::data_dir::restore(&file, &data_dir)?;
+            let summary = labforge_embedded::data_dir::restore(&file, &data_dir)?;
             println!(
                 "Restored {} files (data format {}) into {}; start labforge up on it.",
                 summary.files,
@@ -992,7 +992,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// `labforge status` as an admin reads it.
-struct StatusText<'a>(&'a labforge_web::status::Status);
+struct StatusText<'a>(&'a labforge_embedded::status::Status);
 
 impl std::fmt::Display for StatusText<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1462,11 +1462,11 @@ fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
     // What `up` would refuse is refused now, not by a service failing at every restart.
     let domain = notebook_domain(&args.up)?;
     match args.up.tls() {
-        Some(labforge_web::embedded::TlsSource::Files(files)) => {
+        Some(labforge_embedded::up::TlsSource::Files(files)) => {
             labforge_proxy::server::tls_acceptor(&files)?;
         }
-        Some(labforge_web::embedded::TlsSource::SelfSigned) => {
-            labforge_web::embedded::certificate_names(domain.as_deref(), args.up.listen)?;
+        Some(labforge_embedded::up::TlsSource::SelfSigned) => {
+            labforge_embedded::up::certificate_names(domain.as_deref(), args.up.listen)?;
         }
         None => {}
     }
@@ -1493,15 +1493,15 @@ fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
     // password would be printed into the system journal.
     std::fs::create_dir_all(&args.up.data_dir)
         .with_context(|| format!("creating {}", args.up.data_dir.display()))?;
-    let fresh = labforge_web::data_dir::check_format(&args.up.data_dir)?
-        == labforge_web::data_dir::Found::Fresh;
+    let fresh = labforge_embedded::data_dir::check_format(&args.up.data_dir)?
+        == labforge_embedded::data_dir::Found::Fresh;
     let users = labforge_web::users::Users::open(&args.up.data_dir)?;
     if let Some((name, password)) = users.ensure_admin()? {
         println!("Sign in as {name} with password {password}  (shown only now)");
     }
     if fresh {
         // A new data dir is this labforge's format: nothing for the first start to migrate.
-        labforge_web::data_dir::record_format(&args.up.data_dir)?;
+        labforge_embedded::data_dir::record_format(&args.up.data_dir)?;
     }
     println!(
         "Start it now and at every boot:  systemctl daemon-reload && systemctl enable --now {}",
@@ -1522,7 +1522,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     if agent.is_none() {
         tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");
     }
-    let running = labforge_web::embedded::start(labforge_web::embedded::UpOptions {
+    let running = labforge_embedded::up::start(labforge_embedded::up::UpOptions {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         engine: args.engine.clone(),
@@ -1537,7 +1537,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         notebook_domain: notebook_domain(args)?,
         tls: args.tls(),
         metrics_listen: args.metrics_listen,
-        cdi_dirs: labforge_web::gpus::CDI_DIRS
+        cdi_dirs: labforge_embedded::gpus::CDI_DIRS
             .iter()
             .map(Into::into)
             .collect(),

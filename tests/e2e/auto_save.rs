@@ -248,7 +248,7 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
                 .args([
                     "container",
                     "exists",
-                    &labforge_web::runtime::container_name(ns, "lab"),
+                    &labforge_embedded::runtime::container_name(ns, "lab"),
                 ])
                 .status()
                 .unwrap();

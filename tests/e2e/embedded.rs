@@ -720,7 +720,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     );
 
     // Another labforge on the same machine (its own data dir) leaves these notebooks alone.
-    let running = container_id(&labforge_web::runtime::container_name(&alice, "lab"));
+    let running = container_id(&labforge_embedded::runtime::container_name(&alice, "lab"));
     let other = need(
         LabforgeUp::start(
             std::path::Path::new(env!("CARGO_BIN_EXE_labforge")),
@@ -733,7 +733,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     tokio::time::sleep(Duration::from_secs(5)).await;
     drop(other);
     assert_eq!(
-        container_id(&labforge_web::runtime::container_name(&alice, "lab")),
+        container_id(&labforge_embedded::runtime::container_name(&alice, "lab")),
         running
     );
 
@@ -774,7 +774,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
 
     // Restart labforge up while the notebook runs: its container is adopted, not replaced, and
     // its route works again.
-    let before = container_id(&labforge_web::runtime::container_name(&alice, "lab"));
+    let before = container_id(&labforge_embedded::runtime::container_name(&alice, "lab"));
     up = need(up.restart().await);
     assert!(
         up.admin_password.is_none(),
@@ -784,7 +784,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     a.wait_state(&alice, "lab", "ready", Duration::from_secs(60))
         .await;
     assert_eq!(
-        container_id(&labforge_web::runtime::container_name(&alice, "lab")),
+        container_id(&labforge_embedded::runtime::container_name(&alice, "lab")),
         before,
         "adopted, not restarted"
     );
@@ -806,7 +806,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
     a.wait_state(&alice, "lab", "stopped", Duration::from_secs(30))
         .await;
     eventually("container removed", Duration::from_secs(30), || async {
-        container_id(&labforge_web::runtime::container_name(&alice, "lab"))
+        container_id(&labforge_embedded::runtime::container_name(&alice, "lab"))
             .is_empty()
             .then_some(())
     })

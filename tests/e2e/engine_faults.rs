@@ -60,7 +60,7 @@ async fn state_tells_what_happened_behind_labforges_back() {
     session
         .wait_state(&user, "lab", "ready", Duration::from_secs(120))
         .await;
-    let container = labforge_web::runtime::container_name(&user, "lab");
+    let container = labforge_embedded::runtime::container_name(&user, "lab");
 
     let removed = std::process::Command::new("podman")
         .args(["rm", "-f", "-t", "0", &container])

@@ -158,8 +158,8 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
         .await;
     }
     let (g1, g2) = (
-        env_in(&labforge_web::runtime::container_name(&user, "g1")),
-        env_in(&labforge_web::runtime::container_name(&user, "g2")),
+        env_in(&labforge_embedded::runtime::container_name(&user, "g1")),
+        env_in(&labforge_embedded::runtime::container_name(&user, "g2")),
     );
     let mut seen = [g1.clone(), g2.clone()];
     seen.sort();
@@ -217,7 +217,7 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
     })
     .await;
     assert_eq!(
-        env_in(&labforge_web::runtime::container_name(&user, "g3")),
+        env_in(&labforge_embedded::runtime::container_name(&user, "g3")),
         g1,
         "g1's device, freed by its stop"
     );
@@ -253,7 +253,7 @@ async fn cdi_devices_are_given_exclusively_and_freed_on_stop() {
             || listed == format!("1 × {KIND} · 3 % · 256.0 MiB"),
         "the list shows the GPU's use: {seen}"
     );
-    let given = env_in(&labforge_web::runtime::container_name(&user, "gform"));
+    let given = env_in(&labforge_embedded::runtime::container_name(&user, "gform"));
     assert!(
         given == "0" || given == "1",
         "the notebook made in the form got a device: {given:?}"
@@ -279,7 +279,7 @@ async fn in_a_cluster_only_vendors_some_node_has_are_offered() {
         .patch_status("gpu-node", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-    let mut spawner = labforge_web::embedded::default_spawner("registry.example.com");
+    let mut spawner = labforge_web::config::default_spawner("registry.example.com");
     spawner.gpu_vendors = serde_json::from_value(json!([
         {"limitsKey": "nvidia.com/gpu", "name": "NVIDIA"},
         {"limitsKey": "amd.com/gpu", "name": "AMD"}

@@ -6,8 +6,8 @@
 
 use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use labforge_embedded::runtime::container_name;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
-use labforge_web::runtime::container_name;
 use serde_json::json;
 use std::process::Command;
 use std::time::Duration;

@@ -101,7 +101,7 @@ async fn resident_memory_stays_flat_over_sign_ins_notebook_cycles_and_saves() {
                 .await;
             for save in 0..saves {
                 // A file to keep: a save with none makes no image, and so measures less.
-                let container = labforge_web::runtime::container_name(user, "soak");
+                let container = labforge_embedded::runtime::container_name(user, "soak");
                 let wrote = std::process::Command::new("podman")
                     .args(["exec", &container, "sh", "-c"])
                     .arg(format!("echo {index} > /tmp/soak-{index}-{save}"))

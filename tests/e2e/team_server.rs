@@ -69,7 +69,7 @@ async fn a_team_server_under_tls_serves_everything_over_https() {
         up.url
     );
     let fingerprint =
-        labforge_web::self_signed::fingerprint_of(&data.join("tls").join("cert.pem")).unwrap();
+        labforge_embedded::self_signed::fingerprint_of(&data.join("tls").join("cert.pem")).unwrap();
     let printed = up.stdout();
     assert!(
         printed.contains(&fingerprint) && printed.contains("made now"),
@@ -257,7 +257,7 @@ async fn an_older_data_dir_is_migrated_and_a_newer_one_is_refused_untouched() {
     assert!(up.admin_password.is_none(), "the fixture has its admin");
     let format: serde_json::Value =
         serde_json::from_slice(&std::fs::read(data.join("format.json")).unwrap()).unwrap();
-    assert_eq!(format["format"], labforge_web::data_dir::FORMAT);
+    assert_eq!(format["format"], labforge_embedded::data_dir::FORMAT);
     let (user, password) = FORMAT_0_USER;
     let session = Session::sign_in(&up, user, password).await;
     let (code, listed) = session
@@ -326,7 +326,7 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
     a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
         .await;
     // A file to keep, so that the save makes an image.
-    let container = labforge_web::runtime::container_name(&alice, "lab");
+    let container = labforge_embedded::runtime::container_name(&alice, "lab");
     let wrote = Command::new("podman")
         .args(["exec", &container, "sh", "-c", "echo kept > /tmp/kept"])
         .status()

@@ -336,7 +336,7 @@ async fn diagnostics(up: &LabforgeUp, user: &str, password: &str) -> String {
     };
     let containers = podman(&["ps", "-a", "--format", "{{.Names}} {{.Status}} {{.Ports}}"]);
     report.push_str(&format!("containers:\n{containers}"));
-    let prefix = labforge_web::runtime::container_name(user, "");
+    let prefix = labforge_embedded::runtime::container_name(user, "");
     for name in containers
         .lines()
         .filter_map(|line| line.split_whitespace().next())
@@ -504,7 +504,7 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
                 .contains("Delete volume kept-workspace? Its files are lost"),
         "{seen}"
     );
-    let volume = labforge_web::runtime::volume_name(&user, "kept-workspace");
+    let volume = labforge_embedded::runtime::volume_name(&user, "kept-workspace");
     let exists = std::process::Command::new("podman")
         .args(["volume", "exists", &volume])
         .status()

@@ -145,7 +145,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         .unwrap();
     assert_eq!(anonymous.status(), 401);
 
-    let container = labforge_web::runtime::container_name(&user, "code");
+    let container = labforge_embedded::runtime::container_name(&user, "code");
     // Nor does its published port, to a local process without the per-notebook secret: no
     // workbench, only code-server's login; and not on localhost's address at all.
     let published = Command::new("podman")
@@ -158,7 +158,7 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
         .unwrap();
     assert_eq!(
         published.ip().to_string(),
-        labforge_web::runtime::PUBLISH_ADDRESS
+        labforge_embedded::runtime::PUBLISH_ADDRESS
     );
     let no_redirects = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

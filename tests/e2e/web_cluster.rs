@@ -36,7 +36,7 @@ impl WebApp {
     ) -> WebApp {
         let options = labforge_web::cluster::WebOptions {
             header: TrustedHeader::default(),
-            spawner: labforge_web::embedded::default_spawner("registry.example.com"),
+            spawner: labforge_web::config::default_spawner("registry.example.com"),
             save_registry: save_registry.map(str::to_owned),
             notebook_domain: notebook_domain.map(str::to_owned),
             base_path: Default::default(),

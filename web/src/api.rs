@@ -6,6 +6,7 @@
 //! field, before anything is stored. Requests that change something must be JSON, which a
 //! cross-site form cannot send: that and the SameSite session cookie keep other sites out.
 
+use crate::backend::Change;
 use crate::backend::{Access, Backend, BackendError, Verb};
 use crate::config::SpawnerConfig;
 use crate::kubeflow;
@@ -15,7 +16,6 @@ use crate::model::{
 };
 use crate::saves::{Saves, StartSaveError};
 use crate::sign_in::{SignIn, SignInError};
-use crate::store::Change;
 use crate::users::{LocalAuth, SESSION_COOKIE, User, session_tokens};
 use crate::validate::{FieldError, FieldErrors, image_reference, notebook_from_request};
 use crate::workloads::{WorkloadError, Workloads};

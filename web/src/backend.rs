@@ -1,6 +1,6 @@
 //! Where the API keeps notebooks and who may touch them: one interface, two backends.
 //!
-//! - **Embedded** ([`crate::store::Store`] + [`crate::users::LocalAuth`]): the file-backed store and
+//! - **Embedded** (`labforge_embedded::store::Store` + [`crate::users::LocalAuth`]): the file-backed store and
 //!   local users with session cookies; a user owns the namespace of their name, admins all.
 //! - **Kubernetes** ([`KubernetesBackend`] + [`KubernetesAccess`]): Notebook CRs through kube-rs;
 //!   the user comes from a header set by the cluster's auth proxy (`kubeflow-userid`), and every
@@ -8,7 +8,6 @@
 //!   one source of truth.
 
 use crate::model::{NotebookEvent, SavedImage};
-use crate::store::{Change, Store, StoreError};
 use crate::users::{LocalAuth, User};
 use crate::validate::VOLUME_SIZES_ANNOTATION;
 use futures::StreamExt;
@@ -40,16 +39,30 @@ pub enum BackendError {
     Unavailable(String),
 }
 
-impl From<StoreError> for BackendError {
-    fn from(err: StoreError) -> Self {
-        match err {
-            StoreError::AlreadyExists { namespace, name } => {
-                Self::AlreadyExists { namespace, name }
-            }
-            StoreError::NotFound { namespace, name } => Self::NotFound { namespace, name },
-            other => Self::Unavailable(other.to_string()),
-        }
-    }
+/// What changed; subscribers re-read what they need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Its spec or metadata changed (what the runtime acts on).
+    Notebook {
+        namespace: String,
+        name: String,
+    },
+    /// Only its status changed (the runtime's own report: views follow it, the runtime does not).
+    Status {
+        namespace: String,
+        name: String,
+    },
+    Event {
+        namespace: String,
+        name: String,
+    },
+    SavedImages {
+        namespace: String,
+    },
+    /// A new sample of the namespace's resource use (kept in memory, not in the store).
+    Usage {
+        namespace: String,
+    },
 }
 
 /// A change to apply to a notebook; called again when the backend retries after a conflict.
@@ -82,54 +95,6 @@ pub trait Backend: Send + Sync {
     async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError>;
     /// Announces changed notebooks (for the live views).
     fn changes(&self) -> broadcast::Receiver<Change>;
-}
-
-#[async_trait::async_trait]
-impl Backend for Store {
-    async fn list(&self, namespace: Option<&str>) -> Result<Vec<Notebook>, BackendError> {
-        Ok(Store::list(self, namespace))
-    }
-    async fn get(&self, namespace: &str, name: &str) -> Result<Option<Notebook>, BackendError> {
-        Ok(Store::get(self, namespace, name))
-    }
-    async fn create(&self, notebook: Notebook) -> Result<Notebook, BackendError> {
-        Ok(Store::create(self, notebook)?)
-    }
-    async fn update(
-        &self,
-        namespace: &str,
-        name: &str,
-        change: NotebookChange<'_>,
-    ) -> Result<Notebook, BackendError> {
-        Ok(Store::update(self, namespace, name, |nb| change(nb))?)
-    }
-    async fn delete(&self, namespace: &str, name: &str) -> Result<(), BackendError> {
-        Store::delete(self, namespace, name)?;
-        Ok(())
-    }
-    async fn events(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Vec<NotebookEvent>, BackendError> {
-        Ok(Store::events(self, namespace, name))
-    }
-    async fn record_event(
-        &self,
-        namespace: &str,
-        name: &str,
-        kind: &str,
-        reason: &str,
-        message: &str,
-    ) {
-        Store::record_event(self, namespace, name, kind, reason, message);
-    }
-    async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
-        Ok(Store::saved_images(self, namespace))
-    }
-    fn changes(&self) -> broadcast::Receiver<Change> {
-        self.subscribe()
-    }
 }
 
 /// What a request may do.

@@ -123,3 +123,27 @@ impl SpawnerConfig {
         self.images.iter().any(|i| i.image == image)
     }
 }
+
+/// The default catalog: the JupyterLab (and, when pushed, code-server) images of the registry.
+pub fn default_spawner(registry: &str) -> SpawnerConfig {
+    SpawnerConfig {
+        images: vec![
+            CatalogImage {
+                image: format!("{registry}/labforge/jupyterlab:latest"),
+                server_type: ServerType::Jupyter,
+                description: "JupyterLab with Python 3".into(),
+                default: true,
+            },
+            CatalogImage {
+                image: format!("{registry}/labforge/codeserver:latest"),
+                server_type: ServerType::Vscode,
+                description: "VSCode in the browser (code-server)".into(),
+                default: true,
+            },
+        ],
+        allow_custom_images: true,
+        gpu_vendors: Vec::new(),
+        defaults: Default::default(),
+        kubeflow: Default::default(),
+    }
+}

@@ -884,7 +884,7 @@ mod tests {
 
     #[test]
     fn the_form_offers_the_catalog_and_only_available_gpus() {
-        let mut config = crate::embedded::default_spawner("registry.local");
+        let mut config = crate::config::default_spawner("registry.local");
         let form = spawner_form(&config, &[], None);
         assert!(
             form.contains(r#"<option value="registry.local/labforge/jupyterlab:latest" selected>"#)

@@ -2,13 +2,11 @@
 //! kernel is near its memory limit before it dies, admins who holds the CPUs and memory.
 //!
 //! One task samples every running notebook at a fixed interval, whatever the number of pages
-//! open; pages and `/metrics` read the last sample from a [`UsageBoard`] in memory. In the
-//! embedded mode a sample reads each container's cgroup counters ([`CgroupFiles`]): a few small
-//! files, where asking the engine (`podman stats`) would start a process of its own each time.
-//! CPU use is the change in CPU time between two samples over the time between them, so it is
-//! known from the second sample on.
+//! open; pages and `/metrics` read the last sample from a [`UsageBoard`] in memory. The sampler
+//! is the platform's: a cluster's metrics API ([`sample_metrics_api`]), or the containers' cgroup
+//! counters in the embedded mode. From counters ([`Reading`]), CPU use is the change in CPU time
+//! between two samples over the time between them, so it is known from the second sample on.
 
-use crate::cgroup::{CgroupFiles, Reading};
 use axum::response::IntoResponse;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -16,8 +14,6 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -26,6 +22,20 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(3);
 
 /// A share of its memory limit from which a notebook is marked as near it.
 pub const NEAR_LIMIT: f64 = 0.9;
+
+/// One container's counters at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    /// CPU time since the container started.
+    pub cpu_nanos: u64,
+    /// When it was read: rates are measured on this monotonic clock, which no clock step moves.
+    pub at: std::time::Instant,
+    /// Memory in use, less the page cache the kernel could drop (what cAdvisor and the kubelet
+    /// call the working set).
+    pub memory_bytes: u64,
+    /// Its memory limit; `None` without one.
+    pub memory_limit_bytes: Option<u64>,
+}
 
 /// One notebook's use at one moment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,7 +91,8 @@ pub fn usage_of(now: &Reading, before: Option<&Reading>, machine_memory_bytes: u
     }
 }
 
-type Key = (String, String);
+/// A notebook: its namespace and name.
+pub type Key = (String, String);
 
 /// A notebook's last sample, with the counters it came from when the next one needs them for a
 /// rate (the embedded mode's; a cluster's metrics API gives rates itself).
@@ -230,89 +241,6 @@ impl Collector for UsageBoard {
     }
 }
 
-/// How long a GPU vendor's program may take to report.
-const SMI_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Each running notebook's GPU use, from its devices' vendor's program (`nvidia-smi`), run once
-/// per sample whatever the number of notebooks. A notebook any of whose devices is not reported
-/// is left out: its use is unknown, never guessed.
-async fn gpu_use(
-    gpus: &crate::gpus::GpuPool,
-    running: &[Key],
-    retry_after: &mut BTreeMap<PathBuf, tokio::time::Instant>,
-) -> BTreeMap<Key, GpuUse> {
-    let held: Vec<(Key, Vec<String>)> = running
-        .iter()
-        .map(|key| (key.clone(), gpus.held_by(&key.0, &key.1)))
-        .filter(|(_, devices)| !devices.is_empty())
-        .collect();
-    let programs: BTreeSet<PathBuf> = held
-        .iter()
-        .flat_map(|(_, devices)| devices.iter())
-        .filter_map(|device| gpus.smi_for(device).map(Path::to_owned))
-        .collect();
-    let mut reported: BTreeMap<PathBuf, Vec<crate::gpus::DeviceUse>> = BTreeMap::new();
-    let now = tokio::time::Instant::now();
-    for program in programs {
-        // One that failed (a wedged GPU can hang it) is left alone for a while.
-        if retry_after.get(&program).is_some_and(|t| *t > now) {
-            continue;
-        }
-        match run_smi(&program).await {
-            Ok(devices) => {
-                retry_after.remove(&program);
-                reported.insert(program, devices);
-            }
-            Err(err) => {
-                tracing::debug!(program = %program.display(), error = %err, "reading GPU use");
-                retry_after.insert(program, now + LOOKUP_RETRY);
-            }
-        }
-    }
-    held.into_iter()
-        .filter_map(|(key, devices)| {
-            let uses = devices
-                .iter()
-                .map(|device| {
-                    let (_, name) = device.split_once('=')?;
-                    reported
-                        .get(gpus.smi_for(device)?)?
-                        .iter()
-                        .find(|u| u.index == name || u.uuid == name)
-                })
-                .collect::<Option<Vec<_>>>()?;
-            let utilization =
-                uses.iter().map(|u| u.utilization_percent).sum::<f64>() / uses.len() as f64;
-            let memory = uses.iter().map(|u| u.memory_bytes).sum();
-            Some((
-                key,
-                GpuUse {
-                    utilization_percent: utilization,
-                    memory_bytes: memory,
-                },
-            ))
-        })
-        .collect()
-}
-
-async fn run_smi(program: &Path) -> Result<Vec<crate::gpus::DeviceUse>, String> {
-    let output = tokio::process::Command::new(program)
-        .args(crate::gpus::SMI_QUERY)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(SMI_TIMEOUT, output)
-        .await
-        .map_err(|_| format!("no answer within {SMI_TIMEOUT:?}"))?
-        .map_err(|e| e.to_string())?;
-    if !output.status.success() {
-        return Err(String::from_utf8_lossy(&output.stderr).trim().to_owned());
-    }
-    Ok(crate::gpus::parse_smi(&String::from_utf8_lossy(
-        &output.stdout,
-    )))
-}
-
 /// Serves the board at `/metrics` on `listener` until the process stops.
 pub async fn serve_metrics(listener: tokio::net::TcpListener, board: Arc<UsageBoard>) {
     let mut registry = prometheus_client::registry::Registry::default();
@@ -340,144 +268,6 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, board: Arc<UsageBo
     );
     if let Err(err) = axum::serve(listener, app).await {
         tracing::warn!(error = %err, "metrics server stopped");
-    }
-}
-
-/// The machine's memory, from `/proc/meminfo`; `u64::MAX` when it cannot be read (every limit
-/// is then taken as one).
-pub fn machine_memory_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|info| {
-            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            kib.checked_mul(1024)
-        })
-        .unwrap_or(u64::MAX)
-}
-
-/// How long a container whose cgroup could not be found is left before it is looked up again.
-const LOOKUP_RETRY: Duration = Duration::from_secs(30);
-
-/// A running container's counters, found once from its main process.
-#[derive(Clone, Debug)]
-struct Tracked {
-    pid: u32,
-    files: CgroupFiles,
-}
-
-impl Tracked {
-    /// The cgroup of container `id`'s process `pid`: refused unless the container has one of its
-    /// own (its path names the container), since a shared one counts others' use too.
-    fn find(id: &str, pid: u32) -> io::Result<Self> {
-        let files = CgroupFiles::of_process(Path::new("/"), pid)?;
-        let own = match &files {
-            CgroupFiles::V1 { memory, .. } => memory.to_string_lossy().contains(id),
-            CgroupFiles::V2 { dir } => dir.to_string_lossy().contains(id),
-        };
-        if !own {
-            return Err(io::Error::other(format!(
-                "the container's process is not in a cgroup of its own: {files:?}"
-            )));
-        }
-        Ok(Self { pid, files })
-    }
-
-    /// Its counters, while its process lives: a replaced container's old cgroup may linger.
-    fn read(&self) -> io::Result<Reading> {
-        if !Path::new(&format!("/proc/{}", self.pid)).exists() {
-            return Err(io::Error::other(format!("process {} is gone", self.pid)));
-        }
-        self.files.read()
-    }
-}
-
-/// Samples the running notebooks' containers every [`SAMPLE_INTERVAL`], forever, and tells the
-/// namespaces' watchers (a [`crate::store::Change::Usage`]) when their use changed. Each
-/// container's cgroup is found once (one `inspect`); a container replaced since is found again,
-/// and one that cannot be found is left for [`LOOKUP_RETRY`].
-pub async fn sample_forever(runtime: Arc<crate::runtime::Runtime>, board: Arc<UsageBoard>) {
-    let machine_memory = machine_memory_bytes();
-    let mut tracked: BTreeMap<String, Tracked> = BTreeMap::new();
-    let mut retry_after: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
-    let mut smi_retry_after: BTreeMap<PathBuf, tokio::time::Instant> = BTreeMap::new();
-    let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let running: Vec<(Key, String)> = runtime
-            .store
-            .list(None)
-            .iter()
-            .filter_map(|nb| {
-                let ns = nb.metadata.namespace.clone().unwrap_or_default();
-                let name = nb.metadata.name.clone().unwrap_or_default();
-                runtime.port_of(&ns, &name)?;
-                let container = crate::runtime::container_name(&ns, &name);
-                Some(((ns, name), container))
-            })
-            .collect();
-        let is_running = |container: &String| running.iter().any(|(_, c)| c == container);
-        tracked.retain(|container, _| is_running(container));
-        retry_after.retain(|container, _| is_running(container));
-        let now = tokio::time::Instant::now();
-        for (_, container) in &running {
-            if tracked.contains_key(container)
-                || retry_after.get(container).is_some_and(|t| *t > now)
-            {
-                continue;
-            }
-            let found = match runtime.engine.process_of(container).await {
-                Ok((id, pid)) => tokio::task::spawn_blocking(move || Tracked::find(&id, pid))
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|found| found.map_err(|e| e.to_string())),
-                Err(err) => Err(err.to_string()),
-            };
-            match found {
-                Ok(found) => {
-                    retry_after.remove(container);
-                    tracked.insert(container.clone(), found);
-                }
-                Err(err) => {
-                    tracing::debug!(%container, error = %err, "finding its cgroup");
-                    retry_after.insert(container.clone(), now + LOOKUP_RETRY);
-                }
-            }
-        }
-        let to_read: Vec<(Key, String, Tracked)> = running
-            .into_iter()
-            .filter_map(|(key, container)| {
-                let found = tracked.get(&container)?.clone();
-                Some((key, container, found))
-            })
-            .collect();
-        let Ok(read) = tokio::task::spawn_blocking(move || {
-            to_read
-                .into_iter()
-                .map(|(key, container, found)| (key, container, found.read()))
-                .collect::<Vec<_>>()
-        })
-        .await
-        else {
-            continue;
-        };
-        let mut readings = Vec::new();
-        for (key, container, reading) in read {
-            match reading {
-                Ok(reading) => readings.push((key, reading)),
-                Err(err) => {
-                    // Gone or replaced: looked up again next time.
-                    tracing::debug!(%container, error = %err, "reading its cgroup");
-                    tracked.remove(&container);
-                }
-            }
-        }
-        let keys: Vec<Key> = readings.iter().map(|(key, _)| key.clone()).collect();
-        let gpu_use = gpu_use(&runtime.gpus, &keys, &mut smi_retry_after).await;
-        for namespace in board.record(readings, &gpu_use, machine_memory) {
-            runtime.store.notify_usage(&namespace);
-        }
     }
 }
 
@@ -554,12 +344,12 @@ pub async fn read_metrics_api(client: &kube::Client) -> Result<Vec<(Key, Usage)>
 }
 
 /// Reads the cluster's metrics API every [`METRICS_API_INTERVAL`], forever, and sends a
-/// [`crate::store::Change::Usage`] for each namespace whose samples changed. Without
+/// [`crate::backend::Change::Usage`] for each namespace whose samples changed. Without
 /// metrics-server (or the RBAC to read it) no use is shown.
 pub async fn sample_metrics_api(
     client: kube::Client,
     board: Arc<UsageBoard>,
-    changes: tokio::sync::broadcast::Sender<crate::store::Change>,
+    changes: tokio::sync::broadcast::Sender<crate::backend::Change>,
 ) {
     let mut ticks = tokio::time::interval(METRICS_API_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -569,7 +359,7 @@ pub async fn sample_metrics_api(
             Ok(usages) => {
                 for namespace in board.replace(usages) {
                     // Nobody watching is fine.
-                    let _ = changes.send(crate::store::Change::Usage { namespace });
+                    let _ = changes.send(crate::backend::Change::Usage { namespace });
                 }
             }
             Err(err) => tracing::debug!(

@@ -1,7 +1,7 @@
 //! Where notebooks run, as the API reads it: a notebook's logs and pod, a namespace's volumes,
 //! storage classes and PodDefaults. The routes ask [`Workloads`] and do not know which platform
 //! answers: a Kubernetes cluster ([`ClusterWorkloads`], here) or the container engine of
-//! `labforge up` (`crate::engine_workloads`).
+//! `labforge up` (`labforge_embedded::engine_workloads`).
 
 use bytes::Bytes;
 use futures::StreamExt as _;

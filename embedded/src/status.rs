@@ -2,9 +2,9 @@
 //! from the data dir (whether labforge runs or not) and the container engine.
 
 use crate::data_dir::{DataDirError, Found, check_format};
-use crate::embedded::RunningRecord;
 use crate::store::Store;
-use crate::users::Users;
+use crate::up::RunningRecord;
+use labforge_web::users::Users;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -15,7 +15,7 @@ pub enum StatusError {
     #[error(transparent)]
     Format(#[from] DataDirError),
     #[error(transparent)]
-    Users(#[from] crate::users::UserError),
+    Users(#[from] labforge_web::users::UserError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
 }
@@ -86,7 +86,7 @@ pub fn read(dir: &Path, engine: &Path) -> Result<Status, StatusError> {
     };
     let mut notebooks = BTreeMap::new();
     for notebook in store.iter().flat_map(|store| store.list(None)) {
-        let (state, _) = crate::api::state_of(&notebook);
+        let (state, _) = labforge_web::api::state_of(&notebook);
         let name = serde_json::to_value(state)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))

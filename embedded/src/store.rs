@@ -6,8 +6,9 @@
 //! new object, never half of one. Saved-image records are kept the same way, one file per
 //! namespace, and so are each notebook's newest events (capped, as Kubernetes expires them too).
 
-use crate::model::{NotebookEvent, SavedImage};
 use labforge_crds::notebook::Notebook;
+use labforge_web::backend::{Backend, BackendError, Change, NotebookChange};
+use labforge_web::model::{NotebookEvent, SavedImage};
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -34,32 +35,6 @@ pub enum StoreError {
         path: PathBuf,
         #[source]
         source: serde_json::Error,
-    },
-}
-
-/// What changed; subscribers re-read what they need.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// Its spec or metadata changed (what the runtime acts on).
-    Notebook {
-        namespace: String,
-        name: String,
-    },
-    /// Only its status changed (the runtime's own report: views follow it, the runtime does not).
-    Status {
-        namespace: String,
-        name: String,
-    },
-    Event {
-        namespace: String,
-        name: String,
-    },
-    SavedImages {
-        namespace: String,
-    },
-    /// A new sample of the namespace's resource use (kept in memory, not in the store).
-    Usage {
-        namespace: String,
     },
 }
 
@@ -418,6 +393,67 @@ impl Store {
     }
 }
 
+impl From<StoreError> for BackendError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::AlreadyExists { namespace, name } => {
+                Self::AlreadyExists { namespace, name }
+            }
+            StoreError::NotFound { namespace, name } => Self::NotFound { namespace, name },
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// The store is the embedded mode's [`Backend`].
+#[async_trait::async_trait]
+impl Backend for Store {
+    async fn list(&self, namespace: Option<&str>) -> Result<Vec<Notebook>, BackendError> {
+        Ok(Store::list(self, namespace))
+    }
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<Notebook>, BackendError> {
+        Ok(Store::get(self, namespace, name))
+    }
+    async fn create(&self, notebook: Notebook) -> Result<Notebook, BackendError> {
+        Ok(Store::create(self, notebook)?)
+    }
+    async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: NotebookChange<'_>,
+    ) -> Result<Notebook, BackendError> {
+        Ok(Store::update(self, namespace, name, |nb| change(nb))?)
+    }
+    async fn delete(&self, namespace: &str, name: &str) -> Result<(), BackendError> {
+        Store::delete(self, namespace, name)?;
+        Ok(())
+    }
+    async fn events(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<NotebookEvent>, BackendError> {
+        Ok(Store::events(self, namespace, name))
+    }
+    async fn record_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        Store::record_event(self, namespace, name, kind, reason, message);
+    }
+    async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
+        Ok(Store::saved_images(self, namespace))
+    }
+    fn changes(&self) -> broadcast::Receiver<Change> {
+        self.subscribe()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,7 +514,7 @@ mod tests {
             notebook: "lab".into(),
             namespace: "alice".into(),
             base: String::new(),
-            server_type: Some(crate::model::ServerType::Jupyter),
+            server_type: Some(labforge_web::model::ServerType::Jupyter),
             layer_bytes: 1,
             files_changed: 1,
             files_deleted: 0,

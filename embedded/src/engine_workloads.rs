@@ -2,13 +2,13 @@
 //! their volumes the engine's volumes. What only Kubernetes has (storage classes, PodDefaults) is
 //! empty here, and the container stands for the pod.
 
-use crate::model::NotebookState;
 use crate::runtime::{Engine, EngineError, container_name, volume_in_use};
-use crate::workloads::{
-    Claim, LogStream, NO_POD, StorageClasses, WorkloadError, Workloads, redact_secret,
-};
 use futures::StreamExt as _;
 use labforge_crds::notebook::Notebook;
+use labforge_web::model::NotebookState;
+use labforge_web::workloads::{
+    Claim, LogStream, NO_POD, StorageClasses, WorkloadError, Workloads, redact_secret,
+};
 use serde_json::{Value, json};
 
 pub struct EngineWorkloads {

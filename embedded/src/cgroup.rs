@@ -2,22 +2,9 @@
 //! reading a few small files per sample costs nothing next to asking the engine, which starts a
 //! process each time.
 
+use labforge_web::usage::Reading;
 use std::io;
 use std::path::{Path, PathBuf};
-
-/// One container's counters at one moment.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Reading {
-    /// CPU time since the container started.
-    pub cpu_nanos: u64,
-    /// When it was read: rates are measured on this monotonic clock, which no clock step moves.
-    pub at: std::time::Instant,
-    /// Memory in use, less the page cache the kernel could drop (what cAdvisor and the kubelet
-    /// call the working set).
-    pub memory_bytes: u64,
-    /// Its memory limit; `None` without one.
-    pub memory_limit_bytes: Option<u64>,
-}
 
 /// Where a process's CPU and memory counters are, under cgroup v1 or v2.
 #[derive(Clone, Debug, PartialEq)]

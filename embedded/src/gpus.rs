@@ -5,8 +5,8 @@
 //! ones, passed to podman as `--device <kind>=<name>`, and gives them back when it stops or is
 //! deleted. When too few are free the notebook waits with an error saying so.
 
-use crate::config::GpuVendor;
 use labforge_crds::notebook::Notebook;
+use labforge_web::config::GpuVendor;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

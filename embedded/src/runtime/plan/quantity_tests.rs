@@ -1,9 +1,9 @@
 //! Issue 32, item 6: the plan never gives podman a limit it reads as none.
 
 use super::*;
-use crate::config::{CatalogImage, Defaults, SpawnerConfig};
-use crate::model::{NotebookRequest, ServerType};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use labforge_web::config::{CatalogImage, Defaults, SpawnerConfig};
+use labforge_web::model::{NotebookRequest, ServerType};
 
 /// A notebook as the store could hold it, with these limits (no validation in between: stored
 /// before the minimums existed, or written to the store directly).
@@ -25,7 +25,7 @@ fn stored_with_limits(cpu: &str, memory: &str) -> Notebook {
         ..Default::default()
     };
     let mut notebook =
-        crate::validate::notebook_from_request(&request, "alice", "alice", &config, &[])
+        labforge_web::validate::notebook_from_request(&request, "alice", "alice", &config, &[])
             .expect("a valid request");
     let container = &mut notebook
         .spec

@@ -1,15 +1,16 @@
 //! The runtime's loop: makes the engine's containers match the stored notebooks' plans, and
 //! their status what the containers do.
 
-use crate::model::AUTO_SAVE_ANNOTATION;
-use crate::notebook_secret::NotebookSecrets;
-use crate::store::{Change, Store};
+use crate::store::Store;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
 };
 use labforge_crds::notebook::{Notebook, NotebookCondition, NotebookStatus};
 use labforge_notebook_controller::builders::{self, BuilderConfig};
 use labforge_proxy::source::RouteStore;
+use labforge_web::backend::Change;
+use labforge_web::model::AUTO_SAVE_ANNOTATION;
+use labforge_web::notebook_secret::NotebookSecrets;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -39,7 +40,7 @@ pub struct Runtime {
     pub agent_dir: Option<PathBuf>,
     pub gpus: crate::gpus::GpuPool,
     /// Saves before stops, for notebooks that ask for it.
-    pub saves: Option<Arc<crate::saves::SaveJobs>>,
+    pub saves: Option<Arc<crate::save_jobs::SaveJobs>>,
     /// Each notebook's secret, which only its server and the proxy know.
     pub secrets: Arc<NotebookSecrets>,
     http: reqwest::Client,
@@ -61,7 +62,7 @@ impl Runtime {
         builder_config: BuilderConfig,
         agent_dir: Option<PathBuf>,
         gpus: crate::gpus::GpuPool,
-        saves: Option<Arc<crate::saves::SaveJobs>>,
+        saves: Option<Arc<crate::save_jobs::SaveJobs>>,
         secrets: Arc<NotebookSecrets>,
     ) -> Self {
         Self {
@@ -468,7 +469,7 @@ impl Runtime {
 
     /// Saves the environment of a notebook being stopped and moves it to the new image. A failed
     /// save is recorded and never holds the stop back.
-    async fn save_before_stop(&self, saves: &crate::saves::SaveJobs, notebook: &Notebook) {
+    async fn save_before_stop(&self, saves: &crate::save_jobs::SaveJobs, notebook: &Notebook) {
         let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
         let name = notebook.metadata.name.as_deref().unwrap_or_default();
         self.store.record_event(

@@ -1,11 +1,11 @@
 //! What a Notebook's container is: image, command, limits, volumes, labels and its route, as
 //! a pure function of the Notebook and the runtime's settings.
 
-use crate::model::{SERVER_TYPE_ANNOTATION, ServerType};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use labforge_crds::istio::VirtualService;
 use labforge_crds::notebook::{Notebook, REWRITE_URI_ANNOTATION};
 use labforge_notebook_controller::builders::{self, BuilderConfig};
+use labforge_web::model::{SERVER_TYPE_ANNOTATION, ServerType};
 use sha2::Digest as _;
 use std::collections::HashMap;
 
@@ -82,36 +82,36 @@ pub(super) fn unambiguous_legacy_claim<'n>(
     (!ambiguous && !claim.is_empty()).then(|| claim.to_owned())
 }
 
-/// A CPU limit as `--cpus` wants it. Raised to [`validate::MIN_CPU`](crate::validate::MIN_CPU)
+/// A CPU limit as `--cpus` wants it. Raised to [`validate::MIN_CPU`](labforge_web::validate::MIN_CPU)
 /// and never dropped: a notebook stored before validation refused less (or written to the store
 /// directly) must not get `--cpus 0.000`, which podman reads as no limit.
 fn cpus(quantity: &str) -> Result<String, PlanError> {
-    let value = crate::validate::quantity("cpu", quantity)
+    let value = labforge_web::validate::quantity("cpu", quantity)
         .map_err(|err| PlanError::Unsupported(format!("the CPU limit: {err}")))?;
-    Ok(format!("{:.3}", value.max(crate::validate::MIN_CPU)))
+    Ok(format!("{:.3}", value.max(labforge_web::validate::MIN_CPU)))
 }
 
 #[cfg(test)]
 mod quantity_tests;
 
 /// A memory limit as `--memory` wants it, in bytes, raised to
-/// [`validate::MIN_MEMORY`](crate::validate::MIN_MEMORY): `--memory 0` is no limit.
+/// [`validate::MIN_MEMORY`](labforge_web::validate::MIN_MEMORY): `--memory 0` is no limit.
 fn memory_bytes(quantity: &str) -> Result<String, PlanError> {
-    let value = crate::validate::quantity("memory", quantity)
+    let value = labforge_web::validate::quantity("memory", quantity)
         .map_err(|err| PlanError::Unsupported(format!("the memory limit: {err}")))?;
     Ok(format!(
         "{}",
-        value.max(crate::validate::MIN_MEMORY).round() as u64
+        value.max(labforge_web::validate::MIN_MEMORY).round() as u64
     ))
 }
 
 fn bytes(quantity: &str) -> Option<String> {
-    let value = crate::validate::quantity("memory", quantity).ok()?;
+    let value = labforge_web::validate::quantity("memory", quantity).ok()?;
     Some(format!("{}", value.round() as u64))
 }
 
 /// Plans the container of `notebook`, from the pod template the controller would give Kubernetes;
-/// `secret` is the notebook's own ([`crate::notebook_secret`]), given to its server.
+/// `secret` is the notebook's own ([`labforge_web::notebook_secret`]), given to its server.
 pub fn plan(
     notebook: &Notebook,
     config: &BuilderConfig,
@@ -165,7 +165,7 @@ pub fn plan(
         // Last, so that it wins over a variable of that name in the spec.
         options.extend([
             "--env".into(),
-            format!("{}={secret}", crate::notebook_secret::SECRET_ENV),
+            format!("{}={secret}", labforge_web::notebook_secret::SECRET_ENV),
         ]);
     }
     for device in gpu_devices {
@@ -307,8 +307,8 @@ pub fn route(
     secret: Option<&str>,
 ) -> Result<VirtualService, builders::BuildError> {
     let mut vs = builders::virtual_service(notebook, config)?;
-    let code_server = notebook.annotation(crate::model::SERVER_TYPE_ANNOTATION)
-        == Some(crate::model::ServerType::Vscode.annotation());
+    let code_server = notebook.annotation(labforge_web::model::SERVER_TYPE_ANNOTATION)
+        == Some(labforge_web::model::ServerType::Vscode.annotation());
     for rule in &mut vs.spec.http {
         for destination in &mut rule.route {
             destination.destination.host = PUBLISH_ADDRESS.into();
@@ -324,7 +324,7 @@ pub fn route(
                 .get_or_insert_with(Default::default);
             operations
                 .set
-                .extend(crate::notebook_secret::upstream_headers(
+                .extend(labforge_web::notebook_secret::upstream_headers(
                     secret,
                     code_server,
                 ));
@@ -375,11 +375,11 @@ pub(super) fn answers_as_expected(status: u16, body: &[u8], key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{NotebookRequest, ServerType, WorkspaceRequest};
+    use labforge_web::model::{NotebookRequest, ServerType, WorkspaceRequest};
 
     fn notebook(namespace: &str, request: NotebookRequest) -> Notebook {
-        let config = crate::embedded::default_spawner("registry.local");
-        crate::validate::notebook_from_request(&request, namespace, namespace, &config, &[])
+        let config = labforge_web::config::default_spawner("registry.local");
+        labforge_web::validate::notebook_from_request(&request, namespace, namespace, &config, &[])
             .unwrap()
     }
 
@@ -453,7 +453,7 @@ mod tests {
                 .env
                 .get_or_insert_with(Vec::new)
                 .push(k8s_openapi::api::core::v1::EnvVar {
-                    name: crate::notebook_secret::SECRET_ENV.into(),
+                    name: labforge_web::notebook_secret::SECRET_ENV.into(),
                     value: Some("chosen".into()),
                     ..Default::default()
                 });

@@ -10,15 +10,10 @@
 //! A local OCI registry (Debian's `docker-registry`) is started on a loopback port unless one is
 //! configured; it holds the notebook images and every saved environment.
 
-use crate::api::{ApiState, STOPPED_BY_ANNOTATION};
-use crate::config::{CatalogImage, SpawnerConfig};
 use crate::gpus::GpuPool;
-use crate::model::ServerType;
-use crate::notebook_secret::NotebookSecrets;
 use crate::runtime::{Engine, Runtime};
-use crate::saves::SaveJobs;
+use crate::save_jobs::SaveJobs;
 use crate::store::Store;
-use crate::users::{LocalAuth, Sessions, UserError, Users};
 use labforge_builder::cache::BlobCache;
 use labforge_builder::image::RuntimeConfig;
 use labforge_builder::layer::Compression;
@@ -32,6 +27,10 @@ use labforge_notebook_controller::culler::{
 use labforge_proxy::notebook_host::NotebookHosts;
 use labforge_proxy::routes::{GatewayFilter, activity_key};
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
+use labforge_web::api::{ApiState, STOPPED_BY_ANNOTATION};
+use labforge_web::config::{SpawnerConfig, default_spawner};
+use labforge_web::notebook_secret::NotebookSecrets;
+use labforge_web::users::{LocalAuth, Sessions, UserError, Users};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -374,30 +373,6 @@ pub fn certificate_names(
     Ok(names)
 }
 
-/// The default catalog: the JupyterLab (and, when pushed, code-server) images of the registry.
-pub fn default_spawner(registry: &str) -> SpawnerConfig {
-    SpawnerConfig {
-        images: vec![
-            CatalogImage {
-                image: format!("{registry}/labforge/jupyterlab:latest"),
-                server_type: ServerType::Jupyter,
-                description: "JupyterLab with Python 3".into(),
-                default: true,
-            },
-            CatalogImage {
-                image: format!("{registry}/labforge/codeserver:latest"),
-                server_type: ServerType::Vscode,
-                description: "VSCode in the browser (code-server)".into(),
-                default: true,
-            },
-        ],
-        allow_custom_images: true,
-        gpu_vendors: Vec::new(),
-        defaults: Default::default(),
-        kubeflow: Default::default(),
-    }
-}
-
 /// Starts everything; returns once the URL answers.
 pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let opened = open(&mut options).await?;
@@ -444,7 +419,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     ));
     migrate_data_dir(&opened.dir, opened.found, &runtime, &opened.auth).await?;
     adopt_running(&runtime).await;
-    let usage = Arc::new(crate::usage::UsageBoard::default());
+    let usage = Arc::new(labforge_web::usage::UsageBoard::default());
     let metrics = match options.metrics_listen {
         Some(address) => Some(metrics_listener(address).await?),
         None => None,
@@ -453,8 +428,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         backend: opened.store.clone(),
         access: opened.auth.clone(),
         local_users: Some(opened.auth.clone()),
-        sign_in: Some(Arc::new(crate::sign_in::SignIn::for_this_machine()?)),
-        saves: Some(saves.clone() as Arc<dyn crate::saves::Saves>),
+        sign_in: Some(Arc::new(labforge_web::sign_in::SignIn::for_this_machine()?)),
+        saves: Some(saves.clone() as Arc<dyn labforge_web::saves::Saves>),
         config: Arc::new(opened.spawner),
         workloads: Arc::new(crate::engine_workloads::EngineWorkloads {
             engine: opened.engine,
@@ -467,7 +442,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         idle_after: options.culling.idle_time,
         base_path: Default::default(),
     };
-    let api = crate::ui::app(state).layer(axum::middleware::map_response(crate::ui::deny_framing));
+    let api = labforge_web::ui::app(state).layer(axum::middleware::map_response(
+        labforge_web::ui::deny_framing,
+    ));
     let mut tasks = vec![
         session_watch,
         tokio::spawn(async move {
@@ -476,10 +453,15 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             }
         }),
         tokio::spawn(runtime.clone().run()),
-        tokio::spawn(crate::usage::sample_forever(runtime.clone(), usage.clone())),
+        tokio::spawn(crate::sampling::sample_forever(
+            runtime.clone(),
+            usage.clone(),
+        )),
     ];
     let metrics_url = metrics.map(|(listener, url)| {
-        tasks.push(tokio::spawn(crate::usage::serve_metrics(listener, usage)));
+        tasks.push(tokio::spawn(labforge_web::usage::serve_metrics(
+            listener, usage,
+        )));
         url
     });
     if options.culling.enabled {
@@ -535,7 +517,7 @@ struct Opened {
     spawner: SpawnerConfig,
     gpus: GpuPool,
     builder_config: BuilderConfig,
-    notebook_sign_in: Arc<crate::notebook_sign_in::NotebookSignIn>,
+    notebook_sign_in: Arc<labforge_web::notebook_sign_in::NotebookSignIn>,
     engine: Engine,
     save_options: SaveOptions,
     /// Last: fields drop in order, and the data dir stays held until all else has gone.
@@ -578,7 +560,9 @@ async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
         notebook_domain: options.notebook_domain.clone(),
         ..BuilderConfig::default()
     };
-    let notebook_sign_in = Arc::new(crate::notebook_sign_in::NotebookSignIn::new(auth.clone()));
+    let notebook_sign_in = Arc::new(labforge_web::notebook_sign_in::NotebookSignIn::new(
+        auth.clone(),
+    ));
     let engine = Engine {
         program: options.engine.clone(),
         insecure_registries: insecure.clone(),
@@ -621,12 +605,12 @@ async fn adopt_running(runtime: &Runtime) {
 /// visitors in there.
 fn notebook_links(
     options: &UpOptions,
-    sign_in: &Arc<crate::notebook_sign_in::NotebookSignIn>,
-) -> Option<crate::notebook_sign_in::NotebookLinks> {
+    sign_in: &Arc<labforge_web::notebook_sign_in::NotebookSignIn>,
+) -> Option<labforge_web::notebook_sign_in::NotebookLinks> {
     options
         .notebook_domain
         .as_ref()
-        .map(|domain| crate::notebook_sign_in::NotebookLinks {
+        .map(|domain| labforge_web::notebook_sign_in::NotebookLinks {
             domain: domain.clone(),
             sign_in: Some(sign_in.clone()),
         })
@@ -637,8 +621,8 @@ fn notebook_links(
 fn image_check(
     options: &UpOptions,
     insecure: Vec<String>,
-) -> Arc<crate::image_check::RegistryImageCheck> {
-    Arc::new(crate::image_check::RegistryImageCheck {
+) -> Arc<labforge_web::image_check::RegistryImageCheck> {
+    Arc::new(labforge_web::image_check::RegistryImageCheck {
         options: RegistryOptions {
             insecure,
             ..RegistryOptions::default()
@@ -801,7 +785,7 @@ fn proxy_options(
     builder_config: &BuilderConfig,
     tls: Option<labforge_proxy::server::TlsFiles>,
     web_addr: SocketAddr,
-    notebook_sign_in: &Arc<crate::notebook_sign_in::NotebookSignIn>,
+    notebook_sign_in: &Arc<labforge_web::notebook_sign_in::NotebookSignIn>,
 ) -> ProxyOptions {
     ProxyOptions {
         listen: options.listen,
