@@ -31,7 +31,9 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -262,58 +264,14 @@ impl Forwarder {
     /// here waits (an answer that must be waited for is left to [`Self::admit`]).
     fn route(&self, request: Request<Incoming>, tls: bool) -> Result<Step, ProxyError> {
         let sent_to = SentTo::of(&request).ok_or(ProxyError::NoHost)?;
-        let authority = &sent_to.authority;
+        let authority = sent_to.authority.as_str();
         let path = normalize_path(request.uri().path())?;
-        let host = lowercase(authority_host(authority));
-        // On a notebook's own host: that notebook, signed in to it there.
-        let mut on_notebook_host = None;
-        if let Some(hosts) = &self.notebook_hosts {
-            match hosts.label_of(&host) {
-                Some(label) => {
-                    if let Some(sign_in) = &hosts.sign_in
-                        && let Some(state) = path
-                            .strip_prefix(notebook_host::SIGN_IN_PATH)
-                            .and_then(|rest| rest.strip_prefix('/'))
-                    {
-                        let query = request.uri().query();
-                        return hosts
-                            .redeem(
-                                sign_in.as_ref(),
-                                label,
-                                state,
-                                query,
-                                request.headers(),
-                                tls,
-                            )
-                            .map(Step::Answer)
-                            .map_err(|refused| {
-                                tracing::info!(reason = %refused, "notebook sign-in code refused");
-                                ProxyError::CodeRefused
-                            });
-                    }
-                    let notebook = notebook_host::notebook_of_path(&path)
-                        .filter(|(ns, name)| labforge_crds::host::is_label_of(label, ns, name))
-                        .ok_or(ProxyError::NoRoute)?;
-                    if !notebook_host::from_own_pages(request.headers(), authority.as_str()) {
-                        return Err(ProxyError::CrossOrigin);
-                    }
-                    on_notebook_host = Some((hosts, notebook));
-                }
-                // Path URLs on any other host (old links, bookmarks): sent to the notebook's host.
-                None if path.starts_with(NOTEBOOK_PATHS) => {
-                    let (ns, name) =
-                        notebook_host::notebook_of_path(&path).ok_or(ProxyError::NoRoute)?;
-                    let mut location = hosts.notebook_origin(ns, name, authority.as_str());
-                    location.push_str(&path);
-                    if let Some(query) = request.uri().query() {
-                        location.push('?');
-                        location.push_str(query);
-                    }
-                    return Ok(Step::Answer(notebook_host::redirect(&location, [])));
-                }
-                None => {}
-            }
-        }
+        let host = lowercase(authority_host(&sent_to.authority));
+        let on_notebook_host =
+            match self.notebook_host_visit(&request, &path, &host, authority, tls)? {
+                ControlFlow::Break(answer) => return Ok(Step::Answer(answer)),
+                ControlFlow::Continue(on_notebook_host) => on_notebook_host,
+            };
         // The web app (embedded mode) authenticates its own requests; notebook paths never go there.
         if let Some(fallback) = &self.fallback
             && !path.starts_with(NOTEBOOK_PATHS)
@@ -327,60 +285,156 @@ impl Forwarder {
             }));
         }
         // Authentication first: an anonymous client learns nothing about which routes exist.
-        let user = match on_notebook_host {
-            Some((hosts, (ns, name))) if let Some(sign_in) = &hosts.sign_in => {
-                let granted =
-                    notebook_host::cookies(request.headers(), notebook_host::GRANT_COOKIE)
-                        .find_map(|grant| sign_in.user(grant, ns, name));
-                match granted {
-                    Some(user) => std::borrow::Cow::Owned(user),
-                    None if is_navigation(&request) => {
-                        let mut return_to = path.clone().into_owned();
-                        if let Some(query) = request.uri().query() {
-                            return_to.push('?');
-                            return_to.push_str(query);
-                        }
-                        return Ok(Step::Answer(hosts.sign_in_redirect(
-                            ns,
-                            name,
-                            &return_to,
-                            authority.as_str(),
-                            tls,
-                        )));
-                    }
-                    None => return Err(ProxyError::Unauthenticated),
-                }
-            }
-            _ => self
-                .identity
-                .user(request.headers())
-                .ok_or(ProxyError::Unauthenticated)?,
+        let user = match self.authenticate(&request, &path, authority, on_notebook_host, tls)? {
+            ControlFlow::Break(answer) => return Ok(Step::Answer(answer)),
+            ControlFlow::Continue(user) => user,
         };
-        let table = self.routes.table();
         let view = RequestView {
             host: &host,
-            authority: authority.as_str(),
+            authority,
             scheme: if tls { "https" } else { "http" },
             query: request.uri().query(),
             path: &path,
             method: request.method(),
             headers: request.headers(),
         };
-        let Some(found) = table.lookup(&view) else {
-            return self.notebook_page(&request, &path, authority.as_str());
+        let notebook_namespace = on_notebook_host.map(|(_, (ns, _))| ns);
+        let Some((target, via)) = self.by_rule(&view, request.uri(), user, notebook_namespace)?
+        else {
+            return self.notebook_page(&request, &path, authority);
+        };
+        Ok(Step::Forward(Routed {
+            request,
+            sent_to,
+            target,
+            via,
+        }))
+    }
+
+    /// What a request's host says before any route is looked at: on a notebook's own host, the
+    /// notebook (or the end of its sign-in); on any other, a notebook's path URL (old links,
+    /// bookmarks) is sent to the notebook's host.
+    fn notebook_host_visit<'s, 'p>(
+        &'s self,
+        request: &Request<Incoming>,
+        path: &'p str,
+        host: &str,
+        authority: &str,
+        tls: bool,
+    ) -> Result<ControlFlow<Response<Full<Bytes>>, Option<OnNotebookHost<'s, 'p>>>, ProxyError>
+    {
+        let Some(hosts) = &self.notebook_hosts else {
+            return Ok(ControlFlow::Continue(None));
+        };
+        match hosts.label_of(host) {
+            Some(label) => {
+                if let Some(sign_in) = &hosts.sign_in
+                    && let Some(state) = path
+                        .strip_prefix(notebook_host::SIGN_IN_PATH)
+                        .and_then(|rest| rest.strip_prefix('/'))
+                {
+                    let query = request.uri().query();
+                    return hosts
+                        .redeem(
+                            sign_in.as_ref(),
+                            label,
+                            state,
+                            query,
+                            request.headers(),
+                            tls,
+                        )
+                        .map(ControlFlow::Break)
+                        .map_err(|refused| {
+                            tracing::info!(reason = %refused, "notebook sign-in code refused");
+                            ProxyError::CodeRefused
+                        });
+                }
+                let notebook = notebook_host::notebook_of_path(path)
+                    .filter(|(ns, name)| labforge_crds::host::is_label_of(label, ns, name))
+                    .ok_or(ProxyError::NoRoute)?;
+                if !notebook_host::from_own_pages(request.headers(), authority) {
+                    return Err(ProxyError::CrossOrigin);
+                }
+                Ok(ControlFlow::Continue(Some((hosts, notebook))))
+            }
+            None if path.starts_with(NOTEBOOK_PATHS) => {
+                let (ns, name) =
+                    notebook_host::notebook_of_path(path).ok_or(ProxyError::NoRoute)?;
+                let mut location = hosts.notebook_origin(ns, name, authority);
+                location.push_str(path);
+                if let Some(query) = request.uri().query() {
+                    location.push('?');
+                    location.push_str(query);
+                }
+                Ok(ControlFlow::Break(notebook_host::redirect(&location, [])))
+            }
+            None => Ok(ControlFlow::Continue(None)),
+        }
+    }
+
+    /// Who the visitor is. On a notebook's host that signs in itself, the user its grant names,
+    /// and a browser without one is sent to sign in; anywhere else, the identity source's user.
+    fn authenticate<'r>(
+        &self,
+        request: &'r Request<Incoming>,
+        path: &str,
+        authority: &str,
+        on_notebook_host: Option<OnNotebookHost<'_, '_>>,
+        tls: bool,
+    ) -> Result<ControlFlow<Response<Full<Bytes>>, Cow<'r, str>>, ProxyError> {
+        match on_notebook_host {
+            Some((hosts, (ns, name))) if let Some(sign_in) = &hosts.sign_in => {
+                let granted =
+                    notebook_host::cookies(request.headers(), notebook_host::GRANT_COOKIE)
+                        .find_map(|grant| sign_in.user(grant, ns, name));
+                match granted {
+                    Some(user) => Ok(ControlFlow::Continue(Cow::Owned(user))),
+                    None if is_navigation(request) => {
+                        let mut return_to = path.to_owned();
+                        if let Some(query) = request.uri().query() {
+                            return_to.push('?');
+                            return_to.push_str(query);
+                        }
+                        Ok(ControlFlow::Break(
+                            hosts.sign_in_redirect(ns, name, &return_to, authority, tls),
+                        ))
+                    }
+                    None => Err(ProxyError::Unauthenticated),
+                }
+            }
+            _ => self
+                .identity
+                .user(request.headers())
+                .map(ControlFlow::Continue)
+                .ok_or(ProxyError::Unauthenticated),
+        }
+    }
+
+    /// The rule the table routes `view` by, as the target its upstream gets and the way there
+    /// (with whether `user` may go, when that is known now); `None` when no route matches.
+    fn by_rule(
+        &self,
+        view: &RequestView<'_>,
+        uri: &Uri,
+        user: Cow<'_, str>,
+        notebook_namespace: Option<&str>,
+    ) -> Result<Option<(Option<String>, Via)>, ProxyError> {
+        let table = self.routes.table();
+        let Some(found) = table.lookup(view) else {
+            return Ok(None);
         };
         // A notebook's host serves routes of its namespace only: a VirtualService elsewhere
         // naming that host must not put its own server on the notebook's origin.
-        if let Some((_, (ns, _))) = on_notebook_host
+        if let Some(ns) = notebook_namespace
             && found.rule.namespaces().any(|guard| guard != ns)
         {
             return Err(ProxyError::NoRoute);
         }
         let target = match found.rule.answer.as_deref() {
             Some(FixedAnswer::Redirect(redirect)) => {
-                Some(redirect.location(&view, found.prefix_len))
+                Some(redirect.location(view, found.prefix_len))
             }
-            _ => upstream_target(request.uri(), &found.rule.rewritten_path(&found, &path)),
+            _ => upstream_target(uri, &found.rule.rewritten_path(&found, view.path)),
         };
         // Decided here while the name is borrowed from the request; copied only when an answer
         // must be waited for.
@@ -391,12 +445,7 @@ impl Forwarder {
             }),
         };
         let rule = found.rule.clone();
-        Ok(Step::Forward(Routed {
-            request,
-            sent_to,
-            target,
-            via: Via::Rule(admission, rule),
-        }))
+        Ok(Some((target, Via::Rule(admission, rule))))
     }
 
     /// Whether the user may go where the request was routed (waiting for the access answer if
@@ -574,32 +623,8 @@ impl Forwarder {
         async move {
             let started = Instant::now();
             let upstreams = forwarder.upstreams.clone();
-            let metrics = &forwarder.metrics;
-            let address = match &address {
-                Address::Own(address) => Some(&**address),
-                Address::Destination(index) => rule
-                    .as_ref()
-                    .and_then(|rule| rule.destinations.get(*index))
-                    .map(|destination| &*destination.authority),
-                Address::Answered => None,
-            };
-            let Some(address) = address else {
+            let Some(address) = address.authority(rule.as_deref()) else {
                 return Err(ProxyError::NoRoute);
-            };
-            let count_error = |kind| {
-                metrics
-                    .upstream_errors
-                    .get_or_create(&ErrorLabels { kind })
-                    .inc();
-            };
-            let to_proxy_error = |e: UpstreamError| {
-                if e.is_connect() {
-                    count_error("connect");
-                    ProxyError::UpstreamUnavailable(e)
-                } else {
-                    count_error("upstream");
-                    ProxyError::UpstreamFailed(e)
-                }
             };
             // The route's timeout runs from here until the response's last byte (Envoy's route
             // timeout); a tunnel, once upgraded, is not held to it. Boxed: few routes have one,
@@ -610,14 +635,14 @@ impl Forwarder {
                 None => upstreams
                     .send(address, request)
                     .await
-                    .map_err(to_proxy_error),
+                    .map_err(|e| forwarder.upstream_error(e)),
                 Some(deadline) => {
                     let sending =
                         tokio::time::timeout_at(deadline, upstreams.send(address, request));
                     match Box::pin(sending).await {
-                        Ok(sent) => sent.map_err(to_proxy_error),
+                        Ok(sent) => sent.map_err(|e| forwarder.upstream_error(e)),
                         Err(_) => {
-                            count_error("timeout");
+                            forwarder.count_upstream_error("timeout");
                             Err(ProxyError::UpstreamTimeout)
                         }
                     }
@@ -634,83 +659,127 @@ impl Forwarder {
                 (Err(error), _, _) => return Err(error),
             };
             forwarder.thread_metrics.upstream_latency(started.elapsed());
-            let activity = rule.as_ref().map(|rule| &rule.owner.activity);
             // Browsers keep the cookies of a websocket handshake's answer too.
             if rule.is_some() {
                 strip_visitor_set_cookies(response.headers_mut(), &forwarder.visitor_cookies);
             }
-
             if response.status() == StatusCode::SWITCHING_PROTOCOLS
                 && let Some(client_upgrade) = client_upgrade
             {
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                if let Some(activity) = &activity {
-                    activity.touch();
-                }
-                let metrics = metrics.clone();
-                let activity = activity.cloned();
-                tokio::spawn(async move {
-                    let (client_io, upstream_io) =
-                        match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                            Ok(pair) => pair,
-                            Err(err) => {
-                                tracing::debug!(error = %err, "upgrade not completed");
-                                return;
-                            }
-                        };
-                    metrics.websockets.inc();
-                    metrics.websockets_active.inc();
-                    let client_io = Touching {
-                        io: TokioIo::new(client_io),
-                        cell: activity.clone(),
-                    };
-                    let upstream_io = Touching {
-                        io: TokioIo::new(upstream_io),
-                        cell: activity,
-                    };
-                    // Ends when both sides are done or one fails, or when the visitor's session
-                    // ends (a tunnel must not outlive the right to open it); both sockets are
-                    // dropped with it.
-                    let copying = crate::tunnel::tunnel(client_io, upstream_io, websocket);
-                    let revoked = async move {
-                        match revoked {
-                            Some(revoked) => revoked.await,
-                            None => future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        copied = copying => {
-                            if let Err(err) = copied {
-                                tracing::debug!(error = %err, "websocket tunnel ended");
-                            }
-                        }
-                        () = revoked => {
-                            tracing::debug!("websocket tunnel closed: the session ended");
-                            metrics.tunnels_revoked.inc();
-                        }
-                    }
-                    metrics.websockets_active.dec();
-                });
-                let (parts, _) = response.into_parts();
-                return Ok(Response::from_parts(parts, Either::Right(Full::default())));
+                let rule = rule.as_deref();
+                return Ok(forwarder.tunnel(response, client_upgrade, rule, websocket, revoked));
             }
-
-            if let Some(activity) = &activity
-                && response.status().as_u16() < 400
-            {
-                activity.touch();
-            }
-            strip_hop_by_hop(response.headers_mut());
-            // And after the route's own edits: a VirtualService may not set them either.
-            if let Some(edits) = rule.as_ref().and_then(|rule| rule.header_edits.as_ref()) {
-                edits.response.apply(response.headers_mut());
-                strip_visitor_set_cookies(response.headers_mut(), &forwarder.visitor_cookies);
-            }
-            Ok(response.map(|body| match deadline {
-                Some(deadline) => Either::Left(body.until(deadline)),
-                None => Either::Left(body),
-            }))
+            Ok(forwarder.streamed(response, rule.as_deref(), deadline))
         }
+    }
+
+    /// Counts a failed exchange with an upstream under `kind`.
+    fn count_upstream_error(&self, kind: &'static str) {
+        self.metrics
+            .upstream_errors
+            .get_or_create(&ErrorLabels { kind })
+            .inc();
+    }
+
+    /// The proxy's error for an upstream's `error`, counted: a connection that could not be
+    /// made says the notebook is unavailable, where a later failure says it failed.
+    fn upstream_error(&self, error: UpstreamError) -> ProxyError {
+        if error.is_connect() {
+            self.count_upstream_error("connect");
+            ProxyError::UpstreamUnavailable(error)
+        } else {
+            self.count_upstream_error("upstream");
+            ProxyError::UpstreamFailed(error)
+        }
+    }
+
+    /// The client's answer to an upgrade the upstream accepted (`response`); both sides'
+    /// connections are then joined in a tunnel on a task of its own, which ends when either
+    /// side is done or the visitor's session ends (`revoked`).
+    fn tunnel(
+        &self,
+        mut response: Response<PooledBody>,
+        client_upgrade: hyper::upgrade::OnUpgrade,
+        rule: Option<&Rule>,
+        websocket: bool,
+        revoked: Option<Revocation>,
+    ) -> Response<ProxyBody> {
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        let activity = rule.map(|rule| &rule.owner.activity);
+        if let Some(activity) = &activity {
+            activity.touch();
+        }
+        let metrics = self.metrics.clone();
+        let activity = activity.cloned();
+        tokio::spawn(async move {
+            let (client_io, upstream_io) = match tokio::try_join!(client_upgrade, upstream_upgrade)
+            {
+                Ok(pair) => pair,
+                Err(err) => {
+                    tracing::debug!(error = %err, "upgrade not completed");
+                    return;
+                }
+            };
+            metrics.websockets.inc();
+            metrics.websockets_active.inc();
+            let client_io = Touching {
+                io: TokioIo::new(client_io),
+                cell: activity.clone(),
+            };
+            let upstream_io = Touching {
+                io: TokioIo::new(upstream_io),
+                cell: activity,
+            };
+            // Ends when both sides are done or one fails, or when the visitor's session ends (a
+            // tunnel must not outlive the right to open it); both sockets are dropped with it.
+            let copying = crate::tunnel::tunnel(client_io, upstream_io, websocket);
+            let revoked = async move {
+                match revoked {
+                    Some(revoked) => revoked.await,
+                    None => future::pending().await,
+                }
+            };
+            tokio::select! {
+                copied = copying => {
+                    if let Err(err) = copied {
+                        tracing::debug!(error = %err, "websocket tunnel ended");
+                    }
+                }
+                () = revoked => {
+                    tracing::debug!("websocket tunnel closed: the session ended");
+                    metrics.tunnels_revoked.inc();
+                }
+            }
+            metrics.websockets_active.dec();
+        });
+        let (parts, _) = response.into_parts();
+        Response::from_parts(parts, Either::Right(Full::default()))
+    }
+
+    /// The upstream's `response` as the client gets it, its body streamed back and held to the
+    /// route's `deadline`.
+    fn streamed(
+        &self,
+        mut response: Response<PooledBody>,
+        rule: Option<&Rule>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Response<ProxyBody> {
+        if let Some(rule) = rule
+            && response.status().as_u16() < 400
+        {
+            rule.owner.activity.touch();
+        }
+        strip_hop_by_hop(response.headers_mut());
+        // The visitor's cookies are stripped again after the route's own edits: a
+        // VirtualService may not set them either.
+        if let Some(edits) = rule.and_then(|rule| rule.header_edits.as_ref()) {
+            edits.response.apply(response.headers_mut());
+            strip_visitor_set_cookies(response.headers_mut(), &self.visitor_cookies);
+        }
+        response.map(|body| match deadline {
+            Some(deadline) => Either::Left(body.until(deadline)),
+            None => Either::Left(body),
+        })
     }
 }
 
@@ -721,6 +790,10 @@ enum Step {
     Forward(Routed),
     Answer(Response<Full<Bytes>>),
 }
+
+/// A request on a notebook's own host: the hosts' settings, and that notebook's namespace and
+/// name.
+type OnNotebookHost<'s, 'p> = (&'s NotebookHosts, (&'p str, &'p str));
 
 /// Whether a browser would show the answer to `request` as a page: only such a visit is sent
 /// to sign in, not a script's request (which could not follow it across origins anyway).
@@ -768,6 +841,20 @@ enum Address {
     Destination(usize),
     /// Nowhere: the rule answers itself ([`Rule::answer`]).
     Answered,
+}
+
+impl Address {
+    /// The `host:port` to connect to, given the `rule` the request was routed by; `None` when
+    /// there is none to connect to.
+    fn authority<'a>(&'a self, rule: Option<&'a Rule>) -> Option<&'a str> {
+        match self {
+            Address::Own(address) => Some(address),
+            Address::Destination(index) => rule
+                .and_then(|rule| rule.destinations.get(*index))
+                .map(|destination| &*destination.authority),
+            Address::Answered => None,
+        }
+    }
 }
 
 /// The response of a rule that answers itself; `location` is its redirect's.

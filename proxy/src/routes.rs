@@ -93,6 +93,16 @@ impl RouteOwner {
             .iter()
             .any(|root| path.starts_with(&**root))
     }
+
+    /// This VirtualService, or a part of it, left out for `reason`.
+    fn skipped(&self, reason: String) -> Skipped {
+        Skipped {
+            namespace: self.namespace.to_string(),
+            name: self.virtual_service.to_string(),
+            reason,
+            refused: None,
+        }
+    }
 }
 
 /// The namespace names and hosts of a store's routes, one string each: 10,000 notebooks live in a
@@ -1102,129 +1112,21 @@ impl CompiledVirtualService {
         let namespace = vs.metadata.namespace.clone().unwrap_or_default();
         let name = vs.metadata.name.clone().unwrap_or_default();
         let confinement = confinement.filter(|c| !c.is_trusted(&namespace));
-        let bound_here = gateway.accepts(&namespace, &vs.spec.gateways);
-        // A match's own `gateways` replace the VirtualService's for that match.
-        let match_bound_here = |m: &HttpMatchRequest| {
-            if m.gateways.is_empty() {
-                bound_here
-            } else {
-                gateway.accepts(&namespace, &m.gateways)
-            }
+        let binding = Binding {
+            gateway,
+            namespace: &namespace,
+            bound_here: gateway.accepts(&namespace, &vs.spec.gateways),
         };
-        let any_match_bound_here = vs
-            .spec
-            .http
-            .iter()
-            .flat_map(|route| &route.matches)
-            .any(|m| !m.gateways.is_empty() && match_bound_here(m));
-        if !bound_here && !any_match_bound_here {
+        if !binding.bound_here && !binding.any_match_bound_here(vs) {
             return (None, skipped);
         }
-        let notebook = notebook_of(vs, &namespace, &name);
-        let (activity_key, activity) = activity.cell(&activity_key(
-            &namespace,
-            notebook.as_deref().unwrap_or(&name),
-        ));
-        let owner = Arc::new(RouteOwner {
-            activity_key,
-            activity,
-            namespace: names.intern(&namespace),
-            virtual_service: name.into(),
-            created: vs.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            allowed_paths: confinement
-                .map(|c| c.allowed_paths(&namespace, names))
-                .unwrap_or_default(),
-        });
-        let skip = |reason| Skipped {
-            namespace: owner.namespace.to_string(),
-            name: owner.virtual_service.to_string(),
-            reason,
-            refused: None,
-        };
-        let mut rules = Few::new();
-        for (position, route) in vs.spec.http.iter().enumerate() {
-            let mut applicable = Vec::new();
-            for (index, m) in route.matches.iter().enumerate() {
-                if !match_bound_here(m) {
-                    continue;
-                }
-                // Left out rather than matched without the condition: that would send the rule
-                // requests Istio does not.
-                if let Some(field) = unevaluated_condition(m) {
-                    skipped.push(skip(format!(
-                        "http[{position}].match[{index}]: `{field}` is not evaluated by this \
-                         proxy, so this match never applies"
-                    )));
-                    continue;
-                }
-                applicable.push(m);
-            }
-            // A rule without matches takes every request where its VirtualService is bound; one
-            // whose matches all were left out takes none.
-            let applies = if route.matches.is_empty() {
-                bound_here
-            } else {
-                !applicable.is_empty()
-            };
-            if !applies {
-                continue;
-            }
-            let compiled = compile_rule(route, &applicable, &owner, position);
-            let confined = match (compiled, confinement) {
-                (Ok(mut rule), Some(confinement)) => {
-                    match confine_rule(&mut rule, route, confinement) {
-                        Ok(()) => Ok(rule),
-                        Err((refusal, reason)) => {
-                            skipped.push(Skipped {
-                                refused: Some(refusal),
-                                ..skip(format!(
-                                    "http[{position}]: refused, namespace {namespace:?} is not \
-                                     trusted: {reason}"
-                                ))
-                            });
-                            continue;
-                        }
-                    }
-                }
-                (compiled, _) => compiled,
-            };
-            match confined {
-                Ok(rule) => {
-                    if matches!(rule.answer.as_deref(), Some(FixedAnswer::NotServed)) {
-                        skipped.push(skip(format!(
-                            "http[{position}]: delegation is not served by this proxy; the \
-                             requests this rule matches get 404"
-                        )));
-                    }
-                    rules.push(Arc::new(rule));
-                }
-                Err(reason) => skipped.push(skip(format!("http[{position}]: {reason}"))),
-            }
-        }
+        let owner = route_owner(vs, &namespace, name, confinement, activity, names);
+        let mut rules = compile_rules(vs, &binding, confinement, &owner, &mut skipped);
         if rules.is_empty() {
             return (None, skipped);
         }
         rules.shrink_to_fit();
-        let hosts: Few<Arc<str>> = vs
-            .spec
-            .hosts
-            .iter()
-            .map(|h| h.to_ascii_lowercase())
-            .filter(|host| {
-                let allowed = confinement
-                    .is_none_or(|c| c.may_name_host(&namespace, host, &vs.spec.http));
-                if !allowed {
-                    skipped.push(Skipped {
-                        refused: Some(Refusal::Host),
-                        ..skip(format!(
-                            "host {host:?} is not one of this namespace's notebooks; not served there"
-                        ))
-                    });
-                }
-                allowed
-            })
-            .map(|host| names.intern(&host))
-            .collect();
+        let hosts = served_hosts(vs, &namespace, confinement, &owner, names, &mut skipped);
         if hosts.is_empty() {
             return (None, skipped);
         }
@@ -1246,6 +1148,177 @@ impl CompiledVirtualService {
     fn owner(&self) -> &RouteOwner {
         &self.rules[0].owner
     }
+}
+
+/// Whether a VirtualService's matches apply at this proxy's gateway.
+struct Binding<'a> {
+    gateway: &'a GatewayFilter,
+    /// The VirtualService's namespace, which its gateway names are relative to.
+    namespace: &'a str,
+    /// The VirtualService's own `gateways` accept this proxy's.
+    bound_here: bool,
+}
+
+impl Binding<'_> {
+    /// A match's own `gateways` replace the VirtualService's for that match.
+    fn accepts(&self, m: &HttpMatchRequest) -> bool {
+        if m.gateways.is_empty() {
+            self.bound_here
+        } else {
+            self.gateway.accepts(self.namespace, &m.gateways)
+        }
+    }
+
+    /// Whether a match of `vs` is bound here by gateways of its own: the VirtualService is then
+    /// served even where its own gateways are not.
+    fn any_match_bound_here(&self, vs: &VirtualService) -> bool {
+        vs.spec
+            .http
+            .iter()
+            .flat_map(|route| &route.matches)
+            .any(|m| !m.gateways.is_empty() && self.accepts(m))
+    }
+}
+
+/// The owner the rules of `vs` (named `name`, of `namespace`) share, with its activity cell.
+fn route_owner(
+    vs: &VirtualService,
+    namespace: &str,
+    name: String,
+    confinement: Option<&Confinement>,
+    activity: &Activity,
+    names: &SharedNames,
+) -> Arc<RouteOwner> {
+    let notebook = notebook_of(vs, namespace, &name);
+    let (activity_key, activity) = activity.cell(&activity_key(
+        namespace,
+        notebook.as_deref().unwrap_or(&name),
+    ));
+    Arc::new(RouteOwner {
+        activity_key,
+        activity,
+        namespace: names.intern(namespace),
+        virtual_service: name.into(),
+        created: vs.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        allowed_paths: confinement
+            .map(|c| c.allowed_paths(namespace, names))
+            .unwrap_or_default(),
+    })
+}
+
+/// The rules of `vs` that apply here, in order; those left out are added to `skipped`.
+fn compile_rules(
+    vs: &VirtualService,
+    binding: &Binding<'_>,
+    confinement: Option<&Confinement>,
+    owner: &Arc<RouteOwner>,
+    skipped: &mut Vec<Skipped>,
+) -> Few<Arc<Rule>> {
+    let mut rules = Few::new();
+    for (position, route) in vs.spec.http.iter().enumerate() {
+        let Some(applicable) = applicable_matches(route, position, binding, owner, skipped) else {
+            continue;
+        };
+        let compiled = compile_rule(route, &applicable, owner, position);
+        let confined = match (compiled, confinement) {
+            (Ok(mut rule), Some(confinement)) => {
+                match confine_rule(&mut rule, route, confinement) {
+                    Ok(()) => Ok(rule),
+                    Err((refusal, reason)) => {
+                        skipped.push(Skipped {
+                            refused: Some(refusal),
+                            ..owner.skipped(format!(
+                                "http[{position}]: refused, namespace {:?} is not trusted: \
+                                 {reason}",
+                                binding.namespace
+                            ))
+                        });
+                        continue;
+                    }
+                }
+            }
+            (compiled, _) => compiled,
+        };
+        match confined {
+            Ok(rule) => {
+                if matches!(rule.answer.as_deref(), Some(FixedAnswer::NotServed)) {
+                    skipped.push(owner.skipped(format!(
+                        "http[{position}]: delegation is not served by this proxy; the \
+                         requests this rule matches get 404"
+                    )));
+                }
+                rules.push(Arc::new(rule));
+            }
+            Err(reason) => skipped.push(owner.skipped(format!("http[{position}]: {reason}"))),
+        }
+    }
+    rules
+}
+
+/// The matches of `route` (the `position`th of its VirtualService) that apply here, or `None`
+/// when the route itself does not; matches left out are added to `skipped`.
+fn applicable_matches<'r>(
+    route: &'r HttpRoute,
+    position: usize,
+    binding: &Binding<'_>,
+    owner: &RouteOwner,
+    skipped: &mut Vec<Skipped>,
+) -> Option<Vec<&'r HttpMatchRequest>> {
+    let mut applicable = Vec::new();
+    for (index, m) in route.matches.iter().enumerate() {
+        if !binding.accepts(m) {
+            continue;
+        }
+        // Left out rather than matched without the condition: that would send the rule
+        // requests Istio does not.
+        if let Some(field) = unevaluated_condition(m) {
+            skipped.push(owner.skipped(format!(
+                "http[{position}].match[{index}]: `{field}` is not evaluated by this proxy, so \
+                 this match never applies"
+            )));
+            continue;
+        }
+        applicable.push(m);
+    }
+    // A rule without matches takes every request where its VirtualService is bound; one whose
+    // matches all were left out takes none.
+    let applies = if route.matches.is_empty() {
+        binding.bound_here
+    } else {
+        !applicable.is_empty()
+    };
+    applies.then_some(applicable)
+}
+
+/// The hosts of `vs`, lowercase, that its namespace may serve; the others are added to
+/// `skipped`.
+fn served_hosts(
+    vs: &VirtualService,
+    namespace: &str,
+    confinement: Option<&Confinement>,
+    owner: &RouteOwner,
+    names: &SharedNames,
+    skipped: &mut Vec<Skipped>,
+) -> Few<Arc<str>> {
+    vs.spec
+        .hosts
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .filter(|host| {
+            let allowed =
+                confinement.is_none_or(|c| c.may_name_host(namespace, host, &vs.spec.http));
+            if !allowed {
+                skipped.push(Skipped {
+                    refused: Some(Refusal::Host),
+                    ..owner.skipped(format!(
+                        "host {host:?} is not one of this namespace's notebooks; not served there"
+                    ))
+                });
+            }
+            allowed
+        })
+        .map(|host| names.intern(&host))
+        .collect()
 }
 
 impl RouteTable {
