@@ -11,12 +11,13 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
-use kube::Api;
 use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
 use labforge_crds::{Notebook, VirtualService};
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use labforge_tests::tools::reconciles_done;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -78,7 +79,37 @@ async fn main() {
     .expect("fake API server");
     let client = server.client();
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
+    let kubeconfig = write_kubeconfig(dir.path(), &server);
+
+    let create_time = create_notebooks(&client, count).await;
+    let writes_after_create = server.write_count();
+
+    let admin_port = labforge_tests::tools::free_port().expect("port");
+    let mut controller = start_controller(&kubeconfig, admin_port);
+    let converge_time = converge(&client, count).await;
+    let converge_writes = server.write_count() - writes_after_create;
+    let rss_first = peak_rss_kb(controller.id());
+    let idle_requests = periodic_resync_requests(&server, admin_port, count).await;
+    let _ = controller.kill();
+    let _ = controller.wait();
+
+    let resync = full_resync(&server, &kubeconfig, count).await;
+
+    Report {
+        count,
+        create_time,
+        converge_time,
+        converge_writes,
+        rss_first,
+        idle_requests,
+        resync,
+    }
+    .print(&server);
+}
+
+/// A kubeconfig in `dir` for the controller to reach `server`.
+fn write_kubeconfig(dir: &Path, server: &FakeApiServer) -> PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
         format!(
@@ -89,7 +120,11 @@ async fn main() {
         ),
     )
     .expect("kubeconfig");
+    kubeconfig
+}
 
+/// Creates `count` Notebooks one after another; the time it took.
+async fn create_notebooks(client: &Client, count: usize) -> Duration {
     let started = Instant::now();
     for i in 0..count {
         let nb = notebook(i);
@@ -99,11 +134,12 @@ async fn main() {
             .await
             .expect("create notebook");
     }
-    let create_time = started.elapsed();
-    let writes_after_create = server.write_count();
+    started.elapsed()
+}
 
-    let admin_port = labforge_tests::tools::free_port().expect("port");
-    let mut controller = start_controller(&kubeconfig, admin_port);
+/// Waits until every Notebook has its StatefulSet, Service, VirtualService and status; the time
+/// it took.
+async fn converge(client: &Client, count: usize) -> Duration {
     let started = Instant::now();
     let all: ListParams = ListParams::default();
     loop {
@@ -136,11 +172,16 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let converge_time = started.elapsed();
-    let converge_writes = server.write_count() - writes_after_create;
-    let rss_first = peak_rss_kb(controller.id());
+    started.elapsed()
+}
 
-    // The periodic resync of every (unchanged) notebook: only watches may stay open.
+/// Requests the running controller sends while its periodic resync goes over every unchanged
+/// notebook once, watches aside: only watches may stay open.
+async fn periodic_resync_requests(
+    server: &FakeApiServer,
+    admin_port: u16,
+    count: usize,
+) -> BTreeMap<String, u64> {
     let requests_before = server.requests_by();
     let reconciles_before = reconciles_done(admin_port).await;
     let started = Instant::now();
@@ -151,7 +192,7 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let idle_requests: BTreeMap<String, u64> = server
+    server
         .requests_by()
         .into_iter()
         .filter(|(key, _)| !key.starts_with("watch "))
@@ -159,15 +200,25 @@ async fn main() {
             let sent = n - requests_before.get(&key).copied().unwrap_or(0);
             (sent > 0).then_some((key, sent))
         })
-        .collect();
-    let _ = controller.kill();
-    let _ = controller.wait();
+        .collect()
+}
 
-    // A fresh controller re-reconciles everything; nothing has changed, so nothing may be written.
+/// What a fresh controller did while reconciling every unchanged notebook.
+struct Resync {
+    time: Duration,
+    /// Changes stored.
+    writes: u64,
+    /// Write requests, no-ops included.
+    requests: u64,
+    rss_kb: u64,
+}
+
+/// A fresh controller re-reconciles everything; nothing has changed, so nothing may be written.
+async fn full_resync(server: &FakeApiServer, kubeconfig: &Path, count: usize) -> Resync {
     let before = server.write_count();
     let requests_before = server.write_requests();
     let admin_port = labforge_tests::tools::free_port().expect("port");
-    let mut controller = start_controller(&kubeconfig, admin_port);
+    let mut controller = start_controller(kubeconfig, admin_port);
     let started = Instant::now();
     while reconciles_done(admin_port).await < count as u64 {
         assert!(
@@ -176,47 +227,78 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let resync_time = started.elapsed();
-    let resync_writes = server.write_count() - before;
-    let resync_requests = server.write_requests() - requests_before;
-    let rss_resync = peak_rss_kb(controller.id());
+    let time = started.elapsed();
+    let writes = server.write_count() - before;
+    let requests = server.write_requests() - requests_before;
+    let rss_kb = peak_rss_kb(controller.id());
     let _ = controller.kill();
     let _ = controller.wait();
+    Resync {
+        time,
+        writes,
+        requests,
+        rss_kb,
+    }
+}
 
-    println!("| measure | value |");
-    println!("|---|---|");
-    println!("| notebooks | {count} |");
-    println!(
-        "| create {count} Notebook CRs (client → fake API server) | {:.2} s |",
-        create_time.as_secs_f64()
-    );
-    println!(
-        "| controller: all StatefulSets, Services, VirtualServices and statuses written | {:.2} s ({:.0} notebooks/s) |",
-        converge_time.as_secs_f64(),
-        count as f64 / converge_time.as_secs_f64()
-    );
-    println!(
-        "| writes to converge | {converge_writes} ({:.1} per notebook) |",
-        converge_writes as f64 / count as f64
-    );
-    println!(
-        "| controller peak RSS (first run) | {:.1} MiB |",
-        rss_first as f64 / 1024.0
-    );
-    println!(
-        "| requests sent by a periodic resync of {count} unchanged notebooks (watches aside) | {} {idle_requests:?} |",
-        idle_requests.values().sum::<u64>()
-    );
-    println!(
-        "| full resync of {count} unchanged notebooks by a fresh controller | {:.2} s |",
-        resync_time.as_secs_f64()
-    );
-    println!(
-        "| writes during that resync (changes / write requests incl. no-ops) | {resync_writes} / {resync_requests} |"
-    );
-    println!(
-        "| controller peak RSS (resync) | {:.1} MiB |",
-        rss_resync as f64 / 1024.0
-    );
-    println!("| writes by kind (whole run) | {:?} |", server.writes_by());
+/// The measures of one run, printed as a Markdown table.
+struct Report {
+    count: usize,
+    create_time: Duration,
+    converge_time: Duration,
+    converge_writes: u64,
+    rss_first: u64,
+    idle_requests: BTreeMap<String, u64>,
+    resync: Resync,
+}
+
+impl Report {
+    fn print(&self, server: &FakeApiServer) {
+        let Report {
+            count,
+            create_time,
+            converge_time,
+            converge_writes,
+            rss_first,
+            idle_requests,
+            resync,
+        } = self;
+        println!("| measure | value |");
+        println!("|---|---|");
+        println!("| notebooks | {count} |");
+        println!(
+            "| create {count} Notebook CRs (client → fake API server) | {:.2} s |",
+            create_time.as_secs_f64()
+        );
+        println!(
+            "| controller: all StatefulSets, Services, VirtualServices and statuses written | {:.2} s ({:.0} notebooks/s) |",
+            converge_time.as_secs_f64(),
+            *count as f64 / converge_time.as_secs_f64()
+        );
+        println!(
+            "| writes to converge | {converge_writes} ({:.1} per notebook) |",
+            *converge_writes as f64 / *count as f64
+        );
+        println!(
+            "| controller peak RSS (first run) | {:.1} MiB |",
+            *rss_first as f64 / 1024.0
+        );
+        println!(
+            "| requests sent by a periodic resync of {count} unchanged notebooks (watches aside) | {} {idle_requests:?} |",
+            idle_requests.values().sum::<u64>()
+        );
+        println!(
+            "| full resync of {count} unchanged notebooks by a fresh controller | {:.2} s |",
+            resync.time.as_secs_f64()
+        );
+        println!(
+            "| writes during that resync (changes / write requests incl. no-ops) | {} / {} |",
+            resync.writes, resync.requests
+        );
+        println!(
+            "| controller peak RSS (resync) | {:.1} MiB |",
+            resync.rss_kb as f64 / 1024.0
+        );
+        println!("| writes by kind (whole run) | {:?} |", server.writes_by());
+    }
 }

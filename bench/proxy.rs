@@ -845,67 +845,47 @@ async fn bench() {
         "proxy bench: {} cores, wrk -t{THREADS} -c{CONNECTIONS} -d{seconds}s, {rounds} rounds at full load, upstream {upstream}",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-
+    let plan = Plan {
+        dir: &dir,
+        upstream,
+        other: other.as_deref(),
+        seconds,
+        rounds,
+    };
     for routes in Routes::both(upstream, echo, refused) {
+        plan.table(&routes).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What every table is measured with: the run's settings, its directory and the upstream.
+struct Plan<'a> {
+    dir: &'a Path,
+    upstream: SocketAddr,
+    /// Another labforge build, measured beside the release one.
+    other: Option<&'a Path>,
+    /// Length of each load generator run.
+    seconds: u32,
+    rounds: usize,
+}
+
+impl Plan<'_> {
+    /// Starts the contenders with `routes`, measures them and prints their table, then what is
+    /// measured with this table size only.
+    async fn table(&self, routes: &Routes) {
         let count = routes.count;
         let started = Instant::now();
-        let running = contenders(&dir, &routes, other.as_deref()).await;
+        let running = contenders(self.dir, routes, self.other).await;
         eprintln!(
             "{count} routes: contenders up in {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        let direct_url = format!("http://{upstream}{}", routes.measured());
-        let mut direct_runs = Vec::new();
-        let runs = in_turn(
-            running.len(),
-            rounds,
-            |_| direct_runs.push(wrk(&direct_url, seconds, None, &dir)),
-            |round, index| {
-                let contender = &running[index];
-                let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
-                let full = wrk_measuring_cpu(&url, seconds, &dir, &contender.pids);
-                eprintln!("{} {count} round {round}: {full:?}", contender.name);
-                full
-            },
-        );
-        // labforge is the first contender.
-        let labforge_runs = &runs[0];
-        let mut rows: Vec<Row> = running
-            .iter()
-            .zip(&runs)
-            .enumerate()
-            .map(|(index, (contender, runs))| {
-                let ratio = (index > 0).then(|| median_ratio(labforge_runs, runs));
-                Row {
-                    label: contender.name.to_owned(),
-                    full: median_run(runs),
-                    ratio,
-                    half: None,
-                    rss_after_full_kb: rss_kb(&contender.pids, false),
-                    rss_after_half_kb: 0,
-                    ws: None,
-                }
-            })
-            .collect();
+        let direct_url = format!("http://{}{}", self.upstream, routes.measured());
+        let (direct_runs, runs) = self.full_load(&running, routes, &direct_url);
+        let mut rows = full_load_rows(&running, &runs);
         // Half of labforge's full-load rate, the same fixed rate for everyone.
         let half_rate = rows[0].full.rps / 2.0;
-        let mut direct_half = Vec::new();
-        let half_runs = in_turn(
-            running.len(),
-            rounds,
-            |_| direct_half.push(wrk(&direct_url, seconds, Some(half_rate), &dir)),
-            |round, index| {
-                let contender = &running[index];
-                let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
-                let half = wrk(&url, seconds, Some(half_rate), &dir);
-                eprintln!(
-                    "{} {count} half load, round {round}: p99 {:.3} ms",
-                    contender.name, half.p99_ms
-                );
-                half
-            },
-        );
-        let median_p99 = |runs: &[LoadRun]| median(runs.iter().map(|run| run.p99_ms).collect());
+        let (direct_half, half_runs) = self.half_load(&running, routes, &direct_url, half_rate);
         let direct = Row {
             label: "upstream alone".into(),
             full: median_run(&direct_runs),
@@ -918,18 +898,7 @@ async fn bench() {
             rss_after_half_kb: 0,
             ws: None,
         };
-        for ((row, contender), runs) in rows.iter_mut().zip(&running).zip(&half_runs) {
-            let added = runs
-                .iter()
-                .zip(&direct_half)
-                .map(|(run, direct)| run.p99_ms - direct.p99_ms);
-            row.half = Some(HalfLoad {
-                p99_ms: median_p99(runs),
-                added_ms: Some(median(added.collect())),
-            });
-            row.ws = ws_round_trips(contender.port, 2000).await;
-            row.rss_after_half_kb = rss_kb(&contender.pids, false);
-        }
+        add_half_load_and_ws(&mut rows, &running, &half_runs, &direct_half).await;
         print_table(
             &format!("{count} route(s), rate of the half-load column: {half_rate:.0} req/s"),
             &rows,
@@ -937,26 +906,130 @@ async fn bench() {
         );
         if count == 1 {
             // Protocols cost the same whatever the table's size: measured with one route.
-            let builds = labforge_builds(other.as_deref());
-            protocols::measure(&dir, &routes, &builds, seconds, rounds);
+            let builds = labforge_builds(self.other);
+            protocols::measure(self.dir, routes, &builds, self.seconds, self.rounds);
         }
-
         if count == 10_000 {
-            // Descriptors of labforge before and after 10,000 requests to a refused upstream.
-            let labforge = &running[0];
-            let pid = labforge.pids[0];
-            let before = open_fds(pid);
-            let started = Instant::now();
-            let unavailable = requests_to_refused_upstream(labforge.port, 10_000).await;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            println!(
-                "\nlabforge after 10,000 requests to a refused upstream ({unavailable} answered 503, {:.1} s): open descriptors {before} → {}; peak RSS {:.1} MiB",
-                started.elapsed().as_secs_f64(),
-                open_fds(pid),
-                rss_kb(&[pid], true) as f64 / 1024.0
-            );
+            descriptors_after_refused_upstream(&running[0]).await;
         }
         drop(running);
     }
-    let _ = std::fs::remove_dir_all(&dir);
+
+    /// The rounds at full load: the upstream alone's runs, and each contender's (with its CPU
+    /// time).
+    fn full_load(
+        &self,
+        running: &[Running],
+        routes: &Routes,
+        direct_url: &str,
+    ) -> (Vec<LoadRun>, Vec<Vec<LoadRun>>) {
+        let count = routes.count;
+        let mut direct_runs = Vec::new();
+        let runs = in_turn(
+            running.len(),
+            self.rounds,
+            |_| direct_runs.push(wrk(direct_url, self.seconds, None, self.dir)),
+            |round, index| {
+                let contender = &running[index];
+                let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
+                let full = wrk_measuring_cpu(&url, self.seconds, self.dir, &contender.pids);
+                eprintln!("{} {count} round {round}: {full:?}", contender.name);
+                full
+            },
+        );
+        (direct_runs, runs)
+    }
+
+    /// The rounds at the fixed `rate`: the upstream alone's runs, and each contender's.
+    fn half_load(
+        &self,
+        running: &[Running],
+        routes: &Routes,
+        direct_url: &str,
+        rate: f64,
+    ) -> (Vec<LoadRun>, Vec<Vec<LoadRun>>) {
+        let count = routes.count;
+        let mut direct_half = Vec::new();
+        let half_runs = in_turn(
+            running.len(),
+            self.rounds,
+            |_| direct_half.push(wrk(direct_url, self.seconds, Some(rate), self.dir)),
+            |round, index| {
+                let contender = &running[index];
+                let url = format!("http://127.0.0.1:{}{}", contender.port, routes.measured());
+                let half = wrk(&url, self.seconds, Some(rate), self.dir);
+                eprintln!(
+                    "{} {count} half load, round {round}: p99 {:.3} ms",
+                    contender.name, half.p99_ms
+                );
+                half
+            },
+        );
+        (direct_half, half_runs)
+    }
+}
+
+/// One row per contender from its full-load rounds, with its resident size right after them.
+fn full_load_rows(running: &[Running], runs: &[Vec<LoadRun>]) -> Vec<Row> {
+    // labforge is the first contender.
+    let labforge_runs = &runs[0];
+    running
+        .iter()
+        .zip(runs)
+        .enumerate()
+        .map(|(index, (contender, runs))| {
+            let ratio = (index > 0).then(|| median_ratio(labforge_runs, runs));
+            Row {
+                label: contender.name.to_owned(),
+                full: median_run(runs),
+                ratio,
+                half: None,
+                rss_after_full_kb: rss_kb(&contender.pids, false),
+                rss_after_half_kb: 0,
+                ws: None,
+            }
+        })
+        .collect()
+}
+
+fn median_p99(runs: &[LoadRun]) -> f64 {
+    median(runs.iter().map(|run| run.p99_ms).collect())
+}
+
+/// Completes each contender's row: p99 at half load (and what it adds to the upstream alone's
+/// in the same round), websocket round trips, and resident size after all that.
+async fn add_half_load_and_ws(
+    rows: &mut [Row],
+    running: &[Running],
+    half_runs: &[Vec<LoadRun>],
+    direct_half: &[LoadRun],
+) {
+    for ((row, contender), runs) in rows.iter_mut().zip(running).zip(half_runs) {
+        let added = runs
+            .iter()
+            .zip(direct_half)
+            .map(|(run, direct)| run.p99_ms - direct.p99_ms);
+        row.half = Some(HalfLoad {
+            p99_ms: median_p99(runs),
+            added_ms: Some(median(added.collect())),
+        });
+        row.ws = ws_round_trips(contender.port, 2000).await;
+        row.rss_after_half_kb = rss_kb(&contender.pids, false);
+    }
+}
+
+/// Descriptors of labforge before and after 10,000 requests to a refused upstream: a leak
+/// would show as a growing count.
+async fn descriptors_after_refused_upstream(labforge: &Running) {
+    let pid = labforge.pids[0];
+    let before = open_fds(pid);
+    let started = Instant::now();
+    let unavailable = requests_to_refused_upstream(labforge.port, 10_000).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!(
+        "\nlabforge after 10,000 requests to a refused upstream ({unavailable} answered 503, {:.1} s): open descriptors {before} → {}; peak RSS {:.1} MiB",
+        started.elapsed().as_secs_f64(),
+        open_fds(pid),
+        rss_kb(&[pid], true) as f64 / 1024.0
+    );
 }

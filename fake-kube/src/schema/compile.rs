@@ -328,6 +328,27 @@ impl NodeCompiler<'_> {
             junction: self.junction,
             ..Node::default()
         };
+        self.read_value_keywords(map, &mut node)?;
+        read_merge_keywords(map, &mut node);
+        self.compile_children(map, &mut node, child)?;
+        if node.embedded_resource {
+            self.add_type_meta(&mut node, child)?;
+        }
+        node.opaque = self.dialect == Dialect::Swagger
+            && matches!(node.ty, None | Some(JsonType::Object))
+            && node.special == Special::None
+            && node.properties.is_empty()
+            && node.additional == Additional::Undeclared;
+        Ok(node)
+    }
+
+    /// The keywords that judge the node's own value: type, format, flags, bounds, `enum`,
+    /// `pattern` and `required`.
+    fn read_value_keywords(
+        &self,
+        map: &Map<String, Value>,
+        node: &mut Node,
+    ) -> Result<(), CompileError> {
         if let Some(ty) = map.get("type").and_then(Value::as_str) {
             node.ty =
                 Some(JsonType::parse(ty).ok_or_else(|| self.error(format!("unknown type {ty}")))?);
@@ -373,36 +394,17 @@ impl NodeCompiler<'_> {
                 .map(str::to_string)
                 .collect();
         }
-        node.map_atomic =
-            map.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
-        node.list_type = match map.get("x-kubernetes-list-type").and_then(Value::as_str) {
-            Some("atomic") => Some(ListType::Atomic),
-            Some("set") => Some(ListType::Set),
-            Some("map") => Some(ListType::Map(
-                map.get("x-kubernetes-list-map-keys")
-                    .and_then(Value::as_array)
-                    .map(|keys| {
-                        keys.iter()
-                            .filter_map(Value::as_str)
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            )),
-            _ => None,
-        };
-        if let Some(strategy) = map
-            .get("x-kubernetes-patch-strategy")
-            .and_then(Value::as_str)
-        {
-            node.patch_merge = strategy.split(',').any(|s| s == "merge");
-            node.patch_retain_keys = strategy.split(',').any(|s| s == "retainKeys");
-        }
-        node.patch_merge_key = map
-            .get("x-kubernetes-patch-merge-key")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        Ok(())
+    }
 
+    /// The sub-schemas, compiled through `child` in document order (which fixes their ids):
+    /// properties, additional properties, items, then `allOf`/`anyOf`/`oneOf`/`not`.
+    fn compile_children(
+        &self,
+        map: &Map<String, Value>,
+        node: &mut Node,
+        child: &mut ChildFn<'_>,
+    ) -> Result<(), CompileError> {
         if let Some(properties) = map.get("properties").and_then(Value::as_object) {
             for (name, schema) in properties {
                 let location = format!("{}.{name}", self.location);
@@ -439,25 +441,57 @@ impl NodeCompiler<'_> {
             let location = format!("{}/not", self.location);
             node.not = Some(child(not, &location, true)?);
         }
-        if node.embedded_resource {
-            for name in ["apiVersion", "kind"] {
-                if !node.properties.contains_key(name) {
-                    let string = child(
-                        &serde_json::json!({"type": "string"}),
-                        self.location,
-                        self.junction,
-                    )?;
-                    node.properties.insert(name.to_string(), string);
-                }
+        Ok(())
+    }
+
+    /// An embedded resource has `apiVersion` and `kind` strings even where its schema leaves
+    /// them out.
+    fn add_type_meta(&self, node: &mut Node, child: &mut ChildFn<'_>) -> Result<(), CompileError> {
+        for name in ["apiVersion", "kind"] {
+            if !node.properties.contains_key(name) {
+                let string = child(
+                    &serde_json::json!({"type": "string"}),
+                    self.location,
+                    self.junction,
+                )?;
+                node.properties.insert(name.to_string(), string);
             }
         }
-        node.opaque = self.dialect == Dialect::Swagger
-            && matches!(node.ty, None | Some(JsonType::Object))
-            && node.special == Special::None
-            && node.properties.is_empty()
-            && node.additional == Additional::Undeclared;
-        Ok(node)
+        Ok(())
     }
+}
+
+/// How the node merges under server-side apply and strategic merge patch: map and list types,
+/// patch strategy and merge key.
+fn read_merge_keywords(map: &Map<String, Value>, node: &mut Node) {
+    node.map_atomic = map.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
+    node.list_type = match map.get("x-kubernetes-list-type").and_then(Value::as_str) {
+        Some("atomic") => Some(ListType::Atomic),
+        Some("set") => Some(ListType::Set),
+        Some("map") => Some(ListType::Map(
+            map.get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|keys| {
+                    keys.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )),
+        _ => None,
+    };
+    if let Some(strategy) = map
+        .get("x-kubernetes-patch-strategy")
+        .and_then(Value::as_str)
+    {
+        node.patch_merge = strategy.split(',').any(|s| s == "merge");
+        node.patch_retain_keys = strategy.split(',').any(|s| s == "retainKeys");
+    }
+    node.patch_merge_key = map
+        .get("x-kubernetes-patch-merge-key")
+        .and_then(Value::as_str)
+        .map(str::to_string);
 }
 
 fn flag(map: &Map<String, Value>, key: &str) -> bool {

@@ -199,6 +199,25 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     let mut schema = Map::new();
     // Go decoding drops a null where the field cannot hold one; an untyped field takes anything.
     let null_allowed = node.nullable || node.opaque || node.preserve_unknown || node.junction;
+    type_keywords(node, null_allowed, &mut schema);
+    bound_keywords(node, null_allowed, &mut schema);
+    member_keywords(node, fields, &mut schema, &mut refer);
+    combinator_keywords(node, &mut schema, &mut refer);
+    // A null the field may hold is not checked further (Go never sees it), but the keywords
+    // that judge every type (enum aside, which lists null) would refuse it.
+    let judges_null = ["allOf", "anyOf", "oneOf", "not"]
+        .iter()
+        .any(|keyword| schema.contains_key(*keyword));
+    let schema = if null_allowed && judges_null {
+        json!({ "if": { "type": "null" }, "else": Value::Object(schema) })
+    } else {
+        Value::Object(schema)
+    };
+    (schema, reached)
+}
+
+/// `type`, and the formats and keywords of our own by which Kubernetes decodes it.
+fn type_keywords(node: &Node, null_allowed: bool, schema: &mut Map<String, Value>) {
     let mut types: Vec<&str> = match (node.special, node.ty) {
         (Special::IntOrString | Special::IntOrStringAny, _) => vec!["integer", "string"],
         (Special::Quantity, _) => vec!["string", "number"],
@@ -241,6 +260,10 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
             schema.insert(GO_INTEGER.into(), Value::Bool(true));
         }
     }
+}
+
+/// The values a node admits: `enum`, `pattern`, sizes, ranges and `multipleOf`.
+fn bound_keywords(node: &Node, null_allowed: bool, schema: &mut Map<String, Value>) {
     if let Some(values) = &node.enumeration {
         let mut values = values.clone();
         if null_allowed {
@@ -282,6 +305,16 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     if let Some(step) = node.multiple_of.filter(|step| *step != 0.0) {
         schema.insert("multipleOf".into(), json!(step));
     }
+}
+
+/// What a list's items and an object's fields must be: list type, `required`, `properties`,
+/// `additionalProperties` (unknown fields) and `items`.
+fn member_keywords(
+    node: &Node,
+    fields: Fields,
+    schema: &mut Map<String, Value>,
+    refer: &mut impl FnMut(NodeId) -> Value,
+) {
     match &node.list_type {
         Some(ListType::Map(keys)) => {
             schema.insert(LIST_MAP_KEYS.into(), json!(keys));
@@ -323,6 +356,14 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     if let Some(id) = node.items {
         schema.insert("items".into(), refer(id));
     }
+}
+
+/// `allOf`, `anyOf`, `oneOf` and `not`: schemas the whole value must also (or must not) match.
+fn combinator_keywords(
+    node: &Node,
+    schema: &mut Map<String, Value>,
+    refer: &mut impl FnMut(NodeId) -> Value,
+) {
     for (keyword, ids) in [
         ("allOf", &node.all_of),
         ("anyOf", &node.any_of),
@@ -336,17 +377,6 @@ fn node_schema(node: &Node, fields: Fields) -> (Value, Vec<NodeId>) {
     if let Some(id) = node.not {
         schema.insert("not".into(), refer(id));
     }
-    // A null the field may hold is not checked further (Go never sees it), but the keywords
-    // that judge every type (enum aside, which lists null) would refuse it.
-    let judges_null = ["allOf", "anyOf", "oneOf", "not"]
-        .iter()
-        .any(|keyword| schema.contains_key(*keyword));
-    let schema = if null_allowed && judges_null {
-        json!({ "if": { "type": "null" }, "else": Value::Object(schema) })
-    } else {
-        Value::Object(schema)
-    };
-    (schema, reached)
 }
 
 /// A check JSON Schema has no keyword for: a test of the value and what its failure says.

@@ -38,7 +38,43 @@ impl Store {
     ) -> Result<Outcome, ApiError> {
         let resource = self.resource(target.resource);
         self.type_meta(target, &mut object)?;
-        let metadata = metadata_mut(&mut object);
+        self.clear_new_metadata(target, &mut object)?;
+        let name = self.new_name(inner, target, &mut object);
+        self.initialise_new(inner, target, &name, &mut object);
+        self.validate(target, &name, &mut object, None)?;
+        let key = self.key(target, &name);
+        if inner.objects[target.resource].contains_key(&key) {
+            return Err(ApiError::already_exists(resource, &name));
+        }
+        let managed = managed.unwrap_or_else(|| self.created_fields(target, options, &object));
+        self.storage_form(target, &mut object);
+        if options.dry_run {
+            return Ok(Outcome {
+                object,
+                changed: false,
+                created: true,
+            });
+        }
+        Self::bump(inner, &mut object);
+        self.record(inner, target.resource, EventType::Added, &object, None);
+        inner.objects[target.resource].insert(
+            key,
+            Stored {
+                object: object.clone(),
+                managed,
+            },
+        );
+        Ok(Outcome {
+            object,
+            changed: true,
+            created: true,
+        })
+    }
+
+    /// Metadata a create does not choose: no resourceVersion (refused), no server-owned fields
+    /// (dropped), and the namespace of the URL (or none, for a cluster-scoped kind).
+    fn clear_new_metadata(&self, target: Target<'_>, object: &mut Value) -> Result<(), ApiError> {
+        let metadata = metadata_mut(object);
         if metadata
             .get("resourceVersion")
             .and_then(Value::as_str)
@@ -51,7 +87,7 @@ impl Store {
         for field in SERVER_METADATA {
             metadata.remove(*field);
         }
-        if resource.namespaced {
+        if self.resource(target.resource).namespaced {
             let namespace = target.namespace.unwrap_or_default();
             match metadata.get("namespace").and_then(Value::as_str) {
                 Some(given) if !given.is_empty() && given != namespace => {
@@ -66,6 +102,13 @@ impl Store {
         } else {
             metadata.remove("namespace");
         }
+        Ok(())
+    }
+
+    /// The object's name, else one made from `generateName` that no stored object has (empty
+    /// when neither is given, which validation refuses).
+    fn new_name(&self, inner: &mut Inner, target: Target<'_>, object: &mut Value) -> String {
+        let metadata = metadata_mut(object);
         let mut name = metadata
             .get("name")
             .and_then(Value::as_str)
@@ -93,10 +136,23 @@ impl Store {
                 }
             }
         }
+        name
+    }
+
+    /// What the server sets on a new object: name, uid, creation time and first generation; a
+    /// status subresource starts empty, whatever the body says.
+    fn initialise_new(
+        &self,
+        inner: &mut Inner,
+        target: Target<'_>,
+        name: &str,
+        object: &mut Value,
+    ) {
+        let resource = self.resource(target.resource);
         let uid = Self::new_uid(inner);
-        let metadata = metadata_mut(&mut object);
+        let metadata = metadata_mut(object);
         if !name.is_empty() {
-            metadata.insert("name".into(), Value::from(name.as_str()));
+            metadata.insert("name".into(), Value::from(name));
         }
         metadata.insert("uid".into(), Value::from(uid));
         metadata.insert("creationTimestamp".into(), Value::from(now()));
@@ -108,48 +164,28 @@ impl Store {
         {
             map.remove("status");
         }
-        self.validate(target, &name, &mut object, None)?;
-        let key = self.key(target, &name);
-        if inner.objects[target.resource].contains_key(&key) {
-            return Err(ApiError::already_exists(resource, &name));
-        }
+    }
+
+    /// The managed fields of a created object: all of its fields, owned by the creator.
+    fn created_fields(
+        &self,
+        target: Target<'_>,
+        options: &WriteOptions,
+        object: &Value,
+    ) -> Managed {
         let part = self.part(target, None);
-        let managed = managed.unwrap_or_else(|| {
-            let mut managed = Managed::new();
-            let root = self.schemas.root(target.resource, target.version);
-            let empty = json!({});
-            apply::record_update(
-                &self.schemas,
-                root,
-                &mut managed,
-                &Self::manager_key(&options.manager, part),
-                &empty,
-                &tracked(&object, part),
-            );
-            managed
-        });
-        self.storage_form(target, &mut object);
-        if options.dry_run {
-            return Ok(Outcome {
-                object,
-                changed: false,
-                created: true,
-            });
-        }
-        Self::bump(inner, &mut object);
-        self.record(inner, target.resource, EventType::Added, &object, None);
-        inner.objects[target.resource].insert(
-            key,
-            Stored {
-                object: object.clone(),
-                managed,
-            },
+        let mut managed = Managed::new();
+        let root = self.schemas.root(target.resource, target.version);
+        let empty = json!({});
+        apply::record_update(
+            &self.schemas,
+            root,
+            &mut managed,
+            &Self::manager_key(&options.manager, part),
+            &empty,
+            &tracked(object, part),
         );
-        Ok(Outcome {
-            object,
-            changed: true,
-            created: true,
-        })
+        managed
     }
 
     /// PUT of the object or its status.
@@ -364,94 +400,17 @@ impl Store {
         self.check_precondition(target, name, &current.object, &new)?;
         let mut old = current.object.clone();
         old["apiVersion"] = Value::from(resource.api_version(target.version));
-        if !new.is_object() {
-            return Err(ApiError::bad_request(
-                "the object must be a JSON object".into(),
-            ));
-        }
-        self.type_meta(target, &mut new)?;
-        if meta_str(&new, "name").is_some_and(|given| given != name) {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({}) does not match the name on the URL ({name})",
-                meta_str(&new, "name").unwrap_or_default()
-            )));
-        }
+        self.check_update_body(target, name, &mut new)?;
         let part = self.part(target, subresource);
-        new = match part {
-            Part::Status => {
-                let mut merged = old.clone();
-                match new.get("status") {
-                    Some(status) => merged["status"] = status.clone(),
-                    None => {
-                        if let Some(map) = merged.as_object_mut() {
-                            map.remove("status");
-                        }
-                    }
-                }
-                merged
-            }
-            Part::Main => {
-                if let Some(map) = new.as_object_mut() {
-                    match old.get("status") {
-                        Some(status) => map.insert("status".into(), status.clone()),
-                        None => map.remove("status"),
-                    };
-                }
-                new
-            }
-            Part::Whole => new,
-        };
-        {
-            let old_metadata = old
-                .get("metadata")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
-            let metadata = metadata_mut(&mut new);
-            for field in SERVER_METADATA.iter().chain(&["name", "namespace"]) {
-                match old_metadata.get(*field) {
-                    Some(value) => metadata.insert(field.to_string(), value.clone()),
-                    None => metadata.remove(*field),
-                };
-            }
-        }
-        if old.pointer("/metadata/deletionTimestamp").is_some() {
-            let before = finalizers(&old);
-            if finalizers(&new).iter().any(|f| !before.contains(f)) {
-                return Err(ApiError::invalid(
-                    resource,
-                    name,
-                    &[FieldError::forbidden(
-                        "metadata.finalizers",
-                        "no new finalizers can be added if the object is being deleted",
-                    )],
-                ));
-            }
-        }
+        new = keep_unwritten_part(part, &old, new);
+        restore_server_metadata(&old, &mut new);
+        self.check_no_new_finalizers(target, name, &old, &new)?;
         self.validate(target, name, &mut new, Some(&old))?;
         self.storage_form(target, &mut new);
         self.storage_form(target, &mut old);
-        if resource.has_generation
-            && spec_part(&old, resource.has_status) != spec_part(&new, resource.has_status)
-        {
-            let generation = old
-                .pointer("/metadata/generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(0);
-            metadata_mut(&mut new).insert("generation".into(), Value::from(generation + 1));
-        }
-        let managed = applied_managed.unwrap_or_else(|| {
-            let mut managed = current.managed.clone();
-            apply::record_update(
-                &self.schemas,
-                self.schemas.root(target.resource, target.version),
-                &mut managed,
-                &Self::manager_key(&options.manager, part),
-                &tracked(&old, part),
-                &tracked(&new, part),
-            );
-            managed
-        });
+        self.bump_generation_on_spec_change(target, &old, &mut new);
+        let managed = applied_managed
+            .unwrap_or_else(|| self.updated_fields(target, part, options, current, &old, &new));
         if new == old {
             if !options.dry_run
                 && let Some(stored) = inner.objects[target.resource].get_mut(key)
@@ -500,5 +459,133 @@ impl Store {
             changed: true,
             created: false,
         })
+    }
+
+    /// The written object must be a JSON object of the target's kind, named as the URL.
+    fn check_update_body(
+        &self,
+        target: Target<'_>,
+        name: &str,
+        new: &mut Value,
+    ) -> Result<(), ApiError> {
+        if !new.is_object() {
+            return Err(ApiError::bad_request(
+                "the object must be a JSON object".into(),
+            ));
+        }
+        self.type_meta(target, new)?;
+        if meta_str(new, "name").is_some_and(|given| given != name) {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta_str(new, "name").unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
+    /// An object being deleted may lose finalizers but not gain any.
+    fn check_no_new_finalizers(
+        &self,
+        target: Target<'_>,
+        name: &str,
+        old: &Value,
+        new: &Value,
+    ) -> Result<(), ApiError> {
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            let before = finalizers(old);
+            if finalizers(new).iter().any(|f| !before.contains(f)) {
+                return Err(ApiError::invalid(
+                    self.resource(target.resource),
+                    name,
+                    &[FieldError::forbidden(
+                        "metadata.finalizers",
+                        "no new finalizers can be added if the object is being deleted",
+                    )],
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `generation` counts changes to the spec (all but metadata, and status when it is a
+    /// subresource).
+    fn bump_generation_on_spec_change(&self, target: Target<'_>, old: &Value, new: &mut Value) {
+        let resource = self.resource(target.resource);
+        if resource.has_generation
+            && spec_part(old, resource.has_status) != spec_part(new, resource.has_status)
+        {
+            let generation = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            metadata_mut(new).insert("generation".into(), Value::from(generation + 1));
+        }
+    }
+
+    /// The managed fields after an update (not an apply): the writer takes the fields it changed.
+    fn updated_fields(
+        &self,
+        target: Target<'_>,
+        part: Part,
+        options: &WriteOptions,
+        current: &Stored,
+        old: &Value,
+        new: &Value,
+    ) -> Managed {
+        let mut managed = current.managed.clone();
+        apply::record_update(
+            &self.schemas,
+            self.schemas.root(target.resource, target.version),
+            &mut managed,
+            &Self::manager_key(&options.manager, part),
+            &tracked(old, part),
+            &tracked(new, part),
+        );
+        managed
+    }
+}
+
+/// A write covers its part only: through the status subresource only the status changes, and
+/// elsewhere the stored status stays when status is a subresource.
+fn keep_unwritten_part(part: Part, old: &Value, mut new: Value) -> Value {
+    match part {
+        Part::Status => {
+            let mut merged = old.clone();
+            match new.get("status") {
+                Some(status) => merged["status"] = status.clone(),
+                None => {
+                    if let Some(map) = merged.as_object_mut() {
+                        map.remove("status");
+                    }
+                }
+            }
+            merged
+        }
+        Part::Main => {
+            if let Some(map) = new.as_object_mut() {
+                match old.get("status") {
+                    Some(status) => map.insert("status".into(), status.clone()),
+                    None => map.remove("status"),
+                };
+            }
+            new
+        }
+        Part::Whole => new,
+    }
+}
+
+/// Server-owned metadata, the name and the namespace stay as stored, whatever the write says.
+fn restore_server_metadata(old: &Value, new: &mut Value) {
+    let old_metadata = old
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let metadata = metadata_mut(new);
+    for field in SERVER_METADATA.iter().chain(&["name", "namespace"]) {
+        match old_metadata.get(*field) {
+            Some(value) => metadata.insert(field.to_string(), value.clone()),
+            None => metadata.remove(*field),
+        };
     }
 }
