@@ -28,7 +28,7 @@ use crate::registry::{
 };
 use crate::source::{ChangeSource, RunningChangeSet, SourceError};
 use crate::summary::{ChangeSummary, FileTotals, PackageSet, summarize};
-use crate::upload::BlobSink;
+use crate::upload::{BlobSink, StreamedUpload};
 use futures::TryStreamExt;
 use labforge_snapshot::BaselineIndex;
 use labforge_snapshot::LayerStats;
@@ -157,25 +157,12 @@ pub async fn save(
         Some(base) => Some(registry.resolve(base).await?),
         None => None,
     };
-    let compression = match &parent {
-        // Docker schema 2 manifests know gzip layers only.
-        Some(p) if p.docker => Compression::Gzip { level: 6 },
-        _ => options.compression,
-    };
+    let compression = layer_compression(parent.as_ref(), options.compression);
     let parent_key = parent
         .as_ref()
         .map_or_else(|| "scratch".to_owned(), |p| p.manifest_digest.to_string());
-    // Encoded indexes are kept when at hand, so an unchanged or cached save stores its image's
-    // index without encoding 100k entries again.
-    let (baseline, packages, index, baseline_encoded) = match &parent {
-        None => (
-            BaselineIndex::default(),
-            PackageSet::default(),
-            IndexOrigin::Empty,
-            None,
-        ),
-        Some(parent) => baseline_index(&registry, parent, &cache, &progress).await?,
-    };
+    let (baseline, packages, index, baseline_encoded) =
+        baseline_index(&registry, parent.as_ref(), &cache, &progress).await?;
     let baseline = Arc::new(baseline);
 
     let running = start_scan(source, &baseline, &parent_key, progress.clone()).await?;
@@ -193,56 +180,37 @@ pub async fn save(
     if unchanged && !options.push_unchanged {
         running.abandon();
         tracing::info!("nothing changed since the base: nothing pushed");
-        let outcome = cache.reported(if cache.enabled() {
-            CacheOutcome::Unused
-        } else {
-            CacheOutcome::Disabled
-        });
+        let outcome = cache.reported(cache.unless_disabled(CacheOutcome::Unused));
         return Ok(Saved::nothing_pushed(header, outcome, index));
     }
     let keys = ChangeSetKeys::of(&header.key, compression);
     let staged = staging_file(&options.scratch_dir)?;
-    let mut outcome = if cache.enabled() {
-        CacheOutcome::Stored
-    } else {
-        CacheOutcome::Disabled
-    };
+    let mut outcome = cache.unless_disabled(CacheOutcome::Stored);
 
     // Each branch ends with the child index encoded and no index but the baseline in memory: an
     // index of a 100k-file image is tens of MiB, so two at once would double the peak.
-    let mut streamed = None;
-    let mut blob_to_cache = None;
-    let (layer, child_encoded, child_packages, files) = if unchanged {
+    let child = if unchanged {
         running.abandon();
         let encoded = baseline_encoded.unwrap_or_else(|| encode_index(&baseline));
         drop(baseline);
-        (None, encoded, packages.clone(), FileTotals::default())
+        Child::of_parent(encoded, packages.clone())
     } else if let Some(hit) = cached_change_set(&registry, target, &cache, &keys, &staged).await {
         running.abandon();
         outcome = CacheOutcome::Hit;
-        (Some(hit.layer), hit.index_encoded, hit.packages, hit.files)
+        Child::from(hit)
     } else {
         drop(baseline_encoded);
-        let (upload, sink) = registry.start_upload(target).await.unzip();
-        streamed = upload;
-        let layer_number = parent.as_ref().map_or(0, |p| p.layers().len());
-        let staging = Staging {
-            file: &staged,
-            upload: sink,
-        };
         let new = NewLayer {
             running,
             baseline,
             packages: packages.clone(),
-            layer_number,
+            layer_number: parent.as_ref().map_or(0, |p| p.layers().len()),
             compression,
         };
-        let (layer, encoded, child_packages, files) =
-            write_and_cache(new, staging, &cache, &keys, progress.clone()).await?;
-        blob_to_cache = Some(blob_key(&layer.digest));
-        (Some(layer), encoded, child_packages, files)
+        write_child(&registry, target, new, &staged, &cache, &keys, &progress).await?
     };
-    let summary = summarize(&packages, &child_packages, files);
+    let files = child.files;
+    let summary = summarize(&packages, &child.packages, files);
     for (ecosystem, line) in summary.package_lines() {
         tracing::info!("{ecosystem}: {line}");
     }
@@ -252,26 +220,14 @@ pub async fn save(
     // until its garbage collection.
     if !options.push_unchanged && files.added + files.changed + files.deleted == 0 {
         tracing::info!("no file changed since the base: nothing pushed");
-        return Ok(Saved::nothing_pushed(
-            header,
-            cache.reported(outcome),
-            index,
-        ));
+        let outcome = cache.reported(outcome);
+        return Ok(Saved::nothing_pushed(header, outcome, index));
     }
 
-    let mut layer = layer;
-    if let (Some(layer), Some(parent)) = (layer.as_mut(), &parent)
-        && parent.docker
-    {
-        layer.media_type = DOCKER_LAYER_MEDIA_TYPE;
-    }
+    let layer = listed_layer(child.layer, parent.as_ref());
     let now = now_rfc3339();
-    let mut config = match &parent {
-        Some(parent) => parent.config.clone(),
-        None => ImageConfig::scratch(&options.runtime),
-    };
+    let config = image_config(parent.as_ref(), options, layer.as_ref(), &now);
     if let Some(layer) = &layer {
-        config.append_layer(&layer.diff_id, &options.created_by, &now);
         progress(SaveProgress::Uploading {
             layer_bytes: layer.size,
         });
@@ -282,19 +238,15 @@ pub async fn save(
     let blob = layer.as_ref().map(|descriptor| LayerBlob {
         descriptor: descriptor.clone(),
         path: staged.path().to_owned(),
-        streamed,
+        streamed: child.streamed,
     });
     // The blob is cached while the push finishes: both only read the staged file.
     let (image, ()) = tokio::join!(
         registry.push_image(target, &config, parent.as_ref(), blob, &annotations),
-        async {
-            if let Some(key) = &blob_to_cache {
-                cache.put_file(key, staged.path()).await;
-            }
-        }
+        cache_blob(&cache, child.blob_to_cache.as_deref(), staged.path())
     );
     let image = image?;
-    cache_image_index(&cache, &image, &child_encoded, &child_packages).await;
+    cache_image_index(&cache, &image, &child.index_encoded, &child.packages).await;
     Ok(Saved {
         layer,
         image: Some(image),
@@ -302,6 +254,128 @@ pub async fn save(
         cache: cache.reported(outcome),
         index,
         summary,
+    })
+}
+
+/// The compression of the new layer.
+fn layer_compression(parent: Option<&ParentImage>, configured: Compression) -> Compression {
+    match parent {
+        // Docker schema 2 manifests know gzip layers only.
+        Some(p) if p.docker => Compression::Gzip { level: 6 },
+        _ => configured,
+    }
+}
+
+/// The new layer as the image's manifest lists it.
+fn listed_layer(
+    mut layer: Option<LayerDescriptor>,
+    parent: Option<&ParentImage>,
+) -> Option<LayerDescriptor> {
+    // A Docker manifest's layers have Docker's media type.
+    if let (Some(layer), Some(parent)) = (layer.as_mut(), parent)
+        && parent.docker
+    {
+        layer.media_type = DOCKER_LAYER_MEDIA_TYPE;
+    }
+    layer
+}
+
+/// The new image's config: its parent's (or one from the runtime defaults, without a parent),
+/// with the new layer, if any, appended.
+fn image_config(
+    parent: Option<&ParentImage>,
+    options: &SaveOptions,
+    layer: Option<&LayerDescriptor>,
+    created: &str,
+) -> ImageConfig {
+    let mut config = match parent {
+        Some(parent) => parent.config.clone(),
+        None => ImageConfig::scratch(&options.runtime),
+    };
+    if let Some(layer) = layer {
+        config.append_layer(&layer.diff_id, &options.created_by, created);
+    }
+    config
+}
+
+/// Caches the blob of a layer this save wrote, from the staged file, under `key`.
+async fn cache_blob<P: Fn(SaveProgress)>(
+    cache: &CacheState<'_, P>,
+    key: Option<&str>,
+    staged: &std::path::Path,
+) {
+    if let Some(key) = key {
+        cache.put_file(key, staged).await;
+    }
+}
+
+/// What the new image has on top of its parent, however the save came by it.
+struct Child {
+    /// `None` when the image is its parent's content.
+    layer: Option<LayerDescriptor>,
+    index_encoded: Vec<u8>,
+    packages: PackageSet,
+    files: FileTotals,
+    /// The registry upload a layer written by this save was streamed to.
+    streamed: Option<StreamedUpload>,
+    /// Where a layer written by this save goes in the cache.
+    blob_to_cache: Option<String>,
+}
+
+impl Child {
+    /// No new layer: the parent's content, index and packages.
+    fn of_parent(index_encoded: Vec<u8>, packages: PackageSet) -> Self {
+        Child {
+            layer: None,
+            index_encoded,
+            packages,
+            files: FileTotals::default(),
+            streamed: None,
+            blob_to_cache: None,
+        }
+    }
+}
+
+impl From<CachedChangeSet> for Child {
+    /// The layer of a change set saved before, which is cached already.
+    fn from(hit: CachedChangeSet) -> Self {
+        Child {
+            layer: Some(hit.layer),
+            index_encoded: hit.index_encoded,
+            packages: hit.packages,
+            files: hit.files,
+            streamed: None,
+            blob_to_cache: None,
+        }
+    }
+}
+
+/// Writes `new` as the new layer and caches it, streaming it to `target` as it is written when
+/// the registry takes an upload.
+async fn write_child<P: Fn(SaveProgress) + Send + Clone + 'static>(
+    registry: &RegistryClient,
+    target: &str,
+    new: NewLayer,
+    staged: &tempfile::NamedTempFile,
+    cache: &CacheState<'_, P>,
+    keys: &ChangeSetKeys,
+    progress: &P,
+) -> Result<Child, SaveError> {
+    let (streamed, sink) = registry.start_upload(target).await.unzip();
+    let staging = Staging {
+        file: staged,
+        upload: sink,
+    };
+    let (layer, index_encoded, packages, files) =
+        write_and_cache(new, staging, cache, keys, progress.clone()).await?;
+    let blob_to_cache = Some(blob_key(&layer.digest));
+    Ok(Child {
+        layer: Some(layer),
+        index_encoded,
+        packages,
+        files,
+        streamed,
+        blob_to_cache,
     })
 }
 
@@ -544,6 +618,15 @@ impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
         self.cache.is_some()
     }
 
+    /// `outcome` when there is a cache to speak of, else [`CacheOutcome::Disabled`].
+    fn unless_disabled(&self, outcome: CacheOutcome) -> CacheOutcome {
+        if self.enabled() {
+            outcome
+        } else {
+            CacheOutcome::Disabled
+        }
+    }
+
     fn unavailable(&self) -> Option<String> {
         self.failure.lock().ok().and_then(|f| f.clone())
     }
@@ -602,15 +685,26 @@ impl<'a, P: Fn(SaveProgress)> CacheState<'a, P> {
     }
 }
 
-/// The parent's index and package set: from the cache by manifest digest, or both built in one
-/// pass by streaming its layers. An index cached without its package set (by a builder that
-/// predates the summary) is built again, once.
+/// The parent's index and package set (empty without a parent): from the cache by manifest
+/// digest, or both built in one pass by streaming its layers. An index cached without its package
+/// set (by a builder that predates the summary) is built again, once.
+///
+/// The index comes encoded too when it was at hand, so an unchanged or cached save stores its
+/// image's index without encoding 100k entries again.
 async fn baseline_index<P: Fn(SaveProgress) + Send + Sync + Clone + 'static>(
     registry: &RegistryClient,
-    parent: &ParentImage,
+    parent: Option<&ParentImage>,
     cache: &CacheState<'_, P>,
     progress: &P,
 ) -> Result<(BaselineIndex, PackageSet, IndexOrigin, Option<Vec<u8>>), SaveError> {
+    let Some(parent) = parent else {
+        return Ok((
+            BaselineIndex::default(),
+            PackageSet::default(),
+            IndexOrigin::Empty,
+            None,
+        ));
+    };
     let key = index_key(&parent.manifest_digest);
     let packages_key = packages_key(&parent.manifest_digest);
     if let Some(bytes) = cache.get_bytes(&key).await

@@ -397,107 +397,25 @@ impl BaselineIndex {
                 // The root itself (`./`): not a path of the image, and never deleted.
                 continue;
             }
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            if name == OPAQUE_WHITEOUT {
-                self.remove_below(&parent, &mut tally);
-                observer.emptied(&parent);
+            if self.apply_whiteout(&path, &mut tally, observer) {
                 continue;
             }
-            if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
-                let target = parent.join(hidden);
-                self.remove_below(&target, &mut tally);
-                if let Some((path, entry)) = self.entries.remove_entry(&target) {
-                    tally.removed(path, &entry);
-                }
-                observer.removed(&target);
-                continue;
-            }
-            let header = entry.header();
-            let kind = match header.entry_type() {
+            let kind = match entry.header().entry_type() {
                 tar::EntryType::Directory => EntryKind::Dir,
                 tar::EntryType::Symlink => EntryKind::Symlink,
                 tar::EntryType::Char => EntryKind::CharDevice,
                 tar::EntryType::Block => EntryKind::BlockDevice,
                 tar::EntryType::Fifo => EntryKind::Fifo,
                 tar::EntryType::Link => {
-                    let target = entry
-                        .link_name()
-                        .map_err(io)?
-                        .and_then(|l| normalize(&l))
-                        .and_then(|l| self.entries.get(&l).cloned().map(|e| (l, e)));
-                    if let Some((target, target_entry)) = target {
-                        observer.linked(&path, &target);
-                        self.replace(path, target_entry, 0, &mut tally);
-                    }
+                    self.apply_hardlink(path, &entry, &mut tally, observer)
+                        .map_err(io)?;
                     continue;
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
                 // PAX/GNU extension headers are folded into the next entry by the tar crate.
                 _ => continue,
             };
-            let device =
-                matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice).then(|| {
-                    (
-                        header.device_major().ok().flatten().unwrap_or(0),
-                        header.device_minor().ok().flatten().unwrap_or(0),
-                    )
-                });
-            let mut xattrs = BTreeMap::new();
-            if let Some(extensions) = entry.pax_extensions().map_err(io)? {
-                for ext in extensions.flatten() {
-                    if let (Ok(key), value) = (ext.key(), ext.value_bytes())
-                        && let Some(name) = key.strip_prefix("SCHILY.xattr.")
-                    {
-                        xattrs.insert(name.to_owned(), value.to_vec());
-                    }
-                }
-            }
-            let observed = kind == EntryKind::File && observer.wants(&path);
-            let sha256 = if hash && kind == EntryKind::File {
-                let mut hash = Sha256::new();
-                if observed {
-                    let mut reader = HashingReader {
-                        inner: &mut entry,
-                        hash: &mut hash,
-                    };
-                    observer.entry(&path, kind, Some(&mut reader)).map_err(io)?;
-                } else {
-                    observer.entry(&path, kind, None).map_err(io)?;
-                }
-                // What the observer left unread still counts for the digest.
-                std::io::copy(&mut entry, &mut hash).map_err(io)?;
-                Some(hex::encode(hash.finalize()))
-            } else {
-                let content: Option<&mut dyn Read> = if observed { Some(&mut entry) } else { None };
-                observer.entry(&path, kind, content).map_err(io)?;
-                None
-            };
-            let header = entry.header();
-            // Linux ids are 32-bit; a layer claiming more gets the overflow id, as the kernel maps it.
-            let id = |n: u64| u32::try_from(n).unwrap_or(65534);
-            let record = IndexEntry::new(
-                kind,
-                header.mode().map_err(io)? & 0o7777,
-                id(header.uid().map_err(io)?),
-                id(header.gid().map_err(io)?),
-                if kind == EntryKind::File {
-                    entry.size()
-                } else {
-                    0
-                },
-                i64::try_from(header.mtime().map_err(io)?).unwrap_or(i64::MAX),
-                match kind {
-                    EntryKind::Symlink => entry.link_name().map_err(io)?.map(|l| l.into_owned()),
-                    _ => None,
-                },
-                device,
-                xattrs,
-                sha256,
-            );
+            let record = read_record(&mut entry, &path, kind, hash, observer).map_err(io)?;
             let body = if kind == EntryKind::File {
                 record.size
             } else {
@@ -506,6 +424,56 @@ impl BaselineIndex {
             self.replace(path, record, body, &mut tally);
         }
         Ok(tally.finish())
+    }
+
+    /// Applies `path` if it is a whiteout (plain or opaque) and says whether it was one: a
+    /// whiteout is a marker, never an entry of the index.
+    fn apply_whiteout(
+        &mut self,
+        path: &Path,
+        tally: &mut Tally,
+        observer: &mut dyn LayerObserver,
+    ) -> bool {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        if name == OPAQUE_WHITEOUT {
+            self.remove_below(&parent, tally);
+            observer.emptied(&parent);
+            return true;
+        }
+        if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
+            let target = parent.join(hidden);
+            self.remove_below(&target, tally);
+            if let Some((path, entry)) = self.entries.remove_entry(&target) {
+                tally.removed(path, &entry);
+            }
+            observer.removed(&target);
+            return true;
+        }
+        false
+    }
+
+    /// Puts a hardlink at `path` as a copy of its target's entry; a link to a path the index
+    /// lacks adds nothing.
+    fn apply_hardlink<R: Read>(
+        &mut self,
+        path: PathBuf,
+        entry: &tar::Entry<'_, R>,
+        tally: &mut Tally,
+        observer: &mut dyn LayerObserver,
+    ) -> io::Result<()> {
+        let target = entry
+            .link_name()?
+            .and_then(|l| normalize(&l))
+            .and_then(|l| self.entries.get(&l).cloned().map(|e| (l, e)));
+        if let Some((target, target_entry)) = target {
+            observer.linked(&path, &target);
+            self.replace(path, target_entry, 0, tally);
+        }
+        Ok(())
     }
 
     /// Puts `entry` at `path`; a non-directory replacing a directory takes its subtree away.
@@ -539,6 +507,94 @@ fn normalize(path: &Path) -> Option<PathBuf> {
         }
     }
     Some(out)
+}
+
+/// The index entry for a tar entry of `kind` at `path` (not a hardlink or a whiteout), its
+/// content shown to `observer` and hashed when `hash`.
+fn read_record<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    path: &Path,
+    kind: EntryKind,
+    hash: bool,
+    observer: &mut dyn LayerObserver,
+) -> io::Result<IndexEntry> {
+    let header = entry.header();
+    let device = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice).then(|| {
+        (
+            header.device_major().ok().flatten().unwrap_or(0),
+            header.device_minor().ok().flatten().unwrap_or(0),
+        )
+    });
+    let xattrs = pax_xattrs(entry)?;
+    let sha256 = observe_content(entry, path, kind, hash, observer)?;
+    let header = entry.header();
+    // Linux ids are 32-bit; a layer claiming more gets the overflow id, as the kernel maps it.
+    let id = |n: u64| u32::try_from(n).unwrap_or(65534);
+    Ok(IndexEntry::new(
+        kind,
+        header.mode()? & 0o7777,
+        id(header.uid()?),
+        id(header.gid()?),
+        if kind == EntryKind::File {
+            entry.size()
+        } else {
+            0
+        },
+        i64::try_from(header.mtime()?).unwrap_or(i64::MAX),
+        match kind {
+            EntryKind::Symlink => entry.link_name()?.map(|l| l.into_owned()),
+            _ => None,
+        },
+        device,
+        xattrs,
+        sha256,
+    ))
+}
+
+/// The extended attributes a tar entry carries in its PAX header.
+fn pax_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<BTreeMap<String, Vec<u8>>> {
+    let mut xattrs = BTreeMap::new();
+    if let Some(extensions) = entry.pax_extensions()? {
+        for ext in extensions.flatten() {
+            if let (Ok(key), value) = (ext.key(), ext.value_bytes())
+                && let Some(name) = key.strip_prefix("SCHILY.xattr.")
+            {
+                xattrs.insert(name.to_owned(), value.to_vec());
+            }
+        }
+    }
+    Ok(xattrs)
+}
+
+/// Shows a tar entry to `observer`, with its content for a regular file the observer wants,
+/// and returns the content digest when `hash` and the entry is a regular file.
+fn observe_content<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    path: &Path,
+    kind: EntryKind,
+    hash: bool,
+    observer: &mut dyn LayerObserver,
+) -> io::Result<Option<String>> {
+    let observed = kind == EntryKind::File && observer.wants(path);
+    if hash && kind == EntryKind::File {
+        let mut digest = Sha256::new();
+        if observed {
+            let mut reader = HashingReader {
+                inner: &mut *entry,
+                hash: &mut digest,
+            };
+            observer.entry(path, kind, Some(&mut reader))?;
+        } else {
+            observer.entry(path, kind, None)?;
+        }
+        // What the observer left unread still counts for the digest.
+        io::copy(entry, &mut digest)?;
+        Ok(Some(hex::encode(digest.finalize())))
+    } else {
+        let content: Option<&mut dyn Read> = if observed { Some(entry) } else { None };
+        observer.entry(path, kind, content)?;
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

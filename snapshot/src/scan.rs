@@ -168,55 +168,17 @@ pub fn scan(
         });
     }
     let skip = Arc::new(skip_set(root, options)?);
-    let walk_skip = Arc::clone(&skip);
-    let walk = jwalk::WalkDirGeneric::<((), Option<io::Result<Metadata>>)>::new(root)
-        .sort(true)
-        .skip_hidden(false)
-        .follow_links(false)
-        .min_depth(1)
-        .process_read_dir(move |_, dir, _, children| {
-            // Runs on the walker's threads: the lstat of every entry happens in parallel.
-            children.retain(|child| {
-                child
-                    .as_ref()
-                    .map_or(true, |c| !walk_skip.contains(&dir.join(&c.file_name)))
-            });
-            for child in children.iter_mut().flatten() {
-                let meta = fs::symlink_metadata(dir.join(&child.file_name));
-                if meta.as_ref().is_ok_and(|m| m.file_type().is_socket()) {
-                    child.read_children_path = None;
-                }
-                child.client_state = Some(meta);
-            }
-        });
+    let walk = walk_below(root, Arc::clone(&skip));
 
     let mut changes = ChangeSet::default();
     let mut lower = baseline.iter().peekable();
-    // The last path whose whole subtree is already gone (whited out), so its children are not.
-    let mut removed: Option<PathBuf> = None;
-    let record_deleted = |path: &Path, removed: &mut Option<PathBuf>, changes: &mut ChangeSet| {
-        if removed.as_deref().is_some_and(|r| path.starts_with(r))
-            || skip.iter().any(|s| root.join(path).starts_with(s))
-            // Not seen is not gone: the walk could not list it.
-            || changes.unreadable.iter().any(|u| path.starts_with(u) && path != u)
-        {
-            return;
-        }
-        *removed = Some(path.to_owned());
-        changes.deleted.push(path.to_owned());
+    let mut deletions = Deletions {
+        root,
+        skip: &skip,
+        removed: None,
     };
-
     for walked in walk {
-        let walked = walked.map_err(|err| {
-            let path = err
-                .path()
-                .map(Path::to_owned)
-                .unwrap_or_else(|| root.into());
-            ScanError::Read {
-                path,
-                source: err.into(),
-            }
-        })?;
+        let walked = walked.map_err(|err| walk_error(root, err))?;
         let full = walked.path();
         let meta = match walked.client_state {
             Some(Ok(meta)) => meta,
@@ -237,37 +199,19 @@ pub fn scan(
             changes.unreadable.push(rel.clone());
         }
         while let Some((path, _)) = lower.next_if(|(path, _)| path.as_path() < rel.as_path()) {
-            record_deleted(path, &mut removed, &mut changes);
+            deletions.record(path, &mut changes);
         }
         let original = lower.next_if(|(path, _)| **path == rel).map(|(_, e)| e);
-        match original {
-            None => changes.entries.push(ChangedEntry {
-                path: rel,
-                meta,
-                replaces: false,
-            }),
-            Some(original) if kind_of(&meta) != Some(original.kind) => {
+        if let Some(changed) = changed_entry(rel, &full, meta, original, options.verify_content)? {
+            if changed.replaces {
                 // The image's subtree below a replaced directory is covered by this whiteout.
-                removed = Some(rel.clone());
-                changes.entries.push(ChangedEntry {
-                    path: rel,
-                    meta,
-                    replaces: true,
-                });
+                deletions.removed = Some(changed.path.clone());
             }
-            Some(original) => {
-                if differs(&full, &meta, original, options.verify_content)? {
-                    changes.entries.push(ChangedEntry {
-                        path: rel,
-                        meta,
-                        replaces: false,
-                    });
-                }
-            }
+            changes.entries.push(changed);
         }
     }
     for (path, _) in lower {
-        record_deleted(path, &mut removed, &mut changes);
+        deletions.record(path, &mut changes);
     }
     progress(changes.scanned);
 
@@ -278,6 +222,91 @@ pub fn scan(
         .collect();
     fold_into_opaque(baseline, &mut changes);
     Ok(changes)
+}
+
+/// A parallel walk that carries each entry's `lstat` (or why it failed).
+type Walk = jwalk::WalkDirGeneric<((), Option<io::Result<Metadata>>)>;
+
+/// The walk below `root`, in the baseline index's order, leaving out `skip`.
+fn walk_below(root: &Path, skip: Arc<BTreeSet<PathBuf>>) -> Walk {
+    Walk::new(root)
+        .sort(true)
+        .skip_hidden(false)
+        .follow_links(false)
+        .min_depth(1)
+        .process_read_dir(move |_, dir, _, children| {
+            // Runs on the walker's threads: the lstat of every entry happens in parallel.
+            children.retain(|child| {
+                child
+                    .as_ref()
+                    .map_or(true, |c| !skip.contains(&dir.join(&c.file_name)))
+            });
+            for child in children.iter_mut().flatten() {
+                let meta = fs::symlink_metadata(dir.join(&child.file_name));
+                if meta.as_ref().is_ok_and(|m| m.file_type().is_socket()) {
+                    child.read_children_path = None;
+                }
+                child.client_state = Some(meta);
+            }
+        })
+}
+
+/// A failed step of the walk, as a read error of the path it names (the root when none).
+fn walk_error(root: &Path, err: jwalk::Error) -> ScanError {
+    let path = err
+        .path()
+        .map(Path::to_owned)
+        .unwrap_or_else(|| root.into());
+    ScanError::Read {
+        path,
+        source: err.into(),
+    }
+}
+
+/// Decides which of the image's paths that the walk passed by are deletions.
+struct Deletions<'a> {
+    root: &'a Path,
+    skip: &'a BTreeSet<PathBuf>,
+    /// The last path whose whole subtree is already gone (whited out), so its children are not.
+    removed: Option<PathBuf>,
+}
+
+impl Deletions<'_> {
+    /// Records the image's `path` as deleted, unless a whiteout already covers it or the walk
+    /// did not look there.
+    fn record(&mut self, path: &Path, changes: &mut ChangeSet) {
+        if self.removed.as_deref().is_some_and(|r| path.starts_with(r))
+            || self.skip.iter().any(|s| self.root.join(path).starts_with(s))
+            // Not seen is not gone: the walk could not list it.
+            || changes.unreadable.iter().any(|u| path.starts_with(u) && path != u)
+        {
+            return;
+        }
+        self.removed = Some(path.to_owned());
+        changes.deleted.push(path.to_owned());
+    }
+}
+
+/// The entry to save for the walked path `rel`, when the image had nothing there (`original`)
+/// or something that differs.
+fn changed_entry(
+    rel: PathBuf,
+    full: &Path,
+    meta: Metadata,
+    original: Option<&IndexEntry>,
+    verify_content: bool,
+) -> Result<Option<ChangedEntry>, ScanError> {
+    let replaces = match original {
+        None => false,
+        Some(original) if kind_of(&meta) != Some(original.kind) => true,
+        Some(original) if differs(full, &meta, original, verify_content)? => false,
+        Some(_) => return Ok(None),
+    };
+    Ok(Some(ChangedEntry {
+        path: rel,
+        meta,
+        replaces,
+    }))
 }
 
 /// Turns "every original entry of directory D deleted" into one opaque whiteout for D, which is
