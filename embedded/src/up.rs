@@ -10,8 +10,10 @@
 //! A local OCI registry (Debian's `docker-registry`) is started on a loopback port unless one is
 //! configured; it holds the notebook images and every saved environment.
 
+use crate::engine_workloads::EngineWorkloads;
 use crate::gpus::GpuPool;
 use crate::runtime::{Engine, Runtime};
+use crate::sampling::sample_forever;
 use crate::save_jobs::SaveJobs;
 use crate::store::Store;
 use labforge_builder::cache::BlobCache;
@@ -30,6 +32,10 @@ use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_web::api::{ApiState, STOPPED_BY_ANNOTATION};
 use labforge_web::config::{SpawnerConfig, default_spawner};
 use labforge_web::notebook_secret::NotebookSecrets;
+use labforge_web::saves::Saves;
+use labforge_web::sign_in::SignIn;
+use labforge_web::ui;
+use labforge_web::usage::{UsageBoard, serve_metrics};
 use labforge_web::users::{LocalAuth, Sessions, UserError, Users};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -419,7 +425,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     ));
     migrate_data_dir(&opened.dir, opened.found, &runtime, &opened.auth).await?;
     adopt_running(&runtime).await;
-    let usage = Arc::new(labforge_web::usage::UsageBoard::default());
+    let usage = Arc::new(UsageBoard::default());
     let metrics = match options.metrics_listen {
         Some(address) => Some(metrics_listener(address).await?),
         None => None,
@@ -428,10 +434,10 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         backend: opened.store.clone(),
         access: opened.auth.clone(),
         local_users: Some(opened.auth.clone()),
-        sign_in: Some(Arc::new(labforge_web::sign_in::SignIn::for_this_machine()?)),
-        saves: Some(saves.clone() as Arc<dyn labforge_web::saves::Saves>),
+        sign_in: Some(Arc::new(SignIn::for_this_machine()?)),
+        saves: Some(saves.clone() as Arc<dyn Saves>),
         config: Arc::new(opened.spawner),
-        workloads: Arc::new(crate::engine_workloads::EngineWorkloads {
+        workloads: Arc::new(EngineWorkloads {
             engine: opened.engine,
         }),
         activity: proxy.activity.clone(),
@@ -442,9 +448,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         idle_after: options.culling.idle_time,
         base_path: Default::default(),
     };
-    let api = labforge_web::ui::app(state).layer(axum::middleware::map_response(
-        labforge_web::ui::deny_framing,
-    ));
+    let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
     let mut tasks = vec![
         session_watch,
         tokio::spawn(async move {
@@ -453,15 +457,10 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             }
         }),
         tokio::spawn(runtime.clone().run()),
-        tokio::spawn(crate::sampling::sample_forever(
-            runtime.clone(),
-            usage.clone(),
-        )),
+        tokio::spawn(sample_forever(runtime.clone(), usage.clone())),
     ];
     let metrics_url = metrics.map(|(listener, url)| {
-        tasks.push(tokio::spawn(labforge_web::usage::serve_metrics(
-            listener, usage,
-        )));
+        tasks.push(tokio::spawn(serve_metrics(listener, usage)));
         url
     });
     if options.culling.enabled {

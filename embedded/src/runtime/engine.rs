@@ -109,16 +109,38 @@ impl Engine {
 
     /// Every container labforge manages, running or not.
     pub async fn containers(&self) -> Result<Vec<RunningContainer>, EngineError> {
-        let out = self
-            .run(&[
-                "ps".into(),
-                "--all".into(),
-                "--filter".into(),
-                format!("label={MANAGED_LABEL}={}", self.instance),
-                "--format".into(),
-                "json".into(),
-            ])
-            .await?;
+        self.containers_labelled(None).await
+    }
+
+    /// The container of notebook `namespace/name`, running or not, if it has one.
+    pub async fn container_of(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RunningContainer>, EngineError> {
+        let notebook = format!("label={NOTEBOOK_LABEL}={namespace}/{name}");
+        let mut found = self.containers_labelled(Some(notebook)).await?;
+        Ok(found.pop())
+    }
+
+    /// The managed containers, with one more label filter when given (both engines take every
+    /// label filter as a condition of its own).
+    async fn containers_labelled(
+        &self,
+        label: Option<String>,
+    ) -> Result<Vec<RunningContainer>, EngineError> {
+        let mut args = vec![
+            "ps".into(),
+            "--all".into(),
+            "--filter".into(),
+            format!("label={MANAGED_LABEL}={}", self.instance),
+            "--format".into(),
+            "json".into(),
+        ];
+        if let Some(label) = label {
+            args.extend(["--filter".into(), label]);
+        }
+        let out = self.run(&args).await?;
         let list: Vec<serde_json::Value> = if out.trim().is_empty() {
             Vec::new()
         } else {

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::broadcast;
 
 use super::engine::{Engine, EngineError, RunningContainer};
 use super::plan::*;
@@ -44,8 +45,8 @@ pub struct Runtime {
     /// Each notebook's secret, which only its server and the proxy know.
     pub secrets: Arc<NotebookSecrets>,
     http: reqwest::Client,
-    /// Notebooks with a reconcile under way, so a slow pull does not get a second one.
-    busy: Mutex<HashSet<(String, String)>>,
+    /// Notebooks with a reconcile under way, and those changed since theirs began.
+    queue: WorkQueue,
     /// Published port of each running notebook (for the culler's Jupyter API calls).
     ports: Mutex<HashMap<(String, String), u16>>,
 }
@@ -79,7 +80,7 @@ impl Runtime {
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .unwrap_or_default(),
-            busy: Mutex::new(HashSet::new()),
+            queue: WorkQueue::default(),
             ports: Mutex::default(),
         }
     }
@@ -172,28 +173,34 @@ impl Runtime {
         Ok(adopted)
     }
 
-    /// Reconciles on every change and every few seconds, forever.
+    /// Reconciles each notebook whose spec or metadata changed, and every notebook every few
+    /// seconds (containers that exited tell nobody), forever. Status changes, the runtime's own
+    /// writes among them, wake nothing.
     pub async fn run(self: Arc<Self>) {
         let mut changes = self.store.subscribe();
+        let mut resync = tokio::time::interval(RESYNC);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if let Err(err) = self.clone().reconcile_all().await {
-                tracing::warn!(error = %err, "reconciling notebook containers");
-            }
-            let wake = tokio::time::sleep(RESYNC);
-            tokio::pin!(wake);
-            loop {
-                tokio::select! {
-                    () = &mut wake => break,
-                    change = changes.recv() => match change {
-                        Ok(Change::Notebook { .. }) | Err(_) => break,
-                        Ok(_) => continue,
+            tokio::select! {
+                _ = resync.tick() => {
+                    if let Err(err) = self.clone().reconcile_all().await {
+                        tracing::warn!(error = %err, "reconciling notebook containers");
                     }
+                }
+                change = changes.recv() => match change {
+                    Ok(Change::Notebook { namespace, name }) => {
+                        self.clone().spawn_reconcile((namespace, name), None);
+                    }
+                    Ok(_) => {}
+                    // Changes were missed: everything is looked at now.
+                    Err(broadcast::error::RecvError::Lagged(_)) => resync.reset_immediately(),
+                    Err(broadcast::error::RecvError::Closed) => return,
                 }
             }
         }
     }
 
-    /// One pass: every stored notebook against every managed container.
+    /// One pass: every stored notebook against every managed container, from one listing.
     pub async fn reconcile_all(self: Arc<Self>) -> Result<(), EngineError> {
         let containers = match self.engine.containers().await {
             Ok(containers) => containers,
@@ -202,50 +209,86 @@ impl Runtime {
                 return Err(err);
             }
         };
-        let mut by_notebook: BTreeMap<(String, String), RunningContainer> = BTreeMap::new();
+        let mut by_notebook: BTreeMap<NotebookKey, RunningContainer> = BTreeMap::new();
         for container in containers {
             by_notebook.insert(container.notebook.clone(), container);
         }
         let notebooks = self.store.list(None);
-        let known: HashSet<(String, String)> = notebooks
-            .iter()
-            .map(|nb| {
-                (
-                    nb.metadata.namespace.clone().unwrap_or_default(),
-                    nb.metadata.name.clone().unwrap_or_default(),
-                )
-            })
-            .collect();
-        // Containers whose notebook was deleted.
+        let known: HashSet<NotebookKey> = notebooks.iter().map(key_of).collect();
         for (key, container) in &by_notebook {
             if !known.contains(key) {
-                tracing::info!(container = %container.name, "removing the container of a deleted notebook");
-                self.engine.remove(&container.name).await?;
-                self.routes
-                    .remove(&key.0, &builders::virtual_service_name(&key.0, &key.1));
-                self.gpus.release(&key.0, &key.1);
-                self.set_port(&key.0, &key.1, None);
+                self.remove_deleted(key, container).await?;
             }
         }
         for notebook in notebooks {
-            let key = (
-                notebook.metadata.namespace.clone().unwrap_or_default(),
-                notebook.metadata.name.clone().unwrap_or_default(),
-            );
-            if let Ok(mut busy) = self.busy.lock()
-                && !busy.insert(key.clone())
-            {
-                continue;
-            }
+            let key = key_of(&notebook);
             let existing = by_notebook.remove(&key);
-            let runtime = self.clone();
-            tokio::spawn(async move {
-                runtime.reconcile(&notebook, existing).await;
-                if let Ok(mut busy) = runtime.busy.lock() {
-                    busy.remove(&key);
-                }
-            });
+            self.clone()
+                .spawn_reconcile(key, Some((notebook, existing)));
         }
+        Ok(())
+    }
+
+    /// Reconciles `key` on a task of its own, from `seen` (the notebook and its container as a
+    /// full pass found them) or from a fresh look. A notebook has at most one reconcile under
+    /// way, so a slow pull does not get a second; a change announced meanwhile runs it again
+    /// once it is done.
+    fn spawn_reconcile(
+        self: Arc<Self>,
+        key: NotebookKey,
+        seen: Option<(Notebook, Option<RunningContainer>)>,
+    ) {
+        let changed = seen.is_none();
+        if !self.queue.claim(&key, changed) {
+            return;
+        }
+        tokio::spawn(async move {
+            match seen {
+                Some((notebook, existing)) => self.reconcile(&notebook, existing).await,
+                None => self.reconcile_fresh(&key).await,
+            }
+            while self.queue.finish(&key) {
+                self.reconcile_fresh(&key).await;
+            }
+        });
+    }
+
+    /// Reconciles `key` against what the store and the engine say now: its container alone is
+    /// listed, not every one.
+    async fn reconcile_fresh(&self, key: &NotebookKey) {
+        let (ns, name) = key;
+        let existing = match self.engine.container_of(ns, name).await {
+            Ok(existing) => existing,
+            Err(err) => {
+                // The next full pass tells the notebooks the engine is not answering.
+                tracing::warn!(error = %err, namespace = %ns, notebook = %name, "listing a notebook's container");
+                return;
+            }
+        };
+        match self.store.get(ns, name) {
+            Some(notebook) => self.reconcile(&notebook, existing).await,
+            None => {
+                if let Some(container) = existing
+                    && let Err(err) = self.remove_deleted(key, &container).await
+                {
+                    tracing::warn!(error = %err, container = %container.name, "removing the container of a deleted notebook");
+                }
+            }
+        }
+    }
+
+    /// The container of a deleted notebook goes, and with it its route, GPUs and port.
+    async fn remove_deleted(
+        &self,
+        (ns, name): &NotebookKey,
+        container: &RunningContainer,
+    ) -> Result<(), EngineError> {
+        tracing::info!(container = %container.name, "removing the container of a deleted notebook");
+        self.engine.remove(&container.name).await?;
+        self.routes
+            .remove(ns, &builders::virtual_service_name(ns, name));
+        self.gpus.release(ns, name);
+        self.set_port(ns, name, None);
         Ok(())
     }
 
@@ -558,6 +601,56 @@ impl Runtime {
     }
 }
 
+/// A notebook: its namespace and name.
+type NotebookKey = (String, String);
+
+fn key_of(notebook: &Notebook) -> NotebookKey {
+    (
+        notebook.metadata.namespace.clone().unwrap_or_default(),
+        notebook.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Which notebooks have a reconcile under way, and which of those changed since it began: the
+/// work queue of Kubernetes controllers, where a key is worked on by one worker at a time and a
+/// change during the work queues it once more.
+#[derive(Default)]
+struct WorkQueue {
+    keys: Mutex<QueuedKeys>,
+}
+
+#[derive(Default)]
+struct QueuedKeys {
+    busy: HashSet<NotebookKey>,
+    changed: HashSet<NotebookKey>,
+}
+
+impl WorkQueue {
+    /// Whether the caller should reconcile `key` now. When it is already under way, a `changed`
+    /// key is marked to run again when that reconcile finishes.
+    fn claim(&self, key: &NotebookKey, changed: bool) -> bool {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.busy.insert(key.clone()) {
+            return true;
+        }
+        if changed {
+            keys.changed.insert(key.clone());
+        }
+        false
+    }
+
+    /// Ends a reconcile of `key`; true when it changed meanwhile and must run again (the key
+    /// then stays claimed).
+    fn finish(&self, key: &NotebookKey) -> bool {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.changed.remove(key) {
+            return true;
+        }
+        keys.busy.remove(key);
+        false
+    }
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind((PUBLISH_ADDRESS, 0))?
         .local_addr()?
@@ -656,5 +749,43 @@ fn running_status(ready: bool, reason: &str, why: &str) -> NotebookStatus {
             running: Some(ContainerStateRunning { started_at: None }),
             ..Default::default()
         },
+    }
+}
+
+#[cfg(test)]
+mod work_queue_tests {
+    use super::{NotebookKey, WorkQueue};
+
+    fn key(name: &str) -> NotebookKey {
+        ("alice".into(), name.into())
+    }
+
+    #[test]
+    fn a_notebook_has_one_reconcile_at_a_time_and_a_change_meanwhile_runs_it_once_more() {
+        let queue = WorkQueue::default();
+        assert!(queue.claim(&key("lab"), true));
+        // Another notebook is not held up by this one.
+        assert!(queue.claim(&key("other"), true));
+        // Two changes during the work: one more run, not two.
+        assert!(!queue.claim(&key("lab"), true));
+        assert!(!queue.claim(&key("lab"), true));
+        assert!(queue.finish(&key("lab")), "changed meanwhile: runs again");
+        assert!(
+            !queue.claim(&key("lab"), false),
+            "still claimed by the rerun"
+        );
+        assert!(
+            !queue.finish(&key("lab")),
+            "nothing changed during the rerun"
+        );
+        assert!(queue.claim(&key("lab"), false), "free once done");
+    }
+
+    #[test]
+    fn a_full_pass_finding_a_notebook_busy_does_not_queue_it_again() {
+        let queue = WorkQueue::default();
+        assert!(queue.claim(&key("lab"), true));
+        assert!(!queue.claim(&key("lab"), false));
+        assert!(!queue.finish(&key("lab")));
     }
 }
