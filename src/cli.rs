@@ -471,6 +471,10 @@ pub struct ProxyArgs {
     /// TLS private key (PEM); needs --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Keep the memory freed after a burst of connections instead of giving it back to the
+    /// operating system: for measuring what giving it back saves (bench/README.md).
+    #[arg(long)]
+    pub no_heap_release: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -574,6 +578,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                 }
             }),
             app_path: args.app_path.clone(),
+            heap_release: !args.no_heap_release,
         })
     }
 }
@@ -1730,6 +1735,7 @@ mod tests {
             "127.0.0.1:9999"
         );
         assert!(options.tls.is_none());
+        assert!(options.heap_release);
         assert_eq!(options.upstream_idle_timeout, Duration::from_secs(90));
         assert_eq!(
             options.upstream_connect_timeout,
@@ -1773,8 +1779,10 @@ mod tests {
             "9",
             "--request-body-min-rate",
             "10",
+            "--no-heap-release",
         ]))
         .unwrap();
+        assert!(!any.heap_release);
         assert_eq!(
             any.confinement.trusted_namespaces,
             ["kubeflow".to_owned(), "platform".to_owned()].into()

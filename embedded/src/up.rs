@@ -815,6 +815,7 @@ fn proxy_options(
                 sign_in: Some(notebook_sign_in.clone()),
             }),
         app_path: Some("/".into()),
+        heap_release: true,
     }
 }
 

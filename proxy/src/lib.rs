@@ -105,6 +105,9 @@ pub struct ProxyOptions {
     /// sent to the app's page of it, which says why and offers Start; the proxy's error pages
     /// link back to it. `None`: no such redirect, and error pages link to `/`.
     pub app_path: Option<String>,
+    /// Give free memory back to the operating system after a burst of connections
+    /// ([`heap_release`]); off only to measure what that saves.
+    pub heap_release: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -297,17 +300,17 @@ pub async fn start(
         routes: routes.clone(),
         activity: activity.clone(),
     });
-    let mut tasks = vec![
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(admin_listener, admin_router).await {
-                tracing::warn!(error = %err, "admin server stopped");
-            }
-        }),
-        tokio::spawn(
+    let mut tasks = vec![tokio::spawn(async move {
+        if let Err(err) = axum::serve(admin_listener, admin_router).await {
+            tracing::warn!(error = %err, "admin server stopped");
+        }
+    })];
+    if options.heap_release {
+        tasks.push(tokio::spawn(
             heap.clone()
                 .release_when_asked(metrics.heap_releases.clone()),
-        ),
-    ];
+        ));
+    }
     match routes_from {
         RoutesFrom::Files(paths) => {
             let listing = source::load_listing(&routes, &paths)?;

@@ -91,6 +91,7 @@ fn options(upstreams: HashMap<String, String>) -> ProxyOptions {
         body_pace: Default::default(),
         notebook_hosts: None,
         app_path: None,
+        heap_release: true,
     }
 }
 
@@ -1479,6 +1480,39 @@ async fn free_memory_is_given_back_after_a_route_list_and_after_a_burst_of_conne
     )
     .await;
     assert_eq!(metric(&proxy, "labforge_proxy_connections_open").await, 0.0);
+}
+
+/// With `heap_release` off (`--no-heap-release`, for measuring what it saves) the proxy serves
+/// as usual and never gives memory back.
+#[tokio::test]
+async fn with_heap_release_off_no_memory_is_given_back() {
+    let upstream = CountingUpstream::start().await;
+    let proxy = proxy_for_alice_lab(upstream.addr, |options| ProxyOptions {
+        heap_release: false,
+        ..options
+    })
+    .await;
+    let clients: Vec<reqwest::Client> = (0..40).map(|_| reqwest::Client::new()).collect();
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    let statuses = futures::future::join_all(
+        clients
+            .iter()
+            .map(|http| async { get_as(http, &url, ALICE).await.status().as_u16() }),
+    )
+    .await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    drop(clients);
+    eventually(
+        "the burst's connections closed",
+        Duration::from_secs(5),
+        || async { (metric(&proxy, "labforge_proxy_connections_open").await == 0.0).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        metric(&proxy, "labforge_proxy_heap_releases_total").await,
+        0.0
+    );
 }
 
 /// A SubjectAccessReview that cannot be made (the API server unreachable) refuses the request as
