@@ -1,7 +1,8 @@
 //! The web UI: pages rendered here (layout, navigation, the user menu, and the spawner form built
 //! from the catalog), with small JavaScript modules in `web/ui/` that fill in live data from the
 //! JSON API. Everything is compiled into the binary: no front-end build step, nothing to deploy
-//! besides `labforge`.
+//! besides `labforge`. Pages are `maud` templates, so names, namespaces, images and messages from
+//! users and the catalog are escaped wherever they land, with nothing to remember per field.
 
 use crate::api::ApiState;
 use crate::base_path::BasePath;
@@ -11,25 +12,10 @@ use crate::users::User;
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
+use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
-
-/// HTML-escapes text for element content and attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 const STYLE: &str = include_str!("../ui/style.css");
 
@@ -101,55 +87,75 @@ fn page(
     base: &BasePath,
     title: &str,
     viewer: Option<Viewer<'_>>,
-    main: &str,
+    main: Markup,
     script: Option<&str>,
-) -> Html<String> {
-    let nav = match &viewer {
-        Some(Viewer { user, namespace }) => {
-            // Another namespace than the user's own stays chosen from page to page.
-            let query = escape(&namespace_query(user, namespace));
-            let admin = if user.admin {
-                r#"<a href="admin">Admin</a>"#
-            } else {
-                ""
-            };
-            format!(
-                r#"<nav aria-label="Main"><a href="./{query}">Notebooks</a><a href="new{query}">New notebook</a>{admin}</nav>
-<details class="user-menu"><summary aria-label="User menu">{name}</summary>
-<div><p>Namespace <code>{ns}</code>{role}</p><button type="button" id="logout">Sign out</button></div></details>"#,
-                name = escape(&user.name),
-                ns = escape(namespace),
-                role = if user.admin { " · admin" } else { "" },
-            )
+) -> Markup {
+    let content = html! {
+        header {
+            a.brand href="./" { "labforge" }
+            @if let Some(viewer) = &viewer {
+                (navigation(viewer))
+            }
         }
-        None => String::new(),
+        main #main { (main) }
+        script type="module" src="static/common.js" {}
+        @if let Some(script) = script {
+            script type="module" src={ "static/" (script) } {}
+        }
     };
-    let script_tag = script
-        .map(|s| format!(r#"<script type="module" src="static/{s}"></script>"#))
-        .unwrap_or_default();
-    let body_data = viewer
-        .map(|Viewer { user, namespace }| {
-            format!(
-                r#" data-user="{}" data-namespace="{}" data-own-namespace="{}" data-admin="{}" data-page="{}""#,
-                escape(&user.name),
-                escape(namespace),
-                escape(&user.namespace),
-                user.admin,
-                escape(script.map_or("", |s| s.trim_end_matches(".js"))),
-            )
-        })
-        .unwrap_or_default();
-    Html(format!(
-        r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<base href="{base}"><title>{title} · labforge</title><link rel="icon" href="static/icon.svg" type="image/svg+xml">
-<link rel="stylesheet" href="static/style.css"></head>
-<body{body_data}><header><a class="brand" href="./">labforge</a>{nav}</header>
-<main id="main">{main}</main>
-<script type="module" src="static/common.js"></script>{script_tag}</body></html>"#,
-        base = escape(base.as_str()),
-        title = escape(title),
-    ))
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                base href=(base.as_str());
+                title { (title) " · labforge" }
+                link rel="icon" href="static/icon.svg" type="image/svg+xml";
+                link rel="stylesheet" href="static/style.css";
+            }
+            @match viewer {
+                // The page's scripts read who is looking, and at which namespace, from here.
+                Some(Viewer { user, namespace }) => {
+                    body
+                        data-user=(user.name)
+                        data-namespace=(namespace)
+                        data-own-namespace=(user.namespace)
+                        data-admin=(user.admin.to_string())
+                        data-page=(script.map_or("", |s| s.trim_end_matches(".js")))
+                    { (content) }
+                }
+                None => {
+                    body { (content) }
+                }
+            }
+        }
+    }
+}
+
+/// The header's links and the user menu.
+fn navigation(&Viewer { user, namespace }: &Viewer<'_>) -> Markup {
+    // Another namespace than the user's own stays chosen from page to page.
+    let query = namespace_query(user, namespace);
+    html! {
+        nav aria-label="Main" {
+            a href={ "./" (query) } { "Notebooks" }
+            a href={ "new" (query) } { "New notebook" }
+            @if user.admin {
+                a href="admin" { "Admin" }
+            }
+        }
+        details.user-menu {
+            summary aria-label="User menu" { (user.name) }
+            div {
+                p {
+                    "Namespace " code { (namespace) }
+                    @if user.admin { " · admin" }
+                }
+                button #logout type="button" { "Sign out" }
+            }
+        }
+    }
 }
 
 /// `text` as a URL query value.
@@ -366,20 +372,31 @@ async fn notebook_sign_in(
         .into_response()
 }
 
-async fn login_page(State(state): State<ApiState>) -> Html<String> {
+async fn login_page(State(state): State<ApiState>) -> Markup {
     page(
         &state.base_path,
         "Sign in",
         None,
-        r#"<section class="card narrow"><h1>Sign in</h1>
-<form id="login" novalidate>
-<label for="username">User name</label><input id="username" name="username" autocomplete="username" required autofocus>
-<label for="password">Password</label><input id="password" name="password" type="password" autocomplete="current-password" required>
-<p class="error" id="login-error" role="alert"></p>
-<button type="submit">Sign in</button></form>
-<p class="hint">No account yet? Ask whoever runs labforge here to add you.</p></section>"#,
+        login_main(),
         Some("login.js"),
     )
+}
+
+fn login_main() -> Markup {
+    html! {
+        section.card.narrow {
+            h1 { "Sign in" }
+            form #login novalidate {
+                label for="username" { "User name" }
+                input #username name="username" autocomplete="username" required autofocus;
+                label for="password" { "Password" }
+                input #password name="password" type="password" autocomplete="current-password" required;
+                p.error #login-error role="alert" {}
+                button type="submit" { "Sign in" }
+            }
+            p.hint { "No account yet? Ask whoever runs labforge here to add you." }
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -443,24 +460,55 @@ async fn notebooks_page(
             user: &user,
             namespace: &namespace,
         }),
-        &format!(
-            r#"<div class="title-row"><h1>Notebooks in <code>{ns}</code></h1><a class="button" href="new{query}">New notebook</a></div>
-<p class="live" id="live" aria-live="polite">Connecting…</p>
-<div class="table-wrap"><table id="notebooks" aria-describedby="live"><thead><tr>
-<th scope="col">Name</th><th scope="col">State</th><th scope="col">Type</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th><th scope="col">Actions</th>
-</tr></thead><tbody></tbody></table></div>
-<p class="empty" id="empty" hidden>No notebooks yet. <a href="new{query}">Create one</a> to get JupyterLab or VSCode in your browser.</p>
-<h2>Volumes</h2>
-<div class="table-wrap"><table id="volumes"><thead><tr>
-<th scope="col">Name</th><th scope="col">Mounted by</th><th scope="col">Actions</th>
-</tr></thead><tbody></tbody></table></div>
-<p class="empty" id="volumes-empty" hidden>No volumes.</p>"#,
-            ns = escape(&namespace),
-            query = escape(&namespace_query(&user, &namespace)),
-        ),
+        notebooks_main(&namespace, &namespace_query(&user, &namespace)),
         Some("notebooks.js"),
     )
     .into_response()
+}
+
+/// A table's head: one row of column headings.
+fn column_headings(headings: &[&str]) -> Markup {
+    html! {
+        thead {
+            tr {
+                @for heading in headings {
+                    th scope="col" { (heading) }
+                }
+            }
+        }
+    }
+}
+
+/// The list of notebooks and volumes in `namespace`; `query` keeps it chosen in links.
+fn notebooks_main(namespace: &str, query: &str) -> Markup {
+    html! {
+        div.title-row {
+            h1 { "Notebooks in " code { (namespace) } }
+            a.button href={ "new" (query) } { "New notebook" }
+        }
+        p.live #live aria-live="polite" { "Connecting…" }
+        div.table-wrap {
+            table #notebooks aria-describedby="live" {
+                (column_headings(&[
+                    "Name", "State", "Type", "Image", "CPU", "Memory", "GPU", "Last activity", "Actions",
+                ]))
+                tbody {}
+            }
+        }
+        p.empty #empty hidden {
+            "No notebooks yet. "
+            a href={ "new" (query) } { "Create one" }
+            " to get JupyterLab or VSCode in your browser."
+        }
+        h2 { "Volumes" }
+        div.table-wrap {
+            table #volumes {
+                (column_headings(&["Name", "Mounted by", "Actions"]))
+                tbody {}
+            }
+        }
+        p.empty #volumes-empty hidden { "No volumes." }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -478,168 +526,233 @@ fn image_options(
     saved: &[SavedImage],
     preset_image: Option<&str>,
     server_type: ServerType,
-) -> String {
-    let saved_options: String = saved
+) -> Markup {
+    let saved: Vec<&SavedImage> = saved
         .iter()
         .filter(|i| i.server_type.is_none_or(|t| t == server_type))
-        .map(|i| {
-            format!(
-                r#"<option value="{v}">{v} — saved from {nb}</option>"#,
-                v = escape(&i.image),
-                nb = escape(&i.notebook)
-            )
-        })
         .collect();
-    let saved_group = if saved_options.is_empty() {
-        String::new()
-    } else {
-        format!(r#"<optgroup label="Your saved images">{saved_options}</optgroup>"#)
-    };
-    let catalog: String = config
-        .images
-        .iter()
-        .filter(|i| i.server_type == server_type)
-        .map(|i| {
-            let selected = if preset_image.is_none() && i.default {
-                " selected"
-            } else {
-                ""
-            };
-            format!(
-                r#"<option value="{v}"{selected}>{v}{d}</option>"#,
-                v = escape(&i.image),
-                d = if i.description.is_empty() {
-                    String::new()
-                } else {
-                    format!(" — {}", escape(&i.description))
+    html! {
+        optgroup label="Catalog" {
+            @for image in config.images.iter().filter(|i| i.server_type == server_type) {
+                option value=(image.image) selected[preset_image.is_none() && image.default] {
+                    (image.image)
+                    @if !image.description.is_empty() {
+                        " — " (image.description)
+                    }
                 }
-            )
-        })
-        .collect();
-    format!(r#"<optgroup label="Catalog">{catalog}</optgroup>{saved_group}"#)
+            }
+        }
+        @if !saved.is_empty() {
+            optgroup label="Your saved images" {
+                @for image in saved {
+                    option value=(image.image) {
+                        (image.image) " — saved from " (image.notebook)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The image select for one server type (as the form's `serverType` values name it); only the
+/// checked type's shows.
+fn image_select(server_type: &str, shown: bool, options: Markup) -> Markup {
+    let id = format!("image-{server_type}");
+    html! {
+        label for=(id) data-type=(server_type) hidden[!shown] { "Image" }
+        select id=(id) name=(id) data-type=(server_type) hidden[!shown] { (options) }
+    }
 }
 
 /// The custom image field where the admin allows one (holding `preset_image`), else only the
 /// place where the image's error shows.
-fn custom_image_field(config: &SpawnerConfig, preset_image: Option<&str>) -> String {
-    if config.allow_custom_images {
-        format!(
-            r#"<label for="customImage">Custom image <span class="hint">(instead of the list)</span></label>
-<input id="customImage" name="customImage" placeholder="registry.example.com/team/image:tag" value="{}">
-<p class="error" data-error-for="image" data-input="customImage"></p>"#,
-            escape(preset_image.unwrap_or_default())
-        )
-    } else {
-        r#"<p class="error" data-error-for="image"></p>"#.to_owned()
+fn custom_image_field(config: &SpawnerConfig, preset_image: Option<&str>) -> Markup {
+    html! {
+        @if config.allow_custom_images {
+            label for="customImage" {
+                "Custom image " span.hint { "(instead of the list)" }
+            }
+            input
+                #customImage
+                name="customImage"
+                placeholder="registry.example.com/team/image:tag"
+                value=(preset_image.unwrap_or_default());
+            p.error data-error-for="image" data-input="customImage" {}
+        } @else {
+            p.error data-error-for="image" {}
+        }
     }
 }
 
 /// The GPU vendor and count, or a line saying there are none here.
-fn gpu_fields(config: &SpawnerConfig) -> String {
+fn gpu_fields(config: &SpawnerConfig) -> Markup {
     if config.gpu_vendors.is_empty() {
-        return r#"<p class="hint">No GPUs are available here.</p>"#.to_owned();
+        return html! { p.hint { "No GPUs are available here." } };
     }
-    let vendors: String = config
-        .gpu_vendors
-        .iter()
-        .map(|v| {
-            format!(
-                r#"<option value="{}">{}</option>"#,
-                escape(&v.limits_key),
-                escape(&v.name)
-            )
-        })
-        .collect();
-    format!(
-        r#"<div class="pair"><div><label for="gpuVendor">GPU vendor</label><select id="gpuVendor" name="gpuVendor"><option value="">None</option>{vendors}</select>
-<p class="error" data-error-for="gpus.vendor"></p></div>
-<div><label for="gpuCount">GPUs</label><input id="gpuCount" name="gpuCount" type="number" min="0" max="{max}" value="0">
-<p class="error" data-error-for="gpus.count"></p></div></div>"#,
-        max = config.defaults.max_gpus
-    )
+    html! {
+        div.pair {
+            div {
+                label for="gpuVendor" { "GPU vendor" }
+                select #gpuVendor name="gpuVendor" {
+                    option value="" { "None" }
+                    @for vendor in &config.gpu_vendors {
+                        option value=(vendor.limits_key) { (vendor.name) }
+                    }
+                }
+                p.error data-error-for="gpus.vendor" {}
+            }
+            div {
+                label for="gpuCount" { "GPUs" }
+                input
+                    #gpuCount
+                    name="gpuCount"
+                    type="number"
+                    min="0"
+                    max=(config.defaults.max_gpus)
+                    value="0";
+                p.error data-error-for="gpus.count" {}
+            }
+        }
+    }
+}
+
+/// The notebook's name, server type and image.
+fn notebook_fields(
+    config: &SpawnerConfig,
+    saved: &[SavedImage],
+    preset_image: Option<&str>,
+) -> Markup {
+    let options = |server_type| image_options(config, saved, preset_image, server_type);
+    // RStudio only where the catalog has an image for it.
+    let offers_rstudio = config.default_image(ServerType::Rstudio).is_some();
+    html! {
+        fieldset {
+            legend { "Notebook" }
+            label for="name" { "Name" }
+            input
+                #name
+                name="name"
+                required
+                maxlength="63"
+                pattern=r"[a-z0-9]([a-z0-9\-]*[a-z0-9])?"
+                autocomplete="off"
+                aria-describedby="name-hint";
+            p.hint #name-hint { "Lowercase letters, digits and '-'." }
+            p.error data-error-for="name" data-input="name" {}
+            span.label #type-label { "Server type" }
+            div.radios role="radiogroup" aria-labelledby="type-label" {
+                label { input type="radio" name="serverType" value="jupyter" checked; " JupyterLab" }
+                label { input type="radio" name="serverType" value="vscode"; " VSCode" }
+                @if offers_rstudio {
+                    label { input type="radio" name="serverType" value="rstudio"; " RStudio" }
+                }
+            }
+            (image_select("jupyter", true, options(ServerType::Jupyter)))
+            (image_select("vscode", false, options(ServerType::Vscode)))
+            @if offers_rstudio {
+                (image_select("rstudio", false, options(ServerType::Rstudio)))
+            }
+            (custom_image_field(config, preset_image))
+            label for="imagePullPolicy" { "Image pull policy" }
+            select #imagePullPolicy name="imagePullPolicy" {
+                option selected { "IfNotPresent" }
+                option { "Always" }
+                option { "Never" }
+            }
+            p.error data-error-for="imagePullPolicy" {}
+        }
+    }
+}
+
+/// CPU, memory, GPUs and shared memory, starting from the admin's defaults.
+fn resource_fields(config: &SpawnerConfig) -> Markup {
+    let d = &config.defaults;
+    html! {
+        fieldset {
+            legend { "Resources" }
+            div.pair {
+                div {
+                    label for="cpu" { "CPU request" }
+                    input #cpu name="cpu" value=(d.cpu);
+                    p.error data-error-for="cpu" {}
+                }
+                div {
+                    label for="cpuLimit" { "CPU limit" }
+                    input #cpuLimit name="cpuLimit" placeholder="same as request";
+                    p.error data-error-for="cpuLimit" {}
+                }
+            }
+            div.pair {
+                div {
+                    label for="memory" { "Memory request" }
+                    input #memory name="memory" value=(d.memory);
+                    p.error data-error-for="memory" {}
+                }
+                div {
+                    label for="memoryLimit" { "Memory limit" }
+                    input #memoryLimit name="memoryLimit" placeholder="same as request";
+                    p.error data-error-for="memoryLimit" {}
+                }
+            }
+            (gpu_fields(config))
+            label for="shmSize" { "Shared memory (/dev/shm)" }
+            input #shmSize name="shmSize" value=(d.shm_size);
+            p.error data-error-for="shmSize" {}
+        }
+    }
+}
+
+/// The workspace volume (new, existing or none) and the data volumes.
+fn storage_fields(defaults: &crate::config::Defaults) -> Markup {
+    html! {
+        fieldset {
+            legend { "Storage" }
+            span.label #ws-label { "Workspace (/home/jovyan)" }
+            div.radios role="radiogroup" aria-labelledby="ws-label" {
+                label { input type="radio" name="workspace" value="new" checked; " New" }
+                label { input type="radio" name="workspace" value="existing"; " Existing" }
+                label { input type="radio" name="workspace" value="none"; " None" }
+            }
+            label for="workspaceSize" { "Size" }
+            input #workspaceSize name="workspaceSize" value=(defaults.workspace_size);
+            p.error data-error-for="workspace.size" {}
+            label for="workspaceName" hidden { "Existing volume name" }
+            input #workspaceName name="workspaceName" list="workspace-volumes" hidden;
+            datalist #workspace-volumes {}
+            p.error data-error-for="workspace.name" data-input="workspaceName" {}
+            div #volumes {}
+            button.secondary #add-volume type="button" { "Add a data volume" }
+        }
+    }
 }
 
 fn spawner_form(
     config: &SpawnerConfig,
     saved: &[SavedImage],
     preset_image: Option<&str>,
-) -> String {
-    let options = |server_type| image_options(config, saved, preset_image, server_type);
-    let custom = custom_image_field(config, preset_image);
-    let gpus = gpu_fields(config);
-    // RStudio only where the catalog has an image for it.
-    let offers_rstudio = config.default_image(ServerType::Rstudio).is_some();
-    let d = &config.defaults;
-    format!(
-        r#"<form id="spawner" class="card" novalidate>
-<fieldset><legend>Notebook</legend>
-<label for="name">Name</label>
-<input id="name" name="name" required maxlength="63" pattern="[a-z0-9]([a-z0-9\-]*[a-z0-9])?" autocomplete="off" aria-describedby="name-hint">
-<p class="hint" id="name-hint">Lowercase letters, digits and '-'.</p>
-<p class="error" data-error-for="name" data-input="name"></p>
-<span class="label" id="type-label">Server type</span>
-<div class="radios" role="radiogroup" aria-labelledby="type-label">
-<label><input type="radio" name="serverType" value="jupyter" checked> JupyterLab</label>
-<label><input type="radio" name="serverType" value="vscode"> VSCode</label>{rstudio_radio}</div>
-<label for="image-jupyter" data-type="jupyter">Image</label><select id="image-jupyter" name="image-jupyter" data-type="jupyter">{jupyter}</select>
-<label for="image-vscode" data-type="vscode" hidden>Image</label><select id="image-vscode" name="image-vscode" data-type="vscode" hidden>{vscode}</select>
-{rstudio_select}
-{custom}
-<label for="imagePullPolicy">Image pull policy</label><select id="imagePullPolicy" name="imagePullPolicy"><option selected>IfNotPresent</option><option>Always</option><option>Never</option></select>
-<p class="error" data-error-for="imagePullPolicy"></p>
-</fieldset>
-<fieldset><legend>Resources</legend>
-<div class="pair"><div><label for="cpu">CPU request</label><input id="cpu" name="cpu" value="{cpu}"><p class="error" data-error-for="cpu"></p></div>
-<div><label for="cpuLimit">CPU limit</label><input id="cpuLimit" name="cpuLimit" placeholder="same as request"><p class="error" data-error-for="cpuLimit"></p></div></div>
-<div class="pair"><div><label for="memory">Memory request</label><input id="memory" name="memory" value="{memory}"><p class="error" data-error-for="memory"></p></div>
-<div><label for="memoryLimit">Memory limit</label><input id="memoryLimit" name="memoryLimit" placeholder="same as request"><p class="error" data-error-for="memoryLimit"></p></div></div>
-{gpus}
-<label for="shmSize">Shared memory (/dev/shm)</label><input id="shmSize" name="shmSize" value="{shm}"><p class="error" data-error-for="shmSize"></p>
-</fieldset>
-<fieldset><legend>Storage</legend>
-<span class="label" id="ws-label">Workspace (/home/jovyan)</span>
-<div class="radios" role="radiogroup" aria-labelledby="ws-label">
-<label><input type="radio" name="workspace" value="new" checked> New</label>
-<label><input type="radio" name="workspace" value="existing"> Existing</label>
-<label><input type="radio" name="workspace" value="none"> None</label></div>
-<label for="workspaceSize">Size</label><input id="workspaceSize" name="workspaceSize" value="{ws}"><p class="error" data-error-for="workspace.size"></p>
-<label for="workspaceName" hidden>Existing volume name</label><input id="workspaceName" name="workspaceName" list="workspace-volumes" hidden><datalist id="workspace-volumes"></datalist><p class="error" data-error-for="workspace.name" data-input="workspaceName"></p>
-<div id="volumes"></div>
-<button type="button" class="secondary" id="add-volume">Add a data volume</button>
-</fieldset>
-<fieldset><legend>Environment</legend>
-<label><input type="checkbox" id="autoSave" name="autoSave"{auto_save}> Save the environment before each stop, so installed packages survive stops and culling</label>
-</fieldset>
-<fieldset><legend>Environment variables</legend>
-<div id="envs"></div>
-<button type="button" class="secondary" id="add-env">Add a variable</button>
-<p class="error" data-error-for="environment"></p>
-</fieldset>
-<p class="error" id="form-error" role="alert"></p>
-<button type="submit" id="create">Create notebook</button>
-</form>"#,
-        jupyter = options(ServerType::Jupyter),
-        vscode = options(ServerType::Vscode),
-        rstudio_radio = if offers_rstudio {
-            r#"
-<label><input type="radio" name="serverType" value="rstudio"> RStudio</label>"#
-        } else {
-            ""
-        },
-        rstudio_select = if offers_rstudio {
-            format!(
-                r#"<label for="image-rstudio" data-type="rstudio" hidden>Image</label><select id="image-rstudio" name="image-rstudio" data-type="rstudio" hidden>{}</select>"#,
-                options(ServerType::Rstudio)
-            )
-        } else {
-            String::new()
-        },
-        cpu = escape(&d.cpu),
-        memory = escape(&d.memory),
-        shm = escape(&d.shm_size),
-        ws = escape(&d.workspace_size),
-        auto_save = if d.auto_save { " checked" } else { "" },
-    )
+) -> Markup {
+    html! {
+        form.card #spawner novalidate {
+            (notebook_fields(config, saved, preset_image))
+            (resource_fields(config))
+            (storage_fields(&config.defaults))
+            fieldset {
+                legend { "Environment" }
+                label {
+                    input #autoSave name="autoSave" type="checkbox" checked[config.defaults.auto_save];
+                    " Save the environment before each stop, so installed packages survive stops and culling"
+                }
+            }
+            fieldset {
+                legend { "Environment variables" }
+                div #envs {}
+                button.secondary #add-env type="button" { "Add a variable" }
+                p.error data-error-for="environment" {}
+            }
+            p.error #form-error role="alert" {}
+            button #create type="submit" { "Create notebook" }
+        }
+    }
 }
 
 async fn new_page(
@@ -654,6 +767,11 @@ async fn new_page(
         Ok(namespace) => namespace,
         Err(refused) => return refused,
     };
+    let saved = state
+        .backend
+        .saved_images(&namespace)
+        .await
+        .unwrap_or_default();
     page(
         &state.base_path,
         "New notebook",
@@ -661,18 +779,10 @@ async fn new_page(
             user: &user,
             namespace: &namespace,
         }),
-        &format!(
-            "<h1>New notebook</h1>{}",
-            spawner_form(
-                &state.config,
-                &state
-                    .backend
-                    .saved_images(&namespace)
-                    .await
-                    .unwrap_or_default(),
-                query.image.as_deref()
-            )
-        ),
+        html! {
+            h1 { "New notebook" }
+            (spawner_form(&state.config, &saved, query.image.as_deref()))
+        },
         Some("new.js"),
     )
     .into_response()
@@ -708,7 +818,7 @@ async fn notebook_page(
             Some(&user),
         );
     }
-    let connect = escape(&notebook_url(&state, &headers, &ns, &name));
+    let connect = notebook_url(&state, &headers, &ns, &name);
     page(
         &state.base_path,
         &name,
@@ -716,31 +826,79 @@ async fn notebook_page(
             user: &user,
             namespace: &ns,
         }),
-        &format!(
-            r#"<div class="title-row" data-ns="{ns}" data-name="{name}" id="notebook"><h1>{name} <span class="state" id="state">…</span></h1>
-<div class="actions"><a class="button" id="connect" href="{connect}" target="_blank" rel="noopener">Connect</a>
-<button type="button" class="secondary" id="toggle">…</button></div></div>
-<p id="reason" class="hint"></p>
-<p class="warning" id="memory-warning" role="alert" hidden>This notebook uses over 90 % of its memory limit: at the limit its kernel is stopped. Free memory, or stop it and start it with a higher limit.</p>
-<section class="card"><h2>Save environment as image</h2>
-<p class="hint">Packages you installed (pip, conda, apt) become one new image layer on the image this notebook runs. Your workspace is not part of it.</p>
-<form id="save" class="inline" novalidate><label for="tag">Tag</label><input id="tag" name="tag">
-<button type="submit" id="save-button">Save environment</button></form>
-<p class="error" data-error-for="tag"></p>
-<label><input type="checkbox" id="auto-save"> Save the environment before each stop (and start on it next time)</label>
-<div id="save-progress" hidden><progress id="save-bar" max="100" value="0" aria-label="Save progress"></progress> <span id="save-text" aria-live="polite"></span></div>
-<p class="error" id="save-error" role="alert"></p>
-<h3>Saved images</h3><div class="table-wrap"><table id="images"><thead><tr><th scope="col">Image</th><th scope="col">Digest</th><th scope="col">Layer</th><th scope="col">Changes</th><th scope="col">Saved</th><th scope="col">Use</th></tr></thead><tbody></tbody></table></div>
-<p class="empty" id="images-empty">No saved images yet.</p></section>
-<section class="card"><h2>Status</h2><dl id="details"></dl><h3>Conditions</h3><ul id="conditions"></ul></section>
-<section class="card"><h2>Events</h2><div class="table-wrap"><table id="events"><thead><tr><th scope="col">Time</th><th scope="col">Type</th><th scope="col">Reason</th><th scope="col">Message</th></tr></thead><tbody></tbody></table></div></section>
-<section class="card"><h2>Logs</h2><label><input type="checkbox" id="follow" checked> Follow</label><pre id="logs" tabindex="0" aria-label="Container logs"></pre></section>"#,
-            ns = escape(&ns),
-            name = escape(&name)
-        ),
+        notebook_main(&ns, &name, &connect),
         Some("notebook.js"),
     )
     .into_response()
+}
+
+/// A notebook's page: its state and actions, saving its environment, status, events and logs.
+fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
+    html! {
+        div.title-row #notebook data-ns=(ns) data-name=(name) {
+            h1 { (name) " " span.state #state { "…" } }
+            div.actions {
+                a.button #connect href=(connect) target="_blank" rel="noopener" { "Connect" }
+                button.secondary #toggle type="button" { "…" }
+            }
+        }
+        p.hint #reason {}
+        p.warning #memory-warning role="alert" hidden {
+            "This notebook uses over 90 % of its memory limit: at the limit its kernel is stopped. "
+            "Free memory, or stop it and start it with a higher limit."
+        }
+        section.card {
+            h2 { "Save environment as image" }
+            p.hint {
+                "Packages you installed (pip, conda, apt) become one new image layer on the image "
+                "this notebook runs. Your workspace is not part of it."
+            }
+            form.inline #save novalidate {
+                label for="tag" { "Tag" }
+                input #tag name="tag";
+                button #save-button type="submit" { "Save environment" }
+            }
+            p.error data-error-for="tag" {}
+            label {
+                input #auto-save type="checkbox";
+                " Save the environment before each stop (and start on it next time)"
+            }
+            div #save-progress hidden {
+                progress #save-bar max="100" value="0" aria-label="Save progress" {}
+                " "
+                span #save-text aria-live="polite" {}
+            }
+            p.error #save-error role="alert" {}
+            h3 { "Saved images" }
+            div.table-wrap {
+                table #images {
+                    (column_headings(&["Image", "Digest", "Layer", "Changes", "Saved", "Use"]))
+                    tbody {}
+                }
+            }
+            p.empty #images-empty { "No saved images yet." }
+        }
+        section.card {
+            h2 { "Status" }
+            dl #details {}
+            h3 { "Conditions" }
+            ul #conditions {}
+        }
+        section.card {
+            h2 { "Events" }
+            div.table-wrap {
+                table #events {
+                    (column_headings(&["Time", "Type", "Reason", "Message"]))
+                    tbody {}
+                }
+            }
+        }
+        section.card {
+            h2 { "Logs" }
+            label { input #follow type="checkbox" checked; " Follow" }
+            pre #logs tabindex="0" aria-label="Container logs" {}
+        }
+    }
 }
 
 async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
@@ -760,19 +918,86 @@ async fn admin_page(State(state): State<ApiState>, headers: HeaderMap) -> Respon
         &state.base_path,
         "Admin",
         Some(Viewer::from(&user)),
-        r#"<h1>All notebooks</h1>
-<section class="totals" id="totals" aria-live="polite"></section>
-<form id="filters" class="inline"><div><label for="f-user">User</label><input id="f-user" name="user"></div>
-<div><label for="f-namespace">Namespace</label><input id="f-namespace" name="namespace"></div>
-<div><label for="f-state">State</label><select id="f-state" name="state"><option value="">Any</option><option>ready</option><option>starting</option><option>stopped</option><option>culled</option><option>error</option></select></div>
-<div><label for="f-sort">Sort by</label><select id="f-sort" name="sort"><option value="activity">Last activity</option><option value="cpuUsed">CPU in use</option><option value="memoryUsed">Memory in use</option><option value="cpu">CPU limit</option><option value="memory">Memory limit</option><option value="gpu">GPUs held</option><option value="name">Name</option></select></div>
-<div><label><input type="checkbox" id="f-idle-gpus" name="idleGpus"> Idle but holding GPUs</label></div>
-<button type="button" class="secondary" id="bulk-stop" disabled>Stop selected</button></form>
-<div class="table-wrap"><table id="all"><thead><tr><th scope="col"><input type="checkbox" id="select-all" aria-label="Select all"></th><th scope="col">Namespace</th><th scope="col">Name</th><th scope="col">Owner</th><th scope="col">State</th><th scope="col">Image</th><th scope="col">CPU</th><th scope="col">Memory</th><th scope="col">GPU</th><th scope="col">Last activity</th></tr></thead><tbody></tbody></table></div>
-<p class="empty" id="empty" hidden>No notebook matches.</p>"#,
+        admin_main(),
         Some("admin.js"),
     )
     .into_response()
+}
+
+/// Every user's notebooks, filtered and sorted by the page's script.
+fn admin_main() -> Markup {
+    const STATES: [&str; 5] = ["ready", "starting", "stopped", "culled", "error"];
+    const SORTS: [(&str, &str); 7] = [
+        ("activity", "Last activity"),
+        ("cpuUsed", "CPU in use"),
+        ("memoryUsed", "Memory in use"),
+        ("cpu", "CPU limit"),
+        ("memory", "Memory limit"),
+        ("gpu", "GPUs held"),
+        ("name", "Name"),
+    ];
+    const COLUMNS: [&str; 9] = [
+        "Namespace",
+        "Name",
+        "Owner",
+        "State",
+        "Image",
+        "CPU",
+        "Memory",
+        "GPU",
+        "Last activity",
+    ];
+    html! {
+        h1 { "All notebooks" }
+        section.totals #totals aria-live="polite" {}
+        form.inline #filters {
+            div {
+                label for="f-user" { "User" }
+                input #f-user name="user";
+            }
+            div {
+                label for="f-namespace" { "Namespace" }
+                input #f-namespace name="namespace";
+            }
+            div {
+                label for="f-state" { "State" }
+                select #f-state name="state" {
+                    option value="" { "Any" }
+                    @for state in STATES {
+                        option { (state) }
+                    }
+                }
+            }
+            div {
+                label for="f-sort" { "Sort by" }
+                select #f-sort name="sort" {
+                    @for (value, label) in SORTS {
+                        option value=(value) { (label) }
+                    }
+                }
+            }
+            div {
+                label { input #f-idle-gpus type="checkbox" name="idleGpus"; " Idle but holding GPUs" }
+            }
+            button.secondary #bulk-stop type="button" disabled { "Stop selected" }
+        }
+        div.table-wrap {
+            table #all {
+                thead {
+                    tr {
+                        th scope="col" {
+                            input #select-all type="checkbox" aria-label="Select all";
+                        }
+                        @for heading in COLUMNS {
+                            th scope="col" { (heading) }
+                        }
+                    }
+                }
+                tbody {}
+            }
+        }
+        p.empty #empty hidden { "No notebook matches." }
+    }
 }
 
 fn error_page(
@@ -788,15 +1013,21 @@ fn error_page(
             base,
             title,
             user.map(Viewer::from),
-            &format!(
-                r#"<section class="card narrow"><h1>{}</h1><p>{}</p><p><a href="./">Back to your notebooks</a></p></section>"#,
-                escape(title),
-                escape(message)
-            ),
+            error_main(title, message),
             None,
         ),
     )
         .into_response()
+}
+
+fn error_main(title: &str, message: &str) -> Markup {
+    html! {
+        section.card.narrow {
+            h1 { (title) }
+            p { (message) }
+            p { a href="./" { "Back to your notebooks" } }
+        }
+    }
 }
 
 async fn not_found(State(state): State<ApiState>, headers: HeaderMap) -> Response {
@@ -874,18 +1105,69 @@ mod tests {
         assert!(sign_in_link_problem(&link(&long, "0af3")).is_some());
     }
 
+    /// Text from users, requests and the admin's catalog, as the pages render it.
+    const HOSTILE: &str = r#"<img src=x onerror="a">&'"#;
+    const ESCAPED: &str = "&lt;img src=x onerror=&quot;a&quot;&gt;&amp;'";
+
     #[test]
     fn text_cannot_break_out_of_markup() {
-        assert_eq!(
-            escape(r#"<img src=x onerror="a">&'"#),
-            "&lt;img src=x onerror=&quot;a&quot;&gt;&amp;&#39;"
-        );
+        let user = User {
+            name: HOSTILE.into(),
+            namespace: HOSTILE.into(),
+            admin: true,
+            password_hash: String::new(),
+        };
+        let viewer = Viewer {
+            user: &user,
+            namespace: HOSTILE,
+        };
+        let notebook = page(
+            &BasePath::default(),
+            HOSTILE,
+            Some(viewer),
+            notebook_main(HOSTILE, HOSTILE, HOSTILE),
+            Some("notebook.js"),
+        )
+        .into_string();
+        let error = error_main(HOSTILE, HOSTILE).into_string();
+        let mut config = crate::config::default_spawner("registry.local");
+        config.images[0].description = HOSTILE.into();
+        config.defaults.cpu = HOSTILE.into();
+        let form = spawner_form(&config, &[], Some(HOSTILE)).into_string();
+        for html in [&notebook, &error, &form] {
+            assert!(
+                !html.contains("<img") && !html.contains(r#"onerror="a""#),
+                "{html}"
+            );
+        }
+        for (html, rendered) in [
+            (&notebook, format!("<title>{ESCAPED} · labforge</title>")),
+            (&notebook, format!(r#"data-user="{ESCAPED}""#)),
+            (
+                &notebook,
+                format!(r#"<summary aria-label="User menu">{ESCAPED}</summary>"#),
+            ),
+            (&notebook, format!(r#"data-name="{ESCAPED}""#)),
+            (&notebook, format!(r#"<h1>{ESCAPED} <span"#)),
+            (&notebook, format!(r#"href="{ESCAPED}""#)),
+            (&error, format!("<h1>{ESCAPED}</h1><p>{ESCAPED}</p>")),
+            (&form, format!(" — {ESCAPED}</option>")),
+            (&form, format!(r#"name="cpu" value="{ESCAPED}""#)),
+            (
+                &form,
+                format!(
+                    r#"name="customImage" placeholder="registry.example.com/team/image:tag" value="{ESCAPED}""#
+                ),
+            ),
+        ] {
+            assert!(html.contains(&rendered), "{rendered} not in {html}");
+        }
     }
 
     #[test]
     fn the_form_offers_the_catalog_and_only_available_gpus() {
         let mut config = crate::config::default_spawner("registry.local");
-        let form = spawner_form(&config, &[], None);
+        let form = spawner_form(&config, &[], None).into_string();
         assert!(
             form.contains(r#"<option value="registry.local/labforge/jupyterlab:latest" selected>"#)
         );
@@ -920,7 +1202,7 @@ mod tests {
             server_type: None,
             ..saved.clone()
         };
-        let form = spawner_form(&config, &[saved, code, unknown], None);
+        let form = spawner_form(&config, &[saved, code, unknown], None).into_string();
         assert!(form.contains(
             r#"<optgroup label="Your saved images"><option value="registry.local/alice/lab:v1">"#
         ));
