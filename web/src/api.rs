@@ -1,4 +1,5 @@
-//! The JSON API (`/api/...`), documented in `openapi.json`. Paths follow Kubeflow's jupyter web
+//! The JSON API (`/api/...`), documented by the OpenAPI document utoipa generates from these
+//! handlers and their types ([`crate::openapi`]). Paths follow Kubeflow's jupyter web
 //! app where they fit (`/api/namespaces/<ns>/notebooks...`).
 //!
 //! Every route but login, health and the OpenAPI document needs a signed-in user; a namespace's
@@ -235,7 +236,7 @@ impl SignedIn {
 
 pub fn router(state: ApiState) -> Router {
     Router::new()
-        .route("/api/healthz", get(|| async { "ok" }))
+        .route("/api/healthz", get(healthz))
         .route("/api/openapi.json", get(openapi))
         .route("/api/login", post(login))
         .route("/api/logout", post(logout))
@@ -280,20 +281,43 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
+#[utoipa::path(
+    get, path = "/api/healthz", summary = "Health",
+    responses((status = 200, description = "serving", body = String, content_type = "text/plain"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(
+    get, path = "/api/openapi.json", summary = "This document",
+    responses((status = 200, description = "this document", body = Object))
+)]
 async fn openapi() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        include_str!("../openapi.json"),
+        crate::openapi::DOCUMENT.as_str(),
     )
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Login {
+pub(crate) struct Login {
     username: String,
     password: String,
 }
 
+#[utoipa::path(
+    post, path = "/api/login", summary = "Sign in", request_body = Login,
+    responses(
+        (status = 200, description = "signed in; sets the labforge_session cookie", body = crate::openapi::Whoami),
+        (status = 400, response = crate::openapi::BadRequest),
+        (status = 401, description = "wrong user name or password", body = crate::openapi::ApiErrorBody),
+        (status = 415, response = crate::openapi::UnsupportedMediaType),
+        (status = 422, description = "a body whose fields have the wrong types", body = crate::openapi::ApiErrorBody),
+        crate::openapi::SignInWaits,
+    )
+)]
 async fn login(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -345,6 +369,10 @@ fn set_session_cookie(
     }
 }
 
+#[utoipa::path(
+    post, path = "/api/logout", summary = "Sign out",
+    responses((status = 204, description = "signed out"), crate::openapi::SignedInErrors)
+)]
 async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     if let Some(auth) = &state.local_users {
         for token in session_tokens(&headers) {
@@ -402,11 +430,20 @@ fn whoami_body(user: &User) -> serde_json::Value {
     serde_json::json!({ "name": user.name, "namespace": user.namespace, "admin": user.admin })
 }
 
+#[utoipa::path(
+    get, path = "/api/whoami", summary = "The signed-in user",
+    responses((status = 200, description = "the user", body = crate::openapi::Whoami), crate::openapi::SignedInErrors)
+)]
 async fn whoami(user: SignedIn) -> Json<serde_json::Value> {
     Json(whoami_body(&user.0))
 }
 
 /// The spawner's configuration, plus the images the user saved (choices for them only).
+#[utoipa::path(
+    get, path = "/api/config",
+    summary = "Spawner configuration: image catalog, the user's saved images, GPU vendors available here, defaults and bounds (incl. autoSave, keepSavedImages); Kubeflow's spawnerFormDefaults as `config`",
+    responses((status = 200, description = "configuration", body = inline(crate::openapi::ConfigAnswer)), crate::openapi::SignedInErrors)
+)]
 async fn config(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -563,6 +600,10 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
     }
 }
 
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/notebooks", summary = "Notebooks of a namespace", params(("ns" = String, Path)),
+    responses((status = 200, description = "the namespace's notebooks", body = inline(crate::openapi::NotebooksAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn list_notebooks(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -583,6 +624,22 @@ async fn list_notebooks(
     )))
 }
 
+#[utoipa::path(
+    post, path = "/api/namespaces/{ns}/notebooks",
+    summary = "Create a notebook, from labforge's request or Kubeflow's spawner form", params(("ns" = String, Path)),
+    request_body = inline(crate::openapi::CreateBody),
+    responses(
+        (status = 201, description = "created", body = inline(crate::openapi::CreatedAnswer)),
+        (status = 400, description = "not JSON", body = crate::openapi::ApiErrorBody),
+        (status = 401, description = "not signed in", body = crate::openapi::ApiErrorBody),
+        (status = 403, description = "not allowed in this namespace", body = crate::openapi::ApiErrorBody),
+        (status = 409, description = "the name is taken", body = crate::openapi::ApiErrorBody),
+        (status = 413, description = "body too large", body = crate::openapi::ApiErrorBody),
+        (status = 415, description = "not application/json", body = crate::openapi::ApiErrorBody),
+        (status = 422, description = "a field is invalid or unknown (named in `field`); nothing was created", body = crate::openapi::ApiErrorBody),
+        (status = 503, response = crate::openapi::Unavailable),
+    )
+)]
 async fn create_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -688,6 +745,15 @@ pub(crate) async fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<No
     })
 }
 
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/notebooks/{name}",
+    summary = "A notebook: the object itself, its Kubeflow status and labforge's view", params(("ns" = String, Path), ("name" = String, Path)),
+    responses(
+        (status = 200, description = "the notebook", body = inline(crate::openapi::NotebookAnswer)),
+        (status = 404, description = "no such notebook", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn get_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -716,6 +782,17 @@ async fn get_notebook(
     )))
 }
 
+#[utoipa::path(
+    patch, path = "/api/namespaces/{ns}/notebooks/{name}",
+    summary = "Stop, start, or move to another image", params(("ns" = String, Path), ("name" = String, Path)), request_body = NotebookPatch,
+    responses(
+        (status = 200, description = "changed", body = inline(crate::openapi::PatchedAnswer)),
+        (status = 404, description = "no such notebook", body = crate::openapi::ApiErrorBody),
+        (status = 415, response = crate::openapi::UnsupportedMediaType),
+        (status = 422, description = "invalid image", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn patch_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -806,6 +883,15 @@ async fn patch_notebook(
     )))
 }
 
+#[utoipa::path(
+    delete, path = "/api/namespaces/{ns}/notebooks/{name}",
+    summary = "Delete a notebook (its workspace volume is kept)", params(("ns" = String, Path), ("name" = String, Path)),
+    responses(
+        (status = 200, description = "deleted", body = inline(crate::openapi::DeletedAnswer)),
+        (status = 404, description = "no such notebook", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn delete_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -820,6 +906,14 @@ async fn delete_notebook(
     )))
 }
 
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/notebooks/{name}/events", summary = "Events of a notebook", params(("ns" = String, Path), ("name" = String, Path)),
+    responses(
+        (status = 200, description = "the newest events", body = inline(crate::openapi::EventsAnswer)),
+        (status = 404, description = "no such notebook", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn events(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -841,11 +935,13 @@ async fn events(
     )))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct LogQuery {
     #[serde(default)]
     follow: bool,
     #[serde(default = "default_tail")]
+    #[param(default = 500)]
     tail: u32,
 }
 
@@ -853,6 +949,15 @@ fn default_tail() -> u32 {
     500
 }
 
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/notebooks/{name}/logs", summary = "Container logs", params(("ns" = String, Path), ("name" = String, Path), LogQuery),
+    responses(
+        (status = 200, description = "log text, streamed while following", body = String, content_type = "text/plain"),
+        (status = 404, description = "no such notebook", body = crate::openapi::ApiErrorBody),
+        (status = 409, description = "the notebook is stopped", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn logs(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -886,13 +991,29 @@ async fn logs(
         .into_response())
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SaveRequest {
+pub(crate) struct SaveRequest {
+    /// Default saved-<date>-<time>.
     #[serde(default)]
+    #[schema(nullable = false)]
     tag: Option<String>,
 }
 
+#[utoipa::path(
+    post, path = "/api/namespaces/{ns}/notebooks/{name}/saves",
+    summary = "Save the environment as an image (one new layer on the image it runs)", params(("ns" = String, Path), ("name" = String, Path)), request_body = SaveRequest,
+    responses(
+        (status = 202, description = "started; follow it at /api/namespaces/{ns}/saves/{id}", body = crate::saves::SaveStatus),
+        (status = 404, description = "no such notebook", body = crate::openapi::ApiErrorBody),
+        (status = 409, description = "not running, or a save is under way", body = crate::openapi::ApiErrorBody),
+        (status = 415, response = crate::openapi::UnsupportedMediaType),
+        (status = 422, description = "invalid tag", body = crate::openapi::ApiErrorBody),
+        (status = 501, description = "saving is not set up (labforge web without --save-registry)", body = crate::openapi::ApiErrorBody),
+        (status = 502, description = "the Kubernetes API could not be asked (cluster mode)", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn start_save(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -935,6 +1056,15 @@ async fn start_save(
 }
 
 /// Server-sent events of a save's progress, ending with its last state.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/saves/{id}",
+    summary = "Server-sent events: `progress` with a SaveStatus until done or failed", params(("ns" = String, Path), ("id" = String, Path)),
+    responses(
+        (status = 200, description = "event stream", body = inline(crate::openapi::ProgressEvent), content_type = "text/event-stream"),
+        (status = 404, description = "no such save", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn follow_save(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -977,6 +1107,10 @@ fn notebooks_using(notebooks: &[Notebook], claim: &str) -> Vec<String> {
         .collect()
 }
 
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/volumes", summary = "Volume claims of a namespace: what an existing workspace may name", params(("ns" = String, Path)),
+    responses((status = 200, description = "the namespace's volume claims, sorted by name", body = inline(crate::openapi::VolumesAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn list_volumes(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -995,6 +1129,18 @@ async fn list_volumes(
 
 /// Deletes a volume (a workspace a deleted notebook kept, say) and its files; refused while a
 /// notebook mounts it.
+#[utoipa::path(
+    delete, path = "/api/namespaces/{ns}/volumes/{name}",
+    summary = "Delete a volume and its files (never one a notebook mounts)", params(("ns" = String, Path), ("name" = String, Path)),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, description = "no such volume", body = crate::openapi::ApiErrorBody),
+        (status = 409, description = "a notebook mounts it, or a container still uses it", body = crate::openapi::ApiErrorBody),
+        (status = 501, description = "in a cluster: claims are deleted with kubectl", body = crate::openapi::ApiErrorBody),
+        (status = 503, description = "the engine or cluster could not delete it", body = crate::openapi::ApiErrorBody),
+        crate::openapi::SignedInErrors,
+    )
+)]
 async fn delete_volume(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -1021,12 +1167,26 @@ async fn delete_volume(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ImageQuery {
+    /// The saved image, registry/repository:tag.
     image: String,
 }
 
 /// Deletes a saved image from its registry (never one a notebook runs on) and forgets it.
+#[utoipa::path(
+    delete, path = "/api/namespaces/{ns}/images",
+    summary = "Delete a saved image from its registry and forget it (never one a notebook runs on)", params(("ns" = String, Path), ImageQuery),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, description = "no such saved image in this namespace", body = crate::openapi::ApiErrorBody),
+        (status = 409, description = "a notebook runs on it", body = crate::openapi::ApiErrorBody),
+        (status = 501, description = "not possible on this platform (a cluster's registry is its admin's)", body = crate::openapi::ApiErrorBody),
+        (status = 502, description = "the registry refused or failed", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn delete_saved_image(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -1051,6 +1211,10 @@ async fn delete_saved_image(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/images", summary = "Images saved in a namespace, newest first", params(("ns" = String, Path)),
+    responses((status = 200, description = "saved images", body = inline(crate::openapi::ImagesAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn saved_images(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -1063,6 +1227,14 @@ async fn saved_images(
 }
 
 /// Server-sent events: the namespace's notebooks whenever one of them changes.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/watch",
+    summary = "Server-sent events: `notebooks` with the namespace's notebooks, now and on every change", params(("ns" = String, Path)),
+    responses(
+        (status = 200, description = "event stream", body = inline(crate::openapi::NotebooksEvent), content_type = "text/event-stream"),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn watch_namespace(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -1107,14 +1279,18 @@ async fn notebooks_event(state: &ApiState, ns: &str) -> Event {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct AdminQuery {
     #[serde(default)]
+    #[param(nullable = false)]
     user: Option<String>,
     #[serde(default)]
+    #[param(nullable = false)]
     namespace: Option<String>,
     #[serde(default)]
+    #[param(nullable = false)]
     state: Option<NotebookState>,
     /// Only running notebooks that hold GPUs and saw no activity for the idle time.
     #[serde(default, rename = "idleHoldingGpus")]
@@ -1135,6 +1311,10 @@ fn idle_holding_gpus(view: &NotebookView, idle_after: std::time::Duration) -> bo
 }
 
 /// Every user's notebooks in one answer (Kubeflow's web app asks namespace by namespace).
+#[utoipa::path(
+    get, path = "/api/admin/notebooks", summary = "Every user's notebooks (admins only)", params(AdminQuery),
+    responses((status = 200, description = "notebooks and totals of running ones", body = inline(crate::openapi::AdminAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn admin_notebooks(
     user: SignedIn,
     State(state): State<ApiState>,

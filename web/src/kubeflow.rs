@@ -374,84 +374,120 @@ pub fn is_kubeflow_form(body: &Value) -> bool {
 }
 
 /// Kubeflow's spawner form (its Angular client's `getSubmitNotebook`, and scripts written
-/// against it).
-#[derive(Debug, Deserialize)]
+/// against it). Read as one when it has a key only it has (namespace, customImage, datavols, shm,
+/// configurations, affinityConfig, tolerationGroup, ...), gpus.num, or workspace.mount. Fields the
+/// admin made readOnly are refused.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeflowForm {
     pub name: String,
+    /// Must be the path's.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub namespace: Option<String>,
     #[serde(default)]
     pub image: String,
     /// The client copies the chosen group's image into `image`; these are read only when it
     /// did not.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub image_group_one: Option<String>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub image_group_two: Option<String>,
     /// Sent by the client, decided by the admin.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub allow_custom_image: Option<bool>,
     #[serde(default)]
+    #[schema(inline, nullable = false)]
     pub image_pull_policy: Option<ImagePullPolicy>,
     /// Used instead of `image` when not empty, as Kubeflow's backend does.
     #[serde(default)]
     pub custom_image: String,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub custom_image_check: Option<bool>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub server_type: Option<ServerType>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub cpu: Option<String>,
+    /// Absent: cpu times the config's limitFactor.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub cpu_limit: Option<String>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub memory: Option<String>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub memory_limit: Option<String>,
     #[serde(default)]
+    #[schema(inline, nullable = false)]
     pub gpus: Option<KubeflowGpus>,
     #[serde(default)]
     pub no_workspace: bool,
     #[serde(default)]
+    #[schema(inline, nullable = false)]
     pub workspace: Option<KubeflowVolume>,
     #[serde(default)]
+    #[schema(inline)]
     pub datavols: Vec<KubeflowVolume>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub shm: Option<bool>,
+    /// PodDefault labels, each set to "true".
     #[serde(default)]
+    #[schema(nullable = false)]
     pub configurations: Option<Vec<String>>,
+    /// A configKey of the config's affinityConfig options; empty or none: none.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub affinity_config: Option<String>,
+    /// A groupKey of the config's tolerationGroup options.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub toleration_group: Option<String>,
     /// Variables as an object, or as the JSON text of one (the client's type).
     #[serde(default)]
+    #[schema(schema_with = crate::openapi::object_or_string)]
     pub environment: Option<Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KubeflowGpus {
     /// A count, or "none".
+    #[schema(schema_with = crate::openapi::count_or_none)]
     pub num: Value,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub vendor: Option<String>,
     /// Sent back by clients that echo the config's value.
     #[serde(default)]
+    #[schema(schema_with = crate::openapi::any_value)]
     pub vendors: Option<Value>,
 }
 
 /// A volume in Kubeflow's form: a new claim or an existing one, mounted at `mount`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeflowVolume {
     #[serde(default)]
+    #[schema(nullable = false)]
     pub name: Option<String>,
+    /// The workspace's must be /home/jovyan.
     pub mount: String,
+    /// A PersistentVolumeClaim: metadata.name and spec.resources.requests.storage;
+    /// ReadWriteOnce on the default storage class.
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub new_pvc: Option<PersistentVolumeClaim>,
+    /// `{persistentVolumeClaim: {claimName}}`.
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub existing_source: Option<Value>,
 }
 

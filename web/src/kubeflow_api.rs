@@ -36,11 +36,19 @@ fn answer(user: &SignedIn, body: Value) -> Answer {
 }
 
 /// Who is signed in (`user`), as Kubeflow's client library asks.
+#[utoipa::path(
+    get, path = "/info", summary = "who is signed in (Kubeflow's client library asks here)",
+    responses((status = 200, description = "who is signed in (Kubeflow's client library asks here)", body = inline(crate::openapi::InfoAnswer)), crate::openapi::SignedInErrors)
+)]
 async fn info(user: SignedIn) -> Answer {
     answer(&user, json!({ "info": {} }))
 }
 
 /// The GPU vendors offered: in a cluster, those some node has (read at start).
+#[utoipa::path(
+    get, path = "/api/gpus", summary = "the GPU vendors offered (in a cluster, those some node has)",
+    responses((status = 200, description = "the GPU vendors offered (in a cluster, those some node has)", body = inline(crate::openapi::VendorsAnswer)), crate::openapi::SignedInErrors)
+)]
 async fn gpu_vendors(user: SignedIn, State(state): State<ApiState>) -> Answer {
     let vendors: Vec<&str> = state
         .config
@@ -52,6 +60,10 @@ async fn gpu_vendors(user: SignedIn, State(state): State<ApiState>) -> Answer {
 }
 
 /// The namespaces the user works in: their own, and for admins every namespace with notebooks.
+#[utoipa::path(
+    get, path = "/api/namespaces", summary = "the user's namespace; for admins, every namespace with notebooks",
+    responses((status = 200, description = "the user's namespace; for admins, every namespace with notebooks", body = inline(crate::openapi::NamespacesAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn namespaces(user: SignedIn, State(state): State<ApiState>) -> Answer {
     let mut namespaces = vec![user.0.namespace.clone()];
     if state.access.may(&user.0, Verb::List, None).await {
@@ -66,17 +78,29 @@ async fn namespaces(user: SignedIn, State(state): State<ApiState>) -> Answer {
     answer(&user, json!({ "namespaces": namespaces }))
 }
 
+#[utoipa::path(
+    get, path = "/api/storageclasses", summary = "the cluster's storage classes (none embedded)",
+    responses((status = 200, description = "the cluster's storage classes (none embedded)", body = inline(crate::openapi::StorageClassesAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn storage_classes(user: SignedIn, State(state): State<ApiState>) -> Answer {
     let classes = state.workloads.storage_classes().await?;
     answer(&user, json!({ "storageClasses": classes.names }))
 }
 
+#[utoipa::path(
+    get, path = "/api/storageclasses/default", summary = "the default storage class, or empty",
+    responses((status = 200, description = "the default storage class, or empty", body = inline(crate::openapi::DefaultStorageClassAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn default_storage_class(user: SignedIn, State(state): State<ApiState>) -> Answer {
     let classes = state.workloads.storage_classes().await?;
     answer(&user, json!({ "defaultStorageClass": classes.default }))
 }
 
 /// The namespace's volume claims with size and access mode.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/pvcs", summary = "the namespace's volume claims", params(("ns" = String, Path)),
+    responses((status = 200, description = "the namespace's volume claims", body = inline(crate::openapi::ClaimsAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn claims(user: SignedIn, State(state): State<ApiState>, Path(ns): Path<String>) -> Answer {
     user.may(&state, Verb::List, &ns).await?;
     let pvcs: Vec<Value> = state
@@ -91,6 +115,11 @@ async fn claims(user: SignedIn, State(state): State<ApiState>, Path(ns): Path<St
 
 /// The namespace's PodDefaults, each with its selector's label and description, as the form
 /// offers them as configurations; none where PodDefaults are not installed.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/poddefaults",
+    summary = "the namespace's PodDefaults, each with its selector label and description (none where PodDefaults are not installed)", params(("ns" = String, Path)),
+    responses((status = 200, description = "the namespace's PodDefaults, each with its selector label and description (none where PodDefaults are not installed)", body = inline(crate::openapi::PodDefaultsAnswer)), crate::openapi::PlatformErrors)
+)]
 async fn pod_defaults(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -103,6 +132,15 @@ async fn pod_defaults(
 
 /// The pod a notebook runs in, `<name>-0`. Embedded, the container stands for it: its name, the
 /// `notebook-name` label and the notebook's container spec.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/notebooks/{name}/pod",
+    summary = "the notebook's pod <name>-0; embedded, its container in a pod's shape", params(("ns" = String, Path), ("name" = String, Path)),
+    responses(
+        (status = 200, description = "the notebook's pod <name>-0; embedded, its container in a pod's shape", body = inline(crate::openapi::PodAnswer)),
+        (status = 404, description = "no pod (the notebook is stopped, or not scheduled yet)", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn pod(
     user: SignedIn,
     State(state): State<ApiState>,
@@ -119,6 +157,16 @@ async fn pod(
 const LOG_LINES: u32 = 10_000;
 
 /// The notebook container's log, as lines.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/notebooks/{name}/pod/{pod}/logs",
+    summary = "the notebook container's log, as lines (the last 10,000)",
+    params(("ns" = String, Path), ("name" = String, Path), ("pod" = String, Path, description = "<name>-0")),
+    responses(
+        (status = 200, description = "the notebook container's log, as lines (the last 10,000)", body = inline(crate::openapi::PodLogsAnswer)),
+        (status = 404, description = "not the notebook's pod, or no pod", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
 async fn pod_logs(
     user: SignedIn,
     State(state): State<ApiState>,

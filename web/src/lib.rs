@@ -22,6 +22,7 @@ pub mod kubeflow_api;
 pub mod model;
 pub mod notebook_secret;
 pub mod notebook_sign_in;
+mod openapi;
 pub mod saves;
 pub mod sign_in;
 pub mod ui;

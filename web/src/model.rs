@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
 /// The IDE a notebook serves, named as Kubeflow's `notebooks.kubeflow.org/server-type` values
 /// (`jupyter`, `group-one`, `group-two`); `vscode` and `rstudio` are read too.
@@ -52,9 +53,10 @@ impl ServerType {
 }
 
 /// A new notebook, as the spawner form sends it (Kubeflow's jupyter web app form, reduced).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NotebookRequest {
+    /// DNS-1123 label.
     pub name: String,
     #[serde(default)]
     pub server_type: ServerType,
@@ -71,11 +73,14 @@ pub struct NotebookRequest {
     #[serde(default)]
     pub memory_limit: String,
     #[serde(default)]
+    #[schema(inline, nullable = false)]
     pub gpus: Option<GpuRequest>,
     /// Absent: a new workspace volume of the default size.
     #[serde(default)]
+    #[schema(inline, nullable = false)]
     pub workspace: Option<WorkspaceRequest>,
     #[serde(default)]
+    #[schema(inline)]
     pub data_volumes: Vec<DataVolumeRequest>,
     /// Size of `/dev/shm`; empty: the default; "0": none.
     #[serde(default)]
@@ -84,14 +89,16 @@ pub struct NotebookRequest {
     pub environment: BTreeMap<String, String>,
     /// Save the environment when the notebook is stopped or culled; absent: the admin's default.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub auto_save: Option<bool>,
     /// When the node pulls the image; absent: `IfNotPresent`, as in Kubeflow's form.
     #[serde(default)]
+    #[schema(inline, nullable = false)]
     pub image_pull_policy: Option<ImagePullPolicy>,
 }
 
 /// Kubernetes' image pull policies, by their names there.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub enum ImagePullPolicy {
     Always,
     #[default]
@@ -109,7 +116,7 @@ impl ImagePullPolicy {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuRequest {
     /// The resource name, e.g. `nvidia.com/gpu`.
@@ -117,7 +124,7 @@ pub struct GpuRequest {
     pub count: u32,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum WorkspaceRequest {
     /// A new volume of this size.
@@ -128,30 +135,35 @@ pub enum WorkspaceRequest {
     None,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataVolumeRequest {
     pub name: String,
+    /// A new volume of this size; empty: an existing volume of the namespace, by name.
     #[serde(default)]
     pub size: String,
     pub mount_path: String,
 }
 
 /// A change to a notebook: stop or start it, or move it to another image.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NotebookPatch {
     #[serde(default)]
+    #[schema(nullable = false)]
     pub stopped: Option<bool>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub image: Option<String>,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub auto_save: Option<bool>,
 }
 
 /// What users see of a notebook.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Notebook)]
 pub struct NotebookView {
     pub name: String,
     pub namespace: String,
@@ -162,6 +174,7 @@ pub struct NotebookView {
     pub cpu_limit: String,
     pub memory: String,
     pub memory_limit: String,
+    #[schema(inline)]
     pub gpus: GpuView,
     pub state: NotebookState,
     /// Why it is in that state, when there is more to say.
@@ -173,17 +186,19 @@ pub struct NotebookView {
     /// Its own host (without port: the web app's), when notebooks have one; the path is
     /// opened there.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub host: Option<String>,
     pub resource_version: String,
     /// Saved before every stop.
     pub auto_save: bool,
     /// What it uses now, while it runs and where it is measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(inline, nullable = false)]
     pub usage: Option<crate::usage::Usage>,
 }
 
 /// The GPUs a notebook's limits hold, as Kubeflow's web app shows them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuView {
     /// Devices of every vendor together; 0 for none.
@@ -194,7 +209,7 @@ pub struct GpuView {
     pub vendor: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NotebookState {
     Ready,
@@ -207,7 +222,7 @@ pub enum NotebookState {
 }
 
 /// An image saved from a notebook.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SavedImage {
     /// `registry/repository:tag`.
@@ -220,6 +235,7 @@ pub struct SavedImage {
     /// The server the notebook it was saved from ran, so that it is offered for that one only;
     /// `None` for a save recorded without it, offered for both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub server_type: Option<ServerType>,
     /// Compressed size of the new layer.
     pub layer_bytes: u64,
@@ -228,6 +244,7 @@ pub struct SavedImage {
     pub created: String,
     /// What the layer changed: packages added, upgraded, removed; file totals.
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::ChangeSummary>)]
     pub summary: Option<labforge_builder::summary::ChangeSummary>,
 }
 
@@ -255,7 +272,7 @@ pub struct ApiError {
 }
 
 /// One wrong field and what is wrong with it (without the field's name).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FieldMessage {
     pub field: String,
     pub message: String,

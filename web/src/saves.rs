@@ -52,7 +52,7 @@ pub enum DeleteImageError {
 }
 
 /// Where a save is, as the UI shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SaveStatus {
     pub id: String,
@@ -61,6 +61,7 @@ pub struct SaveStatus {
     pub target: String,
     /// queued, indexing, scanning, writing, uploading; then done, unchanged (nothing changed
     /// since the image the notebook runs: no image made) or failed.
+    #[schema(inline, value_type = crate::openapi::SavePhase)]
     pub phase: String,
     pub entries_scanned: u64,
     pub files_changed: u64,
@@ -73,6 +74,7 @@ pub struct SaveStatus {
     /// A note that does not fail the save (the cache was unavailable, say).
     pub warning: Option<String>,
     /// What the new layer changed, once done.
+    #[schema(value_type = Option<crate::openapi::ChangeSummary>)]
     pub summary: Option<ChangeSummary>,
 }
 

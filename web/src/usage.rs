@@ -38,7 +38,7 @@ pub struct Reading {
 }
 
 /// One notebook's use at one moment.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     /// Cores used on average since the sample before; `None` on a notebook's first sample.
@@ -56,11 +56,12 @@ pub struct Usage {
     pub sampled_at: String,
     /// Its GPUs' use, where their vendor reports it (`nvidia-smi`); absent: unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(inline, nullable = false)]
     pub gpu: Option<GpuUse>,
 }
 
 /// What a notebook's GPUs do: the mean utilization of its devices and their memory in use.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuUse {
     pub utilization_percent: f64,
