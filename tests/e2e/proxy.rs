@@ -1437,6 +1437,21 @@ async fn requests_waiting_for_a_connection_get_503_within_the_connect_timeout() 
     }
 }
 
+/// `count` clients, each with a connection of its own, get alice's notebook at once; their
+/// connections stay open while the clients live.
+async fn burst_to_alice_lab(proxy: &RunningProxy, count: usize) -> Vec<reqwest::Client> {
+    let clients: Vec<reqwest::Client> = (0..count).map(|_| reqwest::Client::new()).collect();
+    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
+    let statuses = futures::future::join_all(
+        clients
+            .iter()
+            .map(|http| async { get_as(http, &url, ALICE).await.status().as_u16() }),
+    )
+    .await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    clients
+}
+
 /// The proxy gives freed memory back to the system once a complete route list is loaded and when a
 /// burst of connections ends, not while the connections are open.
 #[tokio::test]
@@ -1452,15 +1467,7 @@ async fn free_memory_is_given_back_after_a_route_list_and_after_a_burst_of_conne
     .await;
 
     // 40 clients with a connection each, all open at once, and their upstream connections.
-    let clients: Vec<reqwest::Client> = (0..40).map(|_| reqwest::Client::new()).collect();
-    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    let statuses = futures::future::join_all(
-        clients
-            .iter()
-            .map(|http| async { get_as(http, &url, ALICE).await.status().as_u16() }),
-    )
-    .await;
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    let clients = burst_to_alice_lab(&proxy, 40).await;
     assert_eq!(
         metric(&proxy, "labforge_proxy_connections_open").await,
         40.0
@@ -1492,16 +1499,7 @@ async fn with_heap_release_off_no_memory_is_given_back() {
         ..options
     })
     .await;
-    let clients: Vec<reqwest::Client> = (0..40).map(|_| reqwest::Client::new()).collect();
-    let url = format!("http://{}/notebook/alice/lab/x", proxy.addr);
-    let statuses = futures::future::join_all(
-        clients
-            .iter()
-            .map(|http| async { get_as(http, &url, ALICE).await.status().as_u16() }),
-    )
-    .await;
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-    drop(clients);
+    drop(burst_to_alice_lab(&proxy, 40).await);
     eventually(
         "the burst's connections closed",
         Duration::from_secs(5),

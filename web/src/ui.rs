@@ -670,34 +670,32 @@ fn resource_fields(config: &SpawnerConfig) -> Markup {
     html! {
         fieldset {
             legend { "Resources" }
-            div.pair {
-                div {
-                    label for="cpu" { "CPU request" }
-                    input #cpu name="cpu" value=(d.cpu);
-                    p.error data-error-for="cpu" {}
-                }
-                div {
-                    label for="cpuLimit" { "CPU limit" }
-                    input #cpuLimit name="cpuLimit" placeholder="same as request";
-                    p.error data-error-for="cpuLimit" {}
-                }
-            }
-            div.pair {
-                div {
-                    label for="memory" { "Memory request" }
-                    input #memory name="memory" value=(d.memory);
-                    p.error data-error-for="memory" {}
-                }
-                div {
-                    label for="memoryLimit" { "Memory limit" }
-                    input #memoryLimit name="memoryLimit" placeholder="same as request";
-                    p.error data-error-for="memoryLimit" {}
-                }
-            }
+            (request_and_limit("cpu", "CPU", &d.cpu))
+            (request_and_limit("memory", "Memory", &d.memory))
             (gpu_fields(config))
             label for="shmSize" { "Shared memory (/dev/shm)" }
             input #shmSize name="shmSize" value=(d.shm_size);
             p.error data-error-for="shmSize" {}
+        }
+    }
+}
+
+/// A resource's request, from the admin's default, beside its limit (`<field>Limit`), which is
+/// the request unless set.
+fn request_and_limit(field: &str, label: &str, request: &str) -> Markup {
+    let limit = format!("{field}Limit");
+    html! {
+        div.pair {
+            div {
+                label for=(field) { (label) " request" }
+                input id=(field) name=(field) value=(request);
+                p.error data-error-for=(field) {}
+            }
+            div {
+                label for=(limit) { (label) " limit" }
+                input id=(limit) name=(limit) placeholder="same as request";
+                p.error data-error-for=(limit) {}
+            }
         }
     }
 }
