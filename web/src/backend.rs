@@ -1,7 +1,8 @@
 //! Where the API keeps notebooks and who may touch them: one interface, two backends.
 //!
-//! - **Embedded** (`labforge_embedded::store::Store` + [`crate::users::LocalAuth`]): the file-backed store and
-//!   local users with session cookies; a user owns the namespace of their name, admins all.
+//! - **Embedded** (`labforge_embedded::store::Store` + [`crate::users::LocalAuth`]): the
+//!   file-backed store and local users with session cookies; a user owns the namespace of their
+//!   name, admins all.
 //! - **Kubernetes** ([`KubernetesBackend`] + [`KubernetesAccess`]): Notebook CRs through kube-rs;
 //!   the user comes from a header set by the cluster's auth proxy (`kubeflow-userid`), and every
 //!   decision is a SubjectAccessReview for that user, as Kubeflow's web apps do, so RBAC stays the
