@@ -3,19 +3,22 @@
 //! process of its own each time; and their GPUs' use from the vendor's program, once per sample.
 
 use crate::cgroup::CgroupFiles;
-use labforge_web::usage::{GpuUse, Key, Reading, SAMPLE_INTERVAL, UsageBoard};
+use labforge_web::usage::{GpuUse, Key, Reading, UsageBoard};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How often the running notebooks are sampled.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(3);
+
 /// How long a GPU vendor's program may take to report.
 const SMI_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The machine's memory, from `/proc/meminfo`; `u64::MAX` when it cannot be read (every limit
 /// is then taken as one).
-pub fn machine_memory_bytes() -> u64 {
+fn machine_memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|info| {

@@ -17,9 +17,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-/// How often the embedded mode samples its notebooks.
-pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(3);
-
 /// A share of its memory limit from which a notebook is marked as near it.
 pub const NEAR_LIMIT: f64 = 0.9;
 
