@@ -61,6 +61,7 @@ async fn state_tells_what_happened_behind_labforges_back() {
         .wait_state(&user, "lab", "ready", Duration::from_secs(120))
         .await;
     let container = labforge_embedded::runtime::container_name(&user, "lab");
+    the_engine_finds_a_notebooks_container_by_its_label(&user, &container).await;
 
     let removed = std::process::Command::new("podman")
         .args(["rm", "-f", "-t", "0", &container])
@@ -109,4 +110,38 @@ async fn state_tells_what_happened_behind_labforges_back() {
     session
         .wait_state(&user, "lab", "ready", Duration::from_secs(120))
         .await;
+}
+
+/// The runtime's work queue lists one notebook's container alone, by its notebook label under
+/// this instance's: the running one is found, and a notebook without one finds none.
+async fn the_engine_finds_a_notebooks_container_by_its_label(user: &str, container: &str) {
+    use labforge_embedded::runtime::{Engine, MANAGED_LABEL};
+    let inspected = std::process::Command::new("podman")
+        .args(["inspect", "--format"])
+        .arg(format!("{{{{index .Config.Labels \"{MANAGED_LABEL}\"}}}}"))
+        .arg(container)
+        .output()
+        .unwrap();
+    assert!(inspected.status.success(), "{inspected:?}");
+    let engine = Engine {
+        program: "podman".into(),
+        insecure_registries: Vec::new(),
+        instance: String::from_utf8_lossy(&inspected.stdout).trim().to_owned(),
+    };
+    let found = engine.container_of(user, "lab").await.unwrap().unwrap();
+    assert_eq!(found.name, container);
+    assert_eq!(found.notebook, (user.to_owned(), "lab".to_owned()));
+    assert!(found.running);
+    assert!(engine.container_of(user, "other").await.unwrap().is_none());
+    let other_instance = Engine {
+        instance: "another-instance".into(),
+        ..engine
+    };
+    assert!(
+        other_instance
+            .container_of(user, "lab")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
