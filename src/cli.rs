@@ -443,7 +443,8 @@ pub struct ProxyArgs {
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
     /// A cookie never forwarded to notebooks (nor its split parts `<name>_<n>`), beside
-    /// labforge_session, _oauth2_proxy and authservice_session; repeatable.
+    /// labforge_session, __Host-labforge_session, _oauth2_proxy and authservice_session;
+    /// repeatable.
     #[arg(long = "strip-cookie")]
     pub strip_cookies: Vec<String>,
     /// Serve each notebook only on its own host, `<name>--<namespace>.<domain>`, and send
@@ -1745,7 +1746,7 @@ mod tests {
         assert_eq!(options.confinement, Confinement::default());
         assert_eq!(
             options.visitor_cookies,
-            ["labforge_session", "_oauth2_proxy", "authservice_session"]
+            labforge_proxy::forward::DEFAULT_VISITOR_COOKIES
         );
         assert_eq!(
             options.max_connections,

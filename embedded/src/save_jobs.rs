@@ -301,6 +301,7 @@ impl SaveJob {
                     files_deleted: saved.summary.files.deleted,
                     created: jiff::Timestamp::now().to_string(),
                     summary: saved.layer.is_some().then(|| saved.summary.clone()),
+                    shared_with: Vec::new(),
                 };
                 if saved.layer.is_some() {
                     if let Err(err) = self.store.add_saved_image(record.clone()) {

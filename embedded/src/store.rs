@@ -375,6 +375,39 @@ impl Store {
         Ok(())
     }
 
+    /// Shares `image`, saved in `namespace`, with exactly `with`; `None` when there is no such
+    /// saved image.
+    pub fn share_saved_image(
+        &self,
+        namespace: &str,
+        image: &str,
+        with: &[String],
+    ) -> Result<Option<SavedImage>, StoreError> {
+        let mut shared = None;
+        self.change_saved_images(namespace, |images| {
+            if let Some(saved) = images.iter_mut().find(|i| i.image == image) {
+                saved.shared_with = with.to_vec();
+                shared = Some(saved.clone());
+            }
+        })?;
+        Ok(shared)
+    }
+
+    /// Images other namespaces saved and shared with `namespace`, newest first.
+    pub fn images_shared_with(&self, namespace: &str) -> Vec<SavedImage> {
+        let mut shared: Vec<SavedImage> = self
+            .lock()
+            .saved
+            .iter()
+            .filter(|(owner, _)| owner.as_str() != namespace)
+            .flat_map(|(_, images)| images)
+            .filter(|image| image.shared_with.iter().any(|ns| ns == namespace))
+            .cloned()
+            .collect();
+        shared.sort_by(|a, b| b.created.cmp(&a.created));
+        shared
+    }
+
     /// Saved images of every namespace.
     pub fn all_saved_images(&self) -> Vec<SavedImage> {
         self.lock().saved.values().flatten().cloned().collect()
@@ -449,6 +482,17 @@ impl Backend for Store {
     async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
         Ok(Store::saved_images(self, namespace))
     }
+    async fn share_saved_image(
+        &self,
+        namespace: &str,
+        image: &str,
+        with: &[String],
+    ) -> Result<Option<SavedImage>, BackendError> {
+        Ok(Store::share_saved_image(self, namespace, image, with)?)
+    }
+    async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
+        Ok(Store::images_shared_with(self, namespace))
+    }
     fn changes(&self) -> broadcast::Receiver<Change> {
         self.subscribe()
     }
@@ -520,6 +564,7 @@ mod tests {
             files_deleted: 0,
             created: String::new(),
             summary: None,
+            shared_with: Vec::new(),
         };
         reopened.add_saved_image(image("v1")).unwrap();
         reopened.add_saved_image(image("v2")).unwrap();

@@ -36,7 +36,7 @@ use labforge_web::saves::Saves;
 use labforge_web::sign_in::SignIn;
 use labforge_web::ui;
 use labforge_web::usage::{UsageBoard, serve_metrics};
-use labforge_web::users::{LocalAuth, Sessions, UserError, Users};
+use labforge_web::users::{LocalAuth, UserError, Users};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -89,6 +89,10 @@ pub enum UpError {
         "--tls-self-signed: a certificate cannot cover every notebook's host below {domain:?} (a wildcard needs two labels after it); pass --notebook-domain with two labels or more, e.g. labforge.localhost or lab.example.com"
     )]
     WildcardTooWide { domain: String },
+    #[error(
+        "--notebook-domain {domain}: over plain HTTP its notebooks' pages could set cookies for {domain}, the web app's host, and sign its visitors in as someone else (browsers keep no __Host- cookie on plain HTTP there); serve HTTPS with --tls-cert and --tls-key, or --tls-self-signed"
+    )]
+    PlainHttpSharedSite { domain: String },
     #[error(transparent)]
     Format(#[from] crate::data_dir::DataDirError),
 }
@@ -379,6 +383,21 @@ pub fn certificate_names(
     Ok(names)
 }
 
+/// Refuses a notebook domain whose notebooks' pages could plant the web app's session cookie:
+/// below the web app's host, they share its site, and off `localhost` browsers keep `__Host-`
+/// cookies only over TLS. `localhost` itself is not a site notebooks share (browsers let no
+/// host set a cookie for it), and its subdomains are secure contexts.
+pub fn check_notebook_site(notebook_domain: Option<&str>, tls: bool) -> Result<(), UpError> {
+    match notebook_domain {
+        Some(domain) if !tls && !labforge_web::users::is_localhost(domain) => {
+            Err(UpError::PlainHttpSharedSite {
+                domain: domain.to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Starts everything; returns once the URL answers.
 pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let opened = open(&mut options).await?;
@@ -447,6 +466,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         usage: Some(usage.clone()),
         idle_after: options.culling.idle_time,
         base_path: Default::default(),
+        saves_registry: Some(labforge_web::image_access::SavesRegistry::new(
+            &opened.registry,
+        )),
     };
     let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
     let mut tasks = vec![
@@ -525,12 +547,13 @@ struct Opened {
 
 /// Opens the data dir and everything `up` keeps there, and starts the local registry.
 async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
+    check_notebook_site(options.notebook_domain.as_deref(), options.tls.is_some())?;
     let (dir, lock, found) = open_data_dir(options)?;
     let (self_signed, tls) = tls_files(options, &dir)?;
-    let auth = Arc::new(LocalAuth {
-        users: Users::open(&dir)?,
-        sessions: Sessions::default(),
-    });
+    let auth = Arc::new(LocalAuth::new(
+        Users::open(&dir)?,
+        labforge_web::users::session_cookie_name(tls.is_some(), options.notebook_domain.as_deref()),
+    ));
     let store = Arc::new(Store::open(&dir.join("store"))?);
     let secrets = Arc::new(
         NotebookSecrets::open(&dir).map_err(|source| UpError::DataDir {

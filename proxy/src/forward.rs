@@ -88,10 +88,14 @@ pub struct Forwarder {
 }
 
 /// Cookies that identify the visitor, never forwarded to a route unless configured otherwise:
-/// labforge's session, oauth2-proxy's (split into `_oauth2_proxy_0`, `_1`… when large) and
-/// Kubeflow's authservice's.
-pub const DEFAULT_VISITOR_COOKIES: [&str; 3] =
-    ["labforge_session", "_oauth2_proxy", "authservice_session"];
+/// labforge's session (both its names), oauth2-proxy's (split into `_oauth2_proxy_0`, `_1`…
+/// when large) and Kubeflow's authservice's.
+pub const DEFAULT_VISITOR_COOKIES: [&str; 4] = [
+    "labforge_session",
+    "__Host-labforge_session",
+    "_oauth2_proxy",
+    "authservice_session",
+];
 
 /// Paths only routes serve, never the fallback: every notebook's prefix is below it.
 pub const NOTEBOOK_PATHS: &str = "/notebook/";
@@ -1467,7 +1471,7 @@ mod tests {
         headers.insert(
             header::COOKIE,
             HeaderValue::from_static(
-                "_xsrf=2|abc; labforge_session=SECRET;_oauth2_proxy=o; theme=dark",
+                "_xsrf=2|abc; labforge_session=SECRET;_oauth2_proxy=o; theme=dark; __Host-labforge_session=S",
             ),
         );
         // HTTP/2 clients send a header per cookie.

@@ -56,7 +56,9 @@ let page;
 try {
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   const [name, ...rest] = args.cookie.split('=');
-  await context.addCookies([{ name, value: rest.join('='), url: args.web || new URL(url).origin }]);
+  // A __Host- cookie is kept only with Secure (browsers take it on http://localhost too).
+  await context.addCookies([{ name, value: rest.join('='), url: args.web || new URL(url).origin,
+                              secure: name.startsWith('__Host-') }]);
   page = await context.newPage();
 
   // The workbench talks to its server over websockets under the notebook's URL; record them and

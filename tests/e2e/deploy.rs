@@ -1129,10 +1129,10 @@ fn rbac_is_least_privilege_everywhere() {
             (
                 "labforge.dev",
                 "imagebuilds",
-                &["get", "list", "watch", "create"]
+                &["get", "list", "watch", "create", "patch"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, pods and logs, storage classes, PodDefaults, GPU capacity, volume claims, default-editor, pods' resource use, saves"
+        "the web app: Notebooks, its access reviews, events, pods and logs, storage classes, PodDefaults, GPU capacity, volume claims, default-editor, pods' resource use, saves and their sharing"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

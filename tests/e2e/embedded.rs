@@ -52,10 +52,14 @@ impl Session {
             set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
             "{set_cookie}"
         );
-        assert_eq!(
-            set_cookie.contains("; Secure"),
-            certificate.is_some(),
-            "secure cookies exactly when TLS is on: {set_cookie}"
+        // Every `labforge up` here serves the web app on localhost or a name below it, where
+        // browsers keep `__Host-` cookies over plain HTTP too: no page of another host can set
+        // one beside it.
+        assert!(
+            set_cookie.starts_with("__Host-labforge_session=")
+                && set_cookie.split("; ").any(|a| a == "Secure")
+                && set_cookie.split("; ").any(|a| a == "Path=/"),
+            "a __Host- session cookie: {set_cookie}"
         );
         Self {
             http,

@@ -2409,13 +2409,13 @@ async fn issue_32_a_trickled_body_is_cut_and_connections_over_the_cap_get_503() 
 
 #[tokio::test]
 async fn issue_32_a_websocket_tunnel_closes_when_its_session_ends() {
-    use labforge_web::users::{LocalAuth, SESSION_COOKIE, Sessions, Users};
+    use labforge_web::users::{LocalAuth, SESSION_COOKIE, Users};
     let echo = EchoServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let auth = Arc::new(LocalAuth {
-        users: Users::open(dir.path()).unwrap(),
-        sessions: Sessions::default(),
-    });
+    let auth = Arc::new(LocalAuth::new(
+        Users::open(dir.path()).unwrap(),
+        SESSION_COOKIE,
+    ));
     auth.users.add("alice", false).unwrap();
     let proxy = proxy_for_alice_lab(echo.addr, |options| ProxyOptions {
         identity: auth.clone(),

@@ -295,7 +295,8 @@ impl LabforgeUp {
             })
     }
 
-    /// Signs in through the API; returns the session cookie (`labforge_session=…`).
+    /// Signs in through the API; returns the session cookie (`__Host-labforge_session=…`, or
+    /// `labforge_session=…` where browsers keep no `__Host-` cookie).
     pub async fn sign_in(&self, user: &str, password: &str) -> Result<String, SupportError> {
         let failed = |detail: String| SupportError::Command {
             command: format!("POST {}/api/login as {user}", self.url),
@@ -315,7 +316,9 @@ impl LabforgeUp {
             .get(reqwest::header::SET_COOKIE)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
-            .filter(|c| c.starts_with("labforge_session="))
+            .filter(|c| {
+                c.starts_with("labforge_session=") || c.starts_with("__Host-labforge_session=")
+            })
             .map(str::to_owned)
             .ok_or_else(|| failed("no session cookie".into()))
     }

@@ -17,7 +17,7 @@ use crate::model::{
 };
 use crate::saves::{Saves, StartSaveError};
 use crate::sign_in::{SignIn, SignInError};
-use crate::users::{LocalAuth, SESSION_COOKIE, User, session_tokens};
+use crate::users::{LocalAuth, SessionCookie, User};
 use crate::validate::{FieldError, FieldErrors, image_reference, notebook_from_request};
 use crate::workloads::{WorkloadError, Workloads};
 use axum::body::Body;
@@ -74,9 +74,54 @@ pub struct ApiState {
     pub idle_after: std::time::Duration,
     /// The path the app is served under; pages link relative to it.
     pub base_path: crate::base_path::BasePath,
+    /// Where saves push, `<registry>/<namespace>/…`: an image there belongs to its namespace
+    /// ([`crate::image_access`]); `None`: saving is not set up, and no image is anyone's.
+    pub saves_registry: Option<crate::image_access::SavesRegistry>,
+}
+
+/// The images a namespace may pick besides the catalog's: its own saves, and those other
+/// namespaces shared with it.
+struct Runnable {
+    shared: Vec<crate::model::SavedImage>,
+    /// Every one of them, own and shared.
+    images: Vec<String>,
 }
 
 impl ApiState {
+    async fn runnable_images(&self, ns: &str) -> ApiResult<Runnable> {
+        let own = self.backend.saved_images(ns).await?;
+        let shared = self.backend.images_shared_with(ns).await?;
+        let images = own.iter().chain(&shared).map(|i| i.image.clone()).collect();
+        Ok(Runnable { shared, images })
+    }
+
+    /// Why `user` may not run `image` in namespace `ns` because it is another namespace's
+    /// saved image; asked before anything is asked of the registry, so the answer is the same
+    /// whether or not the image exists.
+    fn foreign_image_refusal(
+        &self,
+        user: &User,
+        ns: &str,
+        image: &str,
+        runnable: &Runnable,
+    ) -> Option<FieldError> {
+        crate::image_access::refusal(
+            self.saves_registry.as_ref(),
+            &crate::image_access::ImageRequest {
+                image,
+                namespace: ns,
+                admin: user.admin,
+                in_catalog: self.config.in_catalog(image),
+            },
+            |owner| {
+                runnable
+                    .shared
+                    .iter()
+                    .any(|s| s.namespace == owner && s.image == image)
+            },
+        )
+    }
+
     /// Why `image`, named by a user of `ns`, cannot be run, when the check can tell; catalog
     /// images and the namespace's saved ones are trusted.
     async fn image_refusal(&self, image: &str, saved: &[String]) -> Option<FieldError> {
@@ -208,6 +253,17 @@ impl FromRequestParts<ApiState> for SignedIn {
     type Rejection = Failure;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Failure> {
+        let several = state
+            .local_users
+            .as_ref()
+            .is_some_and(|auth| auth.session_cookie(&parts.headers) == SessionCookie::Several);
+        if several {
+            return Err(Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "this request carried more than one session cookie, and which one is yours \
+                 cannot be told (a page of another host may have set one): sign in again",
+            ));
+        }
         state
             .access
             .identify(&parts.headers)
@@ -265,6 +321,10 @@ pub fn router(state: ApiState) -> Router {
             "/api/namespaces/{ns}/images",
             get(saved_images).delete(delete_saved_image),
         )
+        .route(
+            "/api/namespaces/{ns}/images/sharing",
+            axum::routing::put(share_saved_image),
+        )
         .route("/api/namespaces/{ns}/volumes", get(list_volumes))
         .route(
             "/api/namespaces/{ns}/volumes/{name}",
@@ -310,9 +370,10 @@ pub(crate) struct Login {
 #[utoipa::path(
     post, path = "/api/login", summary = "Sign in", request_body = Login,
     responses(
-        (status = 200, description = "signed in; sets the labforge_session cookie", body = crate::openapi::Whoami),
+        (status = 200, description = "signed in; sets the session cookie (`__Host-labforge_session`, or `labforge_session` over plain HTTP on a host other than localhost)", body = crate::openapi::Whoami),
         (status = 400, response = crate::openapi::BadRequest),
         (status = 401, description = "wrong user name or password", body = crate::openapi::ApiErrorBody),
+        (status = 403, description = "sent by a page of another origin", body = crate::openapi::ApiErrorBody),
         (status = 415, response = crate::openapi::UnsupportedMediaType),
         (status = 422, description = "a body whose fields have the wrong types", body = crate::openapi::ApiErrorBody),
         crate::openapi::SignInWaits,
@@ -344,23 +405,31 @@ async fn login(
         Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
     })?;
     let mut response = Json(whoami_body(&user)).into_response();
-    set_session_cookie(&mut response, &state, token, None);
+    set_session_cookie(&mut response, &state, auth, token, None);
     Ok(response)
 }
 
 /// Sets the session cookie to `token` (`HttpOnly`, `SameSite=Lax`, `Secure` over TLS, the app's
-/// path), for `max_age` or the browser's session.
+/// path), for `max_age` or the browser's session. A `__Host-` cookie is `Secure` and for `/`
+/// wherever it is served, as its prefix requires.
 fn set_session_cookie(
     response: &mut Response,
     state: &ApiState,
+    auth: &LocalAuth,
     token: String,
     max_age: Option<cookie::time::Duration>,
 ) {
-    let mut cookie = cookie::Cookie::build((SESSION_COOKIE, token))
-        .path(state.base_path.as_str().to_owned())
+    let host_only = auth.cookie.starts_with("__Host-");
+    let path = if host_only {
+        "/".to_owned()
+    } else {
+        state.base_path.as_str().to_owned()
+    };
+    let mut cookie = cookie::Cookie::build((auth.cookie, token))
+        .path(path)
         .http_only(true)
         .same_site(cookie::SameSite::Lax)
-        .secure(state.secure_cookies);
+        .secure(state.secure_cookies || host_only);
     if let Some(max_age) = max_age {
         cookie = cookie.max_age(max_age);
     }
@@ -374,18 +443,20 @@ fn set_session_cookie(
     responses((status = 204, description = "signed out"), crate::openapi::SignedInErrors)
 )]
 async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let mut response = StatusCode::NO_CONTENT.into_response();
     if let Some(auth) = &state.local_users {
-        for token in session_tokens(&headers) {
+        // Only the browser's own session: of several values, which is its own is not known.
+        if let SessionCookie::One(token) = auth.session_cookie(&headers) {
             auth.sessions.end(token);
         }
+        set_session_cookie(
+            &mut response,
+            &state,
+            auth,
+            String::new(),
+            Some(cookie::time::Duration::ZERO),
+        );
     }
-    let mut response = StatusCode::NO_CONTENT.into_response();
-    set_session_cookie(
-        &mut response,
-        &state,
-        String::new(),
-        Some(cookie::time::Duration::ZERO),
-    );
     response
 }
 
@@ -451,6 +522,9 @@ async fn config(
     let mut config = serde_json::to_value(&*state.config).unwrap_or_default();
     config["savedImages"] =
         serde_json::to_value(state.backend.saved_images(&user.0.namespace).await?)
+            .unwrap_or_default();
+    config["sharedImages"] =
+        serde_json::to_value(state.backend.images_shared_with(&user.0.namespace).await?)
             .unwrap_or_default();
     // Kubeflow's clients read its spawnerFormDefaults here.
     config["config"] = kubeflow::form_defaults(&state.config);
@@ -661,19 +735,20 @@ async fn create_notebook(
             .map_err(|errors| Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors))?;
         (request, extras)
     };
-    let saved: Vec<String> = state
-        .backend
-        .saved_images(&ns)
-        .await?
-        .into_iter()
-        .map(|i| i.image)
-        .collect();
-    let built = notebook_from_request(&request, &ns, &user.0.name, &state.config, &saved);
-    let mut errors = built.as_ref().err().cloned().unwrap_or_default();
+    let runnable = state.runnable_images(&ns).await?;
+    let saved = &runnable.images;
     let named = request.image.trim();
-    if !named.is_empty()
+    let foreign = (!named.is_empty())
+        .then(|| state.foreign_image_refusal(&user.0, &ns, named, &runnable))
+        .flatten();
+    let built = notebook_from_request(&request, &ns, &user.0.name, &state.config, saved);
+    let mut errors = built.as_ref().err().cloned().unwrap_or_default();
+    if let Some(foreign) = foreign {
+        // First, and alone for the field: nothing else about another namespace's image is told.
+        errors.replace(foreign);
+    } else if !named.is_empty()
         && !errors.as_slice().iter().any(|e| e.field == "image")
-        && let Some(refused) = state.image_refusal(named, &saved).await
+        && let Some(refused) = state.image_refusal(named, saved).await
     {
         errors.push(refused);
     }
@@ -805,13 +880,11 @@ async fn patch_notebook(
     if let Some(image) = &patch.image {
         image_reference("image", image)
             .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
-        let saved: Vec<String> = state
-            .backend
-            .saved_images(&ns)
-            .await?
-            .into_iter()
-            .map(|s| s.image)
-            .collect();
+        let runnable = state.runnable_images(&ns).await?;
+        if let Some(foreign) = state.foreign_image_refusal(&user.0, &ns, image, &runnable) {
+            return Err(Failure::field(StatusCode::UNPROCESSABLE_ENTITY, foreign));
+        }
+        let saved = runnable.images;
         if !state.config.allow_custom_images
             && !state.config.in_catalog(image)
             && !saved.contains(image)
@@ -1165,6 +1238,72 @@ async fn delete_volume(
     }
     state.workloads.remove_claim(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Most namespaces one saved image may be shared with.
+const MAX_SHARED_WITH: usize = 100;
+
+/// Shares one of the namespace's saved images with exactly the namespaces named: their
+/// notebooks may then run it. Only the namespace's owners (and admins) may.
+#[utoipa::path(
+    put, path = "/api/namespaces/{ns}/images/sharing",
+    summary = "Share a saved image with exactly the namespaces named (none: with no one)", params(("ns" = String, Path)),
+    request_body = crate::model::ImageSharing,
+    responses(
+        (status = 200, description = "the saved image, with whom it is shared now", body = crate::model::SavedImage),
+        (status = 404, description = "no such saved image in this namespace", body = crate::openapi::ApiErrorBody),
+        (status = 415, response = crate::openapi::UnsupportedMediaType),
+        (status = 422, description = "a namespace named is not a namespace name, or is this one", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
+async fn share_saved_image(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    Path(ns): Path<String>,
+    body: Result<Json<crate::model::ImageSharing>, JsonRejection>,
+) -> ApiResult<Json<crate::model::SavedImage>> {
+    user.may(&state, Verb::Update, &ns).await?;
+    let Json(sharing) = body?;
+    let mut errors = FieldErrors::default();
+    let mut with: Vec<String> = Vec::new();
+    if sharing.shared_with.len() > MAX_SHARED_WITH {
+        errors.push(FieldError::new(
+            "sharedWith",
+            format!("at most {MAX_SHARED_WITH} namespaces"),
+        ));
+    }
+    for (i, namespace) in sharing.shared_with.iter().enumerate() {
+        let field = format!("sharedWith[{i}]");
+        if let Err(err) = crate::validate::dns_label(&field, namespace) {
+            errors.push(err);
+        } else if *namespace == ns {
+            errors.push(FieldError::new(
+                field,
+                format!("{ns} is the image's own namespace"),
+            ));
+        } else if !with.contains(namespace) {
+            with.push(namespace.clone());
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors));
+    }
+    let shared = state
+        .backend
+        .share_saved_image(&ns, &sharing.image, &with)
+        .await?
+        .ok_or_else(|| {
+            Failure::field(
+                StatusCode::NOT_FOUND,
+                FieldError::new(
+                    "image",
+                    format!("namespace {ns} has no saved image {}", sharing.image),
+                ),
+            )
+        })?;
+    tracing::info!(namespace = %ns, image = %shared.image, shared_with = ?shared.shared_with, by = %user.0.name, "saved image sharing changed");
+    Ok(Json(shared))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -94,6 +94,16 @@ pub trait Backend: Send + Sync {
         message: &str,
     );
     async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError>;
+    /// Shares `image`, saved in `namespace`, with exactly the namespaces `with` (none: with no
+    /// one). `None` when `namespace` has no such saved image.
+    async fn share_saved_image(
+        &self,
+        namespace: &str,
+        image: &str,
+        with: &[String],
+    ) -> Result<Option<SavedImage>, BackendError>;
+    /// Images other namespaces saved and shared with `namespace`.
+    async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError>;
     /// Announces changed notebooks (for the live views).
     fn changes(&self) -> broadcast::Receiver<Change>;
 }
@@ -524,6 +534,23 @@ impl Backend for KubernetesBackend {
     async fn saved_images(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
         // Saves in a cluster are ImageBuild objects; the succeeded ones are the saved images.
         crate::image_builds::saved_images(&self.client, namespace)
+            .await
+            .map_err(|err| BackendError::Unavailable(err.to_string()))
+    }
+
+    async fn share_saved_image(
+        &self,
+        namespace: &str,
+        image: &str,
+        with: &[String],
+    ) -> Result<Option<SavedImage>, BackendError> {
+        crate::image_builds::share(&self.client, namespace, image, with)
+            .await
+            .map_err(|err| BackendError::Unavailable(err.to_string()))
+    }
+
+    async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
+        crate::image_builds::images_shared_with(&self.client, namespace)
             .await
             .map_err(|err| BackendError::Unavailable(err.to_string()))
     }

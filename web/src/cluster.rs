@@ -48,6 +48,9 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
         usage.clone(),
         backend.change_sender(),
     ));
+    let saves_registry = save_registry
+        .as_deref()
+        .map(crate::image_access::SavesRegistry::new);
     let state = ApiState {
         backend: Arc::new(backend),
         access: Arc::new(KubernetesAccess {
@@ -75,6 +78,7 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
         usage: Some(usage),
         idle_after: labforge_notebook_controller::culler::CullingConfig::default().idle_time,
         base_path: base_path.clone(),
+        saves_registry,
     };
     let app = crate::ui::app(state);
     let app = if base_path.is_root() {

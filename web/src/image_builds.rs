@@ -96,7 +96,80 @@ pub fn saved_image(build: &ImageBuild) -> Option<SavedImage> {
             .map(|t| t.0.to_string())
             .unwrap_or_default(),
         summary: None,
+        shared_with: shared_with(build),
     })
+}
+
+/// Annotation of a succeeded ImageBuild: the namespaces its image is shared with,
+/// comma-separated.
+pub const SHARED_WITH_ANNOTATION: &str = "labforge.dev/shared-with";
+
+fn shared_with(build: &ImageBuild) -> Vec<String> {
+    build
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SHARED_WITH_ANNOTATION))
+        .map(|list| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|ns| !ns.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Shares the image of `namespace`'s succeeded ImageBuild that pushed `image` with exactly
+/// `with`, in its annotation; `None` when no such build succeeded.
+pub async fn share(
+    client: &kube::Client,
+    namespace: &str,
+    image: &str,
+    with: &[String],
+) -> Result<Option<SavedImage>, kube::Error> {
+    let builds: Api<ImageBuild> = Api::namespaced(client.clone(), namespace);
+    let list = builds.list(&ListParams::default()).await?;
+    let Some(build) = list
+        .items
+        .iter()
+        .find(|b| b.spec.target_image == image && saved_image(b).is_some())
+    else {
+        return Ok(None);
+    };
+    let value = (!with.is_empty()).then(|| with.join(","));
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { SHARED_WITH_ANNOTATION: value } }
+    });
+    let patched = builds
+        .patch(
+            &build.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(saved_image(&patched))
+}
+
+/// Images of other namespaces' succeeded ImageBuilds shared with `namespace`, newest first.
+pub async fn images_shared_with(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Vec<SavedImage>, kube::Error> {
+    let builds: Api<ImageBuild> = Api::all(client.clone());
+    let list = match builds.list(&ListParams::default()).await {
+        Ok(list) => list,
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let mut images: Vec<SavedImage> = list
+        .items
+        .iter()
+        .filter_map(saved_image)
+        .filter(|i| i.namespace != namespace && i.shared_with.iter().any(|ns| ns == namespace))
+        .collect();
+    images.sort_by(|a, b| b.created.cmp(&a.created));
+    Ok(images)
 }
 
 /// The namespace's saved images, oldest first.

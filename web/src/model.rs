@@ -160,6 +160,16 @@ pub struct NotebookPatch {
     pub auto_save: Option<bool>,
 }
 
+/// Whom a saved image is shared with: `PUT /api/namespaces/<ns>/images/sharing`.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageSharing {
+    /// One of the namespace's saved images, `registry/repository:tag`.
+    pub image: String,
+    /// The namespaces whose notebooks may run it, all of them (empty: none).
+    pub shared_with: Vec<String>,
+}
+
 /// What users see of a notebook.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -246,6 +256,9 @@ pub struct SavedImage {
     #[serde(default)]
     #[schema(value_type = Option<crate::openapi::ChangeSummary>)]
     pub summary: Option<labforge_builder::summary::ChangeSummary>,
+    /// The other namespaces whose notebooks may run it, as its namespace shared it.
+    #[serde(default)]
+    pub shared_with: Vec<String>,
 }
 
 /// A notebook event, shaped like the Kubernetes events Kubeflow's web app shows.

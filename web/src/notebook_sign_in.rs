@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 pub const CODE_LIFETIME: Duration = Duration::from_secs(60);
 /// Codes outstanding at once; more are refused until some are used or expire.
 const MAX_CODES: usize = 10_000;
-/// Codes one user may have outstanding: a page (or a user with many sessions) that asks for
-/// more is refused, not the other users.
+/// Codes one user may have outstanding: a new one past that takes the place of the user's
+/// oldest, so that no one (a page that gets codes made for its visitor, a user with many tabs)
+/// can use up a user's sign-ins, and one user's codes cannot fill [`MAX_CODES`].
 const MAX_CODES_PER_USER: usize = 16;
 
 /// Where the web app sends people to a notebook: its own host under `domain`.
@@ -70,8 +71,6 @@ struct Grant {
 pub enum IssueError {
     #[error("too many notebook sign-ins at once; try again in a minute")]
     Busy,
-    #[error("too many notebook sign-ins by this user at once; try again in a minute")]
-    UserBusy,
 }
 
 impl NotebookSignIn {
@@ -103,8 +102,13 @@ impl NotebookSignIn {
         let code = random_hex(32);
         let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
         codes.retain(|_, code| code.issued.elapsed() < self.code_lifetime);
-        if codes.values().filter(|c| c.grant.user == user).count() >= MAX_CODES_PER_USER {
-            return Err(IssueError::UserBusy);
+        let users_codes = codes.iter().filter(|(_, c)| c.grant.user == user);
+        if users_codes.clone().count() >= MAX_CODES_PER_USER
+            && let Some(oldest) = users_codes
+                .min_by_key(|(_, c)| c.issued)
+                .map(|(code, _)| code.clone())
+        {
+            codes.remove(&oldest);
         }
         if codes.len() >= MAX_CODES {
             return Err(IssueError::Busy);
@@ -190,17 +194,14 @@ impl HostSignIn for NotebookSignIn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::users::{Sessions, Users};
+    use crate::users::Users;
 
     fn sign_in(lifetime: Duration) -> (NotebookSignIn, Arc<LocalAuth>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let users = Users::open(dir.path()).unwrap();
         users.add("alice", false).unwrap();
         users.add("bob", false).unwrap();
-        let auth = Arc::new(LocalAuth {
-            users,
-            sessions: Sessions::default(),
-        });
+        let auth = Arc::new(LocalAuth::new(users, crate::users::SESSION_COOKIE));
         (
             NotebookSignIn::with_code_lifetime(auth.clone(), lifetime),
             auth,
@@ -303,21 +304,42 @@ mod tests {
     }
 
     #[test]
-    fn one_user_cannot_take_every_code() {
+    fn codes_made_for_a_user_in_a_flood_cannot_lock_them_out() {
         let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
-        let issue = |user: &str| {
-            let session = auth.sessions.start(user).unwrap();
-            sign_in.issue(&session, user, user, "lab", "s", RETURN)
+        let session = auth.sessions.start("alice").unwrap();
+        let issue = |state: &str| {
+            sign_in
+                .issue(&session, "alice", "alice", "lab", state, RETURN)
+                .unwrap()
         };
-        for _ in 0..MAX_CODES_PER_USER {
-            issue("bob").unwrap();
-        }
+        // A page keeps having codes made for its visitor; the visitor's own sign-in, in the
+        // middle of it, goes through, until the flood has pushed it out.
+        let first = issue("s0");
+        let flood: Vec<String> = (0..MAX_CODES_PER_USER * 4)
+            .map(|i| issue(&format!("f{i}")))
+            .collect();
+        let own = issue("own");
+        assert!(sign_in.redeem(&own, "lab--alice", "own").is_ok());
         assert_eq!(
-            issue("bob"),
-            Err(IssueError::UserBusy),
-            "with a new session too"
+            sign_in.redeem(&first, "lab--alice", "s0"),
+            Err(CodeRefused::Unknown),
+            "the oldest made way"
         );
-        assert!(issue("alice").is_ok(), "another user still signs in");
+        let last = flood.last().unwrap();
+        let state = format!("f{}", flood.len() - 1);
+        assert!(sign_in.redeem(last, "lab--alice", &state).is_ok());
+        let outstanding = sign_in.codes.lock().unwrap().len();
+        assert_eq!(
+            outstanding,
+            MAX_CODES_PER_USER - 2,
+            "one user's codes stay bounded"
+        );
+        // Other users are not touched.
+        let bob = auth.sessions.start("bob").unwrap();
+        let code = sign_in
+            .issue(&bob, "bob", "bob", "lab", "b", "/notebook/bob/lab/")
+            .unwrap();
+        assert!(sign_in.redeem(&code, "lab--bob", "b").is_ok());
     }
 
     #[test]

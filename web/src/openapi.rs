@@ -57,6 +57,7 @@ pub static DOCUMENT: LazyLock<String> =
         crate::api::follow_save,
         crate::api::saved_images,
         crate::api::delete_saved_image,
+        crate::api::share_saved_image,
         crate::api::list_volumes,
         crate::api::delete_volume,
         crate::kubeflow_api::info,
@@ -275,6 +276,8 @@ pub(crate) struct SpawnerConfig {
     defaults: (),
     /// Images the user saved: choices for them.
     saved_images: Vec<SavedImage>,
+    /// Images other namespaces saved and shared with the user's: choices for them too.
+    shared_images: Vec<SavedImage>,
     /// Choices only Kubeflow's form makes: affinityConfigs, defaultAffinityConfig,
     /// tolerationGroups, defaultTolerationGroup, configurations, readOnly, cpuLimitFactor,
     /// memoryLimitFactor.
@@ -826,7 +829,12 @@ impl IntoResponses for SignedInErrors {
         ResponsesBuilder::new()
             .response("400", Ref::from_response_name("BadRequest"))
             .response("401", error("not signed in"))
-            .response("403", error("not allowed in this namespace"))
+            .response(
+                "403",
+                error(
+                    "not allowed in this namespace, or a change sent by a page of another origin",
+                ),
+            )
             .build()
             .into()
     }
@@ -897,7 +905,7 @@ mod tests {
             .values()
             .map(|path| path.as_object().map_or(0, |methods| methods.len()))
             .sum();
-        assert_eq!(operations, 30);
+        assert_eq!(operations, 31);
         assert!(document["components"]["parameters"]["ns"].is_object());
         assert!(document["components"]["responses"]["BadRequest"].is_object());
     }

@@ -278,6 +278,17 @@ async fn notebook_sign_in(
             user.as_ref(),
         );
     };
+    // Codes go only to a tab's own navigation: a page's images, fetches and frames (a notebook's
+    // page on the same site sends the visitor's cookie with them) get none.
+    if let Some(why) = not_a_tab_navigation(&headers) {
+        return error_page(
+            &state.base_path,
+            StatusCode::FORBIDDEN,
+            "Not signed in",
+            &format!("Notebook sign-in happens only when a tab opens a notebook ({why})."),
+            user.as_ref(),
+        );
+    }
     let Ok(Query(query)) = query else {
         return error_page(
             &state.base_path,
@@ -370,6 +381,21 @@ async fn notebook_sign_in(
         ],
     )
         .into_response()
+}
+
+/// Why a request is not a browser tab's own navigation, when its Fetch Metadata says so; a
+/// request without it is not a page's and passes.
+fn not_a_tab_navigation(headers: &HeaderMap) -> Option<String> {
+    [
+        ("sec-fetch-mode", "navigate"),
+        ("sec-fetch-dest", "document"),
+    ]
+    .into_iter()
+    .find_map(|(name, wanted)| {
+        let value = headers.get(name)?;
+        (value.as_bytes() != wanted.as_bytes())
+            .then(|| format!("{name}: {}", String::from_utf8_lossy(value.as_bytes())))
+    })
 }
 
 async fn login_page(State(state): State<ApiState>) -> Markup {
@@ -519,18 +545,31 @@ struct NewQuery {
     ns: Option<String>,
 }
 
+/// The saved images a spawner form offers: the namespace's own, and those other namespaces
+/// shared with it.
+#[derive(Clone, Copy, Default)]
+struct SavedChoices<'a> {
+    own: &'a [SavedImage],
+    shared: &'a [SavedImage],
+}
+
 /// The image choices for `server_type`: the catalog's (its default selected unless an image is
-/// preset), then the user's saved images for that server.
+/// preset), then the user's saved images for that server, then those shared with them.
 fn image_options(
     config: &SpawnerConfig,
-    saved: &[SavedImage],
+    choices: SavedChoices<'_>,
     preset_image: Option<&str>,
     server_type: ServerType,
 ) -> Markup {
-    let saved: Vec<&SavedImage> = saved
-        .iter()
-        .filter(|i| i.server_type.is_none_or(|t| t == server_type))
-        .collect();
+    let for_this_server = |images: &'_ [SavedImage]| -> Vec<SavedImage> {
+        images
+            .iter()
+            .filter(|i| i.server_type.is_none_or(|t| t == server_type))
+            .cloned()
+            .collect()
+    };
+    let saved = for_this_server(choices.own);
+    let shared = for_this_server(choices.shared);
     html! {
         optgroup label="Catalog" {
             @for image in config.images.iter().filter(|i| i.server_type == server_type) {
@@ -544,9 +583,18 @@ fn image_options(
         }
         @if !saved.is_empty() {
             optgroup label="Your saved images" {
-                @for image in saved {
+                @for image in &saved {
                     option value=(image.image) {
                         (image.image) " — saved from " (image.notebook)
+                    }
+                }
+            }
+        }
+        @if !shared.is_empty() {
+            optgroup label="Shared with you" {
+                @for image in &shared {
+                    option value=(image.image) {
+                        (image.image) " — shared by " (image.namespace)
                     }
                 }
             }
@@ -619,7 +667,7 @@ fn gpu_fields(config: &SpawnerConfig) -> Markup {
 /// The notebook's name, server type and image.
 fn notebook_fields(
     config: &SpawnerConfig,
-    saved: &[SavedImage],
+    saved: SavedChoices<'_>,
     preset_image: Option<&str>,
 ) -> Markup {
     let options = |server_type| image_options(config, saved, preset_image, server_type);
@@ -726,7 +774,7 @@ fn storage_fields(defaults: &crate::config::Defaults) -> Markup {
 
 fn spawner_form(
     config: &SpawnerConfig,
-    saved: &[SavedImage],
+    saved: SavedChoices<'_>,
     preset_image: Option<&str>,
 ) -> Markup {
     html! {
@@ -770,6 +818,11 @@ async fn new_page(
         .saved_images(&namespace)
         .await
         .unwrap_or_default();
+    let shared = state
+        .backend
+        .images_shared_with(&namespace)
+        .await
+        .unwrap_or_default();
     page(
         &state.base_path,
         "New notebook",
@@ -779,7 +832,14 @@ async fn new_page(
         }),
         html! {
             h1 { "New notebook" }
-            (spawner_form(&state.config, &saved, query.image.as_deref()))
+            (spawner_form(
+                &state.config,
+                SavedChoices {
+                    own: &saved,
+                    shared: &shared,
+                },
+                query.image.as_deref(),
+            ))
         },
         Some("new.js"),
     )
@@ -870,7 +930,7 @@ fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
             h3 { "Saved images" }
             div.table-wrap {
                 table #images {
-                    (column_headings(&["Image", "Digest", "Layer", "Changes", "Saved", "Use"]))
+                    (column_headings(&["Image", "Digest", "Layer", "Changes", "Saved", "Shared with", "Use"]))
                     tbody {}
                 }
             }
@@ -1044,6 +1104,9 @@ pub fn app(state: ApiState) -> Router {
     crate::api::router(state.clone())
         .merge(router(state))
         .layer(axum::middleware::from_fn(
+            crate::same_origin::refuse_other_origins,
+        ))
+        .layer(axum::middleware::from_fn(
             crate::keep_alive::close_if_body_unread,
         ))
 }
@@ -1068,6 +1131,29 @@ pub fn router(state: ApiState) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sign_in_codes_go_only_to_a_tabs_navigation() {
+        let headers = |pairs: &[(&'static str, &'static str)]| -> HeaderMap {
+            pairs
+                .iter()
+                .map(|(n, v)| (n.parse().unwrap(), v.parse().unwrap()))
+                .collect()
+        };
+        let tab = [
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ];
+        assert_eq!(not_a_tab_navigation(&headers(&tab)), None);
+        assert_eq!(not_a_tab_navigation(&HeaderMap::new()), None, "no page");
+        for page_request in [
+            [("sec-fetch-mode", "no-cors"), ("sec-fetch-dest", "image")],
+            [("sec-fetch-mode", "cors"), ("sec-fetch-dest", "empty")],
+            [("sec-fetch-mode", "navigate"), ("sec-fetch-dest", "iframe")],
+        ] {
+            assert!(not_a_tab_navigation(&headers(&page_request)).is_some());
+        }
+    }
 
     #[test]
     fn a_sign_in_link_returns_below_its_notebook_with_the_proxys_state() {
@@ -1131,7 +1217,7 @@ mod tests {
         let mut config = crate::config::default_spawner("registry.local");
         config.images[0].description = HOSTILE.into();
         config.defaults.cpu = HOSTILE.into();
-        let form = spawner_form(&config, &[], Some(HOSTILE)).into_string();
+        let form = spawner_form(&config, SavedChoices::default(), Some(HOSTILE)).into_string();
         for html in [&notebook, &error, &form] {
             assert!(
                 !html.contains("<img") && !html.contains(r#"onerror="a""#),
@@ -1165,7 +1251,7 @@ mod tests {
     #[test]
     fn the_form_offers_the_catalog_and_only_available_gpus() {
         let mut config = crate::config::default_spawner("registry.local");
-        let form = spawner_form(&config, &[], None).into_string();
+        let form = spawner_form(&config, SavedChoices::default(), None).into_string();
         assert!(
             form.contains(r#"<option value="registry.local/labforge/jupyterlab:latest" selected>"#)
         );
@@ -1189,6 +1275,7 @@ mod tests {
             files_deleted: 0,
             created: String::new(),
             summary: None,
+            shared_with: Vec::new(),
         };
         let code = crate::model::SavedImage {
             image: "registry.local/alice/code:v1".into(),
@@ -1200,7 +1287,20 @@ mod tests {
             server_type: None,
             ..saved.clone()
         };
-        let form = spawner_form(&config, &[saved, code, unknown], None).into_string();
+        let bobs = crate::model::SavedImage {
+            image: "registry.local/bob/lab:v1".into(),
+            namespace: "bob".into(),
+            ..saved.clone()
+        };
+        let own = [saved, code, unknown];
+        let choices = SavedChoices {
+            own: &own,
+            shared: std::slice::from_ref(&bobs),
+        };
+        let form = spawner_form(&config, choices, None).into_string();
+        assert!(form.contains(
+            r#"<optgroup label="Shared with you"><option value="registry.local/bob/lab:v1">registry.local/bob/lab:v1 — shared by bob</option>"#
+        ));
         assert!(form.contains(
             r#"<optgroup label="Your saved images"><option value="registry.local/alice/lab:v1">"#
         ));

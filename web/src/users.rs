@@ -17,7 +17,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+/// The session cookie's name where the browser would not keep a `__Host-` cookie: plain HTTP
+/// on a host other than `localhost`'s own family.
 pub const SESSION_COOKIE: &str = "labforge_session";
+/// The session cookie's name wherever the browser keeps `__Host-` cookies (TLS, and plain HTTP on
+/// `localhost` and its subdomains): a page of another host, a notebook's among them, cannot set a
+/// cookie of this name, not even for a parent domain, so it cannot plant a session beside the
+/// visitor's own.
+pub const HOST_SESSION_COOKIE: &str = "__Host-labforge_session";
 /// A session ends this long after sign-in (not extended by use: the proxy checks sessions on
 /// every request, and a read lock keeps that cheap).
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -353,28 +360,81 @@ impl Sessions {
     }
 }
 
-/// The session tokens in a request's cookies: usually one, but a page on a host below the web
-/// app's (a notebook's, with `--notebook-domain`) can plant another beside it, so each is tried.
-pub fn session_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    labforge_proxy::notebook_host::cookies(headers, SESSION_COOKIE)
+/// The session cookie's name for a web app served at `host` (`None`: whatever host the browser
+/// uses), over TLS or not: [`HOST_SESSION_COOKIE`] wherever browsers keep `__Host-` cookies,
+/// which is over TLS and, on plain HTTP, on `localhost` and its subdomains (secure contexts).
+pub fn session_cookie_name(tls: bool, host: Option<&str>) -> &'static str {
+    if tls || host.is_some_and(is_localhost) {
+        HOST_SESSION_COOKIE
+    } else {
+        SESSION_COOKIE
+    }
+}
+
+/// `localhost` or a name below it, which browsers resolve to this machine by themselves.
+pub fn is_localhost(host: &str) -> bool {
+    host == "localhost" || host.ends_with(".localhost")
+}
+
+/// The session a request's cookies carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionCookie<'h> {
+    None,
+    One(&'h str),
+    /// More than one value: one was planted (by a page of a host that shares the web app's
+    /// site), or is left from another path. Which one the browser meant cannot be told, so the
+    /// request is signed in as nobody.
+    Several,
 }
 
 /// Local users and sessions, as the proxy and the API see them.
 pub struct LocalAuth {
     pub users: Users,
     pub sessions: Sessions,
+    /// The session cookie's name ([`SESSION_COOKIE`] or [`HOST_SESSION_COOKIE`]).
+    pub cookie: &'static str,
 }
 
 impl LocalAuth {
-    /// The signed-in user a request carries, if the user still exists: a user removed with
-    /// `labforge user remove` loses their sessions at once (one `stat` of the file per request).
-    pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
-        session_tokens(headers).find_map(|token| self.user_of_session(token))
+    /// Users and sessions whose cookie is named `cookie`.
+    pub fn new(users: Users, cookie: &'static str) -> Self {
+        Self {
+            users,
+            sessions: Sessions::default(),
+            cookie,
+        }
     }
 
-    /// The token of the request's session that is valid, if one is.
+    /// The session value the request carries under this instance's cookie name.
+    pub fn session_cookie<'h>(&self, headers: &'h HeaderMap) -> SessionCookie<'h> {
+        let mut values = labforge_proxy::notebook_host::cookies(headers, self.cookie);
+        match (values.next(), values.next()) {
+            (None, _) => SessionCookie::None,
+            (Some(token), None) => SessionCookie::One(token),
+            (Some(_), Some(_)) => SessionCookie::Several,
+        }
+    }
+
+    /// The signed-in user a request carries, if the user still exists: a user removed with
+    /// `labforge user remove` loses their sessions at once (one `stat` of the file per request).
+    /// A request with more than one session value is nobody's.
+    pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
+        self.user_of_session(self.session_of(headers)?)
+    }
+
+    /// The token of the request's one session cookie, valid or not.
     pub fn session_of<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        session_tokens(headers).find(|token| self.user_of_session(token).is_some())
+        match self.session_cookie(headers) {
+            SessionCookie::One(token) => Some(token),
+            SessionCookie::None => None,
+            SessionCookie::Several => {
+                tracing::warn!(
+                    cookie = self.cookie,
+                    "a request carried more than one session cookie: refused as signed out"
+                );
+                None
+            }
+        }
     }
 
     /// The user of session `token`, if it lasts and its user still exists unchanged.
@@ -423,10 +483,8 @@ impl IdentitySource for LocalAuth {
     /// The end of the request's session: tunnels close on sign-out, and when the user is
     /// removed or reset.
     fn revocation(&self, headers: &HeaderMap) -> Option<Revocation> {
-        // An ended session's end is at once.
-        let token = self
-            .session_of(headers)
-            .or_else(|| session_tokens(headers).next())?;
+        // An ended or unknown session's end is at once.
+        let token = self.session_of(headers)?;
         Some(Box::pin(self.sessions.ended(token)))
     }
 }
@@ -474,10 +532,7 @@ mod tests {
     #[test]
     fn the_session_cookie_identifies_the_user() {
         let dir = tempfile::tempdir().unwrap();
-        let auth = LocalAuth {
-            users: Users::open(dir.path()).unwrap(),
-            sessions: Sessions::default(),
-        };
+        let auth = LocalAuth::new(Users::open(dir.path()).unwrap(), SESSION_COOKIE);
         auth.users.add("alice", false).unwrap();
         let token = auth.sessions.start("alice").unwrap();
         let mut headers = HeaderMap::new();
@@ -488,21 +543,43 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(auth.identify(&headers).unwrap().user, "alice");
-        // A value planted before it (by a page of a subdomain, bytes and all) does not hide it.
-        let mut planted = HeaderMap::new();
-        planted.insert(
+        // A second value beside it (planted by a page of a host of the same site, another
+        // user's valid session included, in any order, bytes and all) makes the request
+        // nobody's: which one the browser meant cannot be told.
+        let bob = {
+            auth.users.add("bob", false).unwrap();
+            auth.sessions.start("bob").unwrap()
+        };
+        for (first, second) in [(&bob, &token), (&token, &bob), (&token, &token)] {
+            let mut planted = HeaderMap::new();
+            planted.insert(
+                http::header::COOKIE,
+                http::HeaderValue::from_bytes(
+                    &[
+                        format!("{SESSION_COOKIE}={first}; x=").as_bytes(),
+                        &[0xff],
+                        format!("; {SESSION_COOKIE}={second}").as_bytes(),
+                    ]
+                    .concat(),
+                )
+                .unwrap(),
+            );
+            assert_eq!(auth.session_cookie(&planted), SessionCookie::Several);
+            assert!(auth.identify(&planted).is_none());
+            assert!(auth.revocation(&planted).is_none(), "no session to follow");
+        }
+        // Only this instance's cookie name counts: an unprefixed value beside the `__Host-` one
+        // is someone else's cookie.
+        let host_auth = LocalAuth::new(Users::open(dir.path()).unwrap(), HOST_SESSION_COOKIE);
+        let host_token = host_auth.sessions.start("alice").unwrap();
+        let mut both = HeaderMap::new();
+        both.insert(
             http::header::COOKIE,
-            http::HeaderValue::from_bytes(
-                &[
-                    format!("{SESSION_COOKIE}=planted; x=").as_bytes(),
-                    &[0xff],
-                    format!("; {SESSION_COOKIE}={token}").as_bytes(),
-                ]
-                .concat(),
-            )
-            .unwrap(),
+            format!("{SESSION_COOKIE}={bob}; {HOST_SESSION_COOKIE}={host_token}")
+                .parse()
+                .unwrap(),
         );
-        assert_eq!(auth.identify(&planted).unwrap().user, "alice");
+        assert_eq!(host_auth.identify(&both).unwrap().user, "alice");
         let may_use = |ns| matches!(auth.may_use("alice", ns), Answer::Now(true));
         assert!(may_use("alice"));
         assert!(!may_use("bob"));
@@ -526,10 +603,7 @@ mod tests {
     async fn a_sessions_end_is_signalled_on_sign_out_removal_and_reset() {
         use futures::FutureExt as _;
         let dir = tempfile::tempdir().unwrap();
-        let auth = LocalAuth {
-            users: Users::open(dir.path()).unwrap(),
-            sessions: Sessions::default(),
-        };
+        let auth = LocalAuth::new(Users::open(dir.path()).unwrap(), SESSION_COOKIE);
         auth.users.add("alice", false).unwrap();
         auth.users.add("bob", false).unwrap();
         let headers = |token: &str| {

@@ -169,6 +169,12 @@ impl FieldErrors {
         }
     }
 
+    /// Puts `error` in place of any other for its field.
+    pub fn replace(&mut self, error: FieldError) {
+        self.0.retain(|e| e.field != error.field);
+        self.0.insert(0, error);
+    }
+
     /// The value, or `None` with the error kept.
     fn keep<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
         result.map_err(|e| self.push(e)).ok()

@@ -121,6 +121,16 @@ async function images() {
     el('td', {}, bytes(i.layerBytes)),
     el('td', { class: 'wrap' }, summaryText(i)),
     el('td', { title: i.created }, ago(i.created)),
+    el('td', { class: 'wrap' }, i.sharedWith.length ? i.sharedWith.join(', ') : 'no one',
+      ' ',
+      el('button', { type: 'button', class: 'secondary', onclick: async () => {
+        const typed = prompt(`Namespaces whose notebooks may run ${i.image} (comma-separated; empty: no one)`, i.sharedWith.join(', '));
+        if (typed === null) return;
+        const sharedWith = typed.split(',').map((n) => n.trim()).filter((n) => n);
+        const answer = await api('PUT', `api/namespaces/${ns}/images/sharing`, { image: i.image, sharedWith });
+        if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
+        images();
+      } }, 'Share…')),
     el('td', {},
       el('a', { class: 'button secondary', href: pageLink('new', ns, { image: i.image }) }, 'Start a new notebook from it'),
       el('button', { type: 'button', class: 'secondary', onclick: async () => {
