@@ -201,6 +201,12 @@ pub struct UpArgs {
     /// this machine by themselves.
     #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN", default_value = "localhost")]
     pub notebook_domain: String,
+    /// The web app's host, when not the notebook domain itself: one of another site (another
+    /// registrable domain, e.g. lab.example.com with --notebook-domain
+    /// notebooks.example-lab.net), so that no notebook's page shares a site with the web app
+    /// (SECURITY.md). The same port serves both.
+    #[arg(long, env = "LABFORGE_APP_HOST", conflicts_with = "notebook_paths")]
+    pub app_host: Option<String>,
     /// Serve notebooks on the web app's host under `/notebook/<ns>/<name>/`, as Kubeflow does,
     /// instead of on hosts of their own: a notebook's pages can then act as whoever opens them
     /// (see SECURITY.md).
@@ -256,6 +262,9 @@ impl UpArgs {
             "--notebook-domain".to_owned(),
             self.notebook_domain.clone(),
         ];
+        if let Some(host) = &self.app_host {
+            args.extend(["--app-host".to_owned(), host.clone()]);
+        }
         if let Some(registry) = &self.registry {
             args.extend(["--registry".to_owned(), registry.clone()]);
         }
@@ -452,6 +461,10 @@ pub struct ProxyArgs {
     /// proxy in front must cover `*.<domain>` (SECURITY.md).
     #[arg(long, env = "LABFORGE_NOTEBOOK_DOMAIN")]
     pub notebook_domain: Option<String>,
+    /// The web app's host, where error pages on notebook hosts link back to, when it is not the
+    /// notebook domain itself (the dashboard on a site of its own).
+    #[arg(long, env = "LABFORGE_APP_HOST", requires = "notebook_domain")]
+    pub app_host: Option<String>,
     /// The web app's root path (e.g. `/jupyter/` under Kubeflow's dashboard): a browser opening a
     /// notebook without a route is sent to the app's page of it, and error pages link back there.
     #[arg(long, env = "LABFORGE_APP_PATH", value_parser = app_path)]
@@ -510,6 +523,10 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             .as_deref()
             .map(|domain| domain.trim_matches('.').to_ascii_lowercase())
             .filter(|domain| !domain.is_empty());
+        let app_host = match (&args.app_host, &notebook_domain) {
+            (Some(host), Some(domain)) => Some(app_host(host, domain)?),
+            _ => None,
+        };
         let upstream_addresses = args
             .upstreams
             .iter()
@@ -574,6 +591,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
             },
             notebook_hosts: notebook_domain.map(|domain| {
                 labforge_proxy::notebook_host::NotebookHosts {
+                    app_host: app_host.unwrap_or_else(|| domain.clone()),
                     domain,
                     sign_in: None,
                 }
@@ -1461,18 +1479,53 @@ fn notebook_domain(args: &UpArgs) -> anyhow::Result<Option<String>> {
     Ok(Some(domain))
 }
 
+/// `--app-host` of `labforge up`, checked against its notebook domain.
+fn up_app_host(args: &UpArgs) -> anyhow::Result<Option<String>> {
+    match (&args.app_host, notebook_domain(args)?) {
+        (Some(host), Some(domain)) => Ok(Some(app_host(host, &domain)?)),
+        _ => Ok(None),
+    }
+}
+
+/// The web app's host as given, lowercased: a host name that is not a notebook's host
+/// (`<label>.<domain>`), where requests would be taken for that notebook's.
+fn app_host(host: &str, domain: &str) -> anyhow::Result<String> {
+    let host = host.trim_matches('.').to_ascii_lowercase();
+    if host.is_empty() || !host.split('.').all(labforge_crds::host::is_dns_label) {
+        anyhow::bail!("--app-host {host:?} is not a host name (e.g. lab.example.com)");
+    }
+    if host
+        .strip_suffix(domain)
+        .and_then(|label| label.strip_suffix('.'))
+        .is_some_and(|label| !label.contains('.'))
+    {
+        anyhow::bail!(
+            "--app-host {host}: one label below --notebook-domain {domain} is a notebook's host; \
+             pick a host of another site (or the domain itself, the default)"
+        );
+    }
+    Ok(host)
+}
+
 fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe()
         .and_then(|exe| exe.canonicalize())
         .context("finding this program's own path")?;
     // What `up` would refuse is refused now, not by a service failing at every restart.
     let domain = notebook_domain(&args.up)?;
+    let app_host = up_app_host(&args.up)?;
+    let app_host = app_host.as_deref().or(domain.as_deref());
+    labforge_embedded::up::check_notebook_site(
+        domain.as_deref(),
+        app_host,
+        args.up.tls().is_some(),
+    )?;
     match args.up.tls() {
         Some(labforge_embedded::up::TlsSource::Files(files)) => {
             labforge_proxy::server::tls_acceptor(&files)?;
         }
         Some(labforge_embedded::up::TlsSource::SelfSigned) => {
-            labforge_embedded::up::certificate_names(domain.as_deref(), args.up.listen)?;
+            labforge_embedded::up::certificate_names(domain.as_deref(), app_host, args.up.listen)?;
         }
         None => {}
     }
@@ -1541,6 +1594,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         cache: None,
         culling,
         notebook_domain: notebook_domain(args)?,
+        app_host: up_app_host(args)?,
         tls: args.tls(),
         metrics_listen: args.metrics_listen,
         cdi_dirs: labforge_embedded::gpus::CDI_DIRS
@@ -1665,6 +1719,47 @@ mod tests {
         assert!(
             Cli::try_parse_from(["labforge", "service", "install", "--name", "lab/../x"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_app_host_is_a_host_name_apart_from_the_notebooks_hosts() {
+        let domain = "notebooks.example-lab.net";
+        assert_eq!(
+            app_host("Lab.Example.com.", domain).unwrap(),
+            "lab.example.com"
+        );
+        assert_eq!(app_host(domain, domain).unwrap(), domain, "the default");
+        assert_eq!(
+            app_host("example-lab.net", domain).unwrap(),
+            "example-lab.net"
+        );
+        for (host, says) in [
+            ("lab--alice.notebooks.example-lab.net", "a notebook's host"),
+            ("lab example.com", "not a host name"),
+            ("", "not a host name"),
+        ] {
+            let refused = app_host(host, domain).unwrap_err().to_string();
+            assert!(refused.contains(says), "{host}: {refused}");
+        }
+        // A service keeps it; notebooks on paths have no other host.
+        let up = |args: &[&str]| match Cli::try_parse_from([&["labforge", "up"][..], args].concat())
+        {
+            Ok(Cli {
+                command: Command::Up(up),
+                ..
+            }) => Ok(up),
+            Ok(other) => panic!("{:?}", other.command),
+            Err(e) => Err(e),
+        };
+        let separate = up(&["--notebook-domain", domain, "--app-host", "lab.example.com"]).unwrap();
+        let args = separate.service_args().unwrap();
+        let at = args.iter().position(|a| a == "--app-host").unwrap();
+        assert_eq!(args[at + 1], "lab.example.com");
+        assert_eq!(
+            up_app_host(&separate).unwrap().as_deref(),
+            Some("lab.example.com")
+        );
+        assert!(up(&["--notebook-paths", "--app-host", "lab.example.com"]).is_err());
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub enum UpError {
     )]
     WildcardTooWide { domain: String },
     #[error(
-        "--notebook-domain {domain}: over plain HTTP its notebooks' pages could set cookies for {domain}, the web app's host, and sign its visitors in as someone else (browsers keep no __Host- cookie on plain HTTP there); serve HTTPS with --tls-cert and --tls-key, or --tls-self-signed"
+        "{domain} over plain HTTP: notebooks' pages could set cookies for the web app's host and sign its visitors in as someone else (browsers keep __Host- cookies on plain HTTP only on localhost); serve HTTPS with --tls-cert and --tls-key, or --tls-self-signed"
     )]
     PlainHttpSharedSite { domain: String },
     #[error(transparent)]
@@ -127,14 +127,25 @@ pub struct UpOptions {
     pub cache: Option<BlobCache>,
     pub culling: CullingConfig,
     pub cdi_dirs: Vec<PathBuf>,
-    /// The web app's host, each notebook on its own below it ([`NotebookHosts`]); `None`:
-    /// notebooks on the web app's host, under their paths.
+    /// Each notebook on a host of its own below this domain ([`NotebookHosts`]), and the web
+    /// app on the domain itself unless [`Self::app_host`] says; `None`: notebooks on the web
+    /// app's host, under their paths.
     pub notebook_domain: Option<String>,
+    /// The web app's host when it is not the notebook domain itself: one of another site, whose
+    /// cookies no notebook's page can set. Only with a notebook domain.
+    pub app_host: Option<String>,
     /// HTTPS on the listen address (plain HTTP there is redirected to it), and cookies marked
     /// `Secure`; `None`: plain HTTP.
     pub tls: Option<TlsSource>,
     /// Where Prometheus metrics are served (`/metrics`); `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+}
+
+impl UpOptions {
+    /// The web app's host, when notebooks are on hosts of their own.
+    pub fn app_host(&self) -> Option<&str> {
+        self.app_host.as_deref().or(self.notebook_domain.as_deref())
+    }
 }
 
 /// A running embedded mode; everything stops when it is dropped.
@@ -357,11 +368,13 @@ fn instance_id(dir: &Path) -> Result<String, UpError> {
     Ok(id)
 }
 
-/// The names a self-signed certificate covers: the web app's host and every notebook's host
-/// below it, `localhost`, and the listen address when it is one address. Certificate checks
-/// refuse a wildcard with one label after it (`*.localhost`), so the domain needs two.
+/// The names a self-signed certificate covers: the notebook domain and every notebook's host
+/// below it, the web app's host (`app_host`, when it is another), `localhost`, and the listen
+/// address when it is one address. Certificate checks refuse a wildcard with one label after it
+/// (`*.localhost`), so the domain needs two.
 pub fn certificate_names(
     notebook_domain: Option<&str>,
+    app_host: Option<&str>,
     listen: SocketAddr,
 ) -> Result<Vec<String>, UpError> {
     let mut names = Vec::new();
@@ -374,7 +387,12 @@ pub fn certificate_names(
         names.push(domain.to_owned());
         names.push(format!("*.{domain}"));
     }
-    if notebook_domain != Some("localhost") {
+    if let Some(host) = app_host
+        && !names.iter().any(|name| name == host)
+    {
+        names.push(host.to_owned());
+    }
+    if !names.iter().any(|name| name == "localhost") {
         names.push("localhost".to_owned());
     }
     if !listen.ip().is_unspecified() {
@@ -383,18 +401,27 @@ pub fn certificate_names(
     Ok(names)
 }
 
-/// Refuses a notebook domain whose notebooks' pages could plant the web app's session cookie:
-/// below the web app's host, they share its site, and off `localhost` browsers keep `__Host-`
-/// cookies only over TLS. `localhost` itself is not a site notebooks share (browsers let no
-/// host set a cookie for it), and its subdomains are secure contexts.
-pub fn check_notebook_site(notebook_domain: Option<&str>, tls: bool) -> Result<(), UpError> {
-    match notebook_domain {
-        Some(domain) if !tls && !labforge_web::users::is_localhost(domain) => {
-            Err(UpError::PlainHttpSharedSite {
-                domain: domain.to_owned(),
-            })
-        }
-        _ => Ok(()),
+/// Refuses plain HTTP where notebooks' pages could plant the web app's session cookie: a
+/// notebook domain or web app host off `localhost`, where browsers keep `__Host-` cookies only
+/// over TLS. `localhost` itself is not a site notebooks share (browsers let no host set a
+/// cookie for it), and its subdomains are secure contexts.
+pub fn check_notebook_site(
+    notebook_domain: Option<&str>,
+    app_host: Option<&str>,
+    tls: bool,
+) -> Result<(), UpError> {
+    if tls {
+        return Ok(());
+    }
+    match [notebook_domain, app_host]
+        .into_iter()
+        .flatten()
+        .find(|host| !labforge_web::users::is_localhost(host))
+    {
+        Some(host) => Err(UpError::PlainHttpSharedSite {
+            domain: host.to_owned(),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -547,12 +574,16 @@ struct Opened {
 
 /// Opens the data dir and everything `up` keeps there, and starts the local registry.
 async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
-    check_notebook_site(options.notebook_domain.as_deref(), options.tls.is_some())?;
+    check_notebook_site(
+        options.notebook_domain.as_deref(),
+        options.app_host(),
+        options.tls.is_some(),
+    )?;
     let (dir, lock, found) = open_data_dir(options)?;
     let (self_signed, tls) = tls_files(options, &dir)?;
     let auth = Arc::new(LocalAuth::new(
         Users::open(&dir)?,
-        labforge_web::users::session_cookie_name(tls.is_some(), options.notebook_domain.as_deref()),
+        labforge_web::users::session_cookie_name(tls.is_some(), options.app_host()),
     ));
     let store = Arc::new(Store::open(&dir.join("store"))?);
     let secrets = Arc::new(
@@ -683,8 +714,8 @@ fn announce(
     local_registry: bool,
 ) -> String {
     let scheme = if tls { "https" } else { "http" };
-    let url = match &options.notebook_domain {
-        Some(domain) => format!("{scheme}://{domain}:{}/", proxy.addr.port()),
+    let url = match options.app_host() {
+        Some(host) => format!("{scheme}://{host}:{}/", proxy.addr.port()),
         None => format!("{scheme}://{}/", proxy.addr),
     };
     if let Err(err) = lock.record(&url) {
@@ -720,7 +751,11 @@ fn tls_files(
     let self_signed = match options.tls {
         Some(TlsSource::SelfSigned) => Some(crate::self_signed::ensure(
             &dir.join("tls"),
-            &certificate_names(options.notebook_domain.as_deref(), options.listen)?,
+            &certificate_names(
+                options.notebook_domain.as_deref(),
+                options.app_host(),
+                options.listen,
+            )?,
             jiff::Timestamp::now(),
         )?),
         _ => None,
@@ -829,12 +864,13 @@ fn proxy_options(
             .into(),
         max_connections: labforge_proxy::server::DEFAULT_MAX_CONNECTIONS as usize,
         body_pace: Default::default(),
-        // The web app on the domain itself, each notebook on a host below it.
+        // Each notebook on a host below the domain; the web app on its own host.
         notebook_hosts: options
             .notebook_domain
             .as_ref()
             .map(|domain| NotebookHosts {
                 domain: domain.clone(),
+                app_host: options.app_host().unwrap_or(domain).to_owned(),
                 sign_in: Some(notebook_sign_in.clone()),
             }),
         app_path: Some("/".into()),

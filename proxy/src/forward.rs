@@ -134,7 +134,7 @@ impl Forwarder {
             app_path: options.app_path.as_deref().map(Arc::from),
             app_link: match (&options.notebook_hosts, &options.app_path) {
                 (Some(hosts), Some(path)) => {
-                    format!("//{}:{}{path}", hosts.domain, options.listen.port()).into()
+                    format!("//{}:{}{path}", hosts.app_host, options.listen.port()).into()
                 }
                 (None, Some(path)) => path.as_str().into(),
                 (_, None) => "/".into(),

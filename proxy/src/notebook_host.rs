@@ -40,9 +40,12 @@ const STATE_LIFETIME_SECONDS: i64 = 600;
 /// Serving notebooks on hosts of their own.
 #[derive(Clone)]
 pub struct NotebookHosts {
-    /// Notebooks are served at `<label>.<domain>` (`localhost` in embedded mode), and the web app,
-    /// where visitors sign in, at the domain itself (the request's port kept).
+    /// Notebooks are served at `<label>.<domain>` (`localhost` in embedded mode).
     pub domain: String,
+    /// The web app's host, where visitors sign in and error pages link back to (the request's
+    /// port kept): `domain` itself, or a host of another site, whose cookies no notebook's page
+    /// can set.
+    pub app_host: String,
     /// Embedded mode's own sign-in to notebook hosts; `None` when the identity source knows the
     /// visitor on every host (an auth proxy in front).
     pub sign_in: Option<Arc<dyn HostSignIn>>,
@@ -52,6 +55,7 @@ impl std::fmt::Debug for NotebookHosts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NotebookHosts")
             .field("domain", &self.domain)
+            .field("app_host", &self.app_host)
             .field("sign_in", &self.sign_in.is_some())
             .finish()
     }
@@ -122,7 +126,7 @@ impl NotebookHosts {
             .finish();
         let location = format!(
             "//{}{}{WEB_SIGN_IN_PATH}?{query}",
-            self.domain,
+            self.app_host,
             port_of(authority)
         );
         let cookie = Cookie::build((STATE_COOKIE, state.clone()))
@@ -282,6 +286,7 @@ mod tests {
     fn hosts() -> NotebookHosts {
         NotebookHosts {
             domain: "localhost".into(),
+            app_host: "localhost".into(),
             sign_in: None,
         }
     }

@@ -103,6 +103,10 @@ impl Session {
         self.call(reqwest::Method::PATCH, path, Some(body)).await
     }
 
+    pub async fn put(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::PUT, path, Some(body)).await
+    }
+
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         self.call(reqwest::Method::DELETE, path, None).await
     }
@@ -775,6 +779,7 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         saved_image.ends_with(&format!("/{alice}/lab:with-probe")),
         "{saved}"
     );
+    saved_images_stay_in_their_namespace(&a, &b, &admin, &saved_image, (&alice, &bob)).await;
 
     // Restart labforge up while the notebook runs: its container is adopted, not replaced, and
     // its route works again.
@@ -844,6 +849,106 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
         );
     }
     assert!(up.stop(), "a clean exit on SIGTERM");
+}
+
+/// What alice saved is hers: bob can neither run it (by any name of the registry) nor tell
+/// which of her tags exist, until she shares it with his namespace; the admin may run it
+/// anywhere. Bob's stopped notebook `scratch` is moved onto images, which starts nothing.
+async fn saved_images_stay_in_their_namespace(
+    a: &Session,
+    b: &Session,
+    admin: &Session,
+    saved_image: &str,
+    (alice, bob): (&str, &str),
+) {
+    let scratch = format!("/api/namespaces/{bob}/notebooks/scratch");
+    let sharing = format!("/api/namespaces/{alice}/images/sharing");
+    let missing = saved_image.replace(":with-probe", ":no-such-tag");
+    let aliased = saved_image.replacen("127.0.0.1", "localhost", 1);
+    let mut refusals = Vec::new();
+    for image in [saved_image, missing.as_str(), aliased.as_str()] {
+        let (code, created) = b
+            .post(
+                &format!("/api/namespaces/{bob}/notebooks"),
+                json!({"name": "borrowed", "image": image}),
+            )
+            .await;
+        assert_eq!(code, 422, "{image}: {created}");
+        assert_eq!(created["field"], "image", "{created}");
+        let (code, moved) = b.patch(&scratch, json!({"image": image})).await;
+        assert_eq!(code, 422, "{image}: {moved}");
+        for answer in [&created, &moved] {
+            refusals.push(answer["error"].as_str().unwrap().replace(image, "<image>"));
+        }
+    }
+    refusals.dedup();
+    assert_eq!(
+        refusals.len(),
+        1,
+        "one answer, whether or not the tag exists: {refusals:?}"
+    );
+    assert!(refusals[0].contains(&format!("namespace {alice}'s saved images")));
+
+    // Only alice shares her images, with namespaces named right, images she has.
+    let (code, refused) = b
+        .put(&sharing, json!({"image": saved_image, "sharedWith": [bob]}))
+        .await;
+    assert_eq!(code, 403, "{refused}");
+    let (code, refused) = a
+        .put(
+            &sharing,
+            json!({"image": saved_image, "sharedWith": [bob, "Not A Name"]}),
+        )
+        .await;
+    assert_eq!(code, 422, "{refused}");
+    assert_eq!(refused["field"], "sharedWith[1]", "{refused}");
+    let (code, refused) = a
+        .put(
+            &sharing,
+            json!({"image": saved_image, "sharedWith": [alice]}),
+        )
+        .await;
+    assert_eq!(
+        (code, refused["field"].as_str()),
+        (422, Some("sharedWith[0]"))
+    );
+    let (code, refused) = a
+        .put(&sharing, json!({"image": missing, "sharedWith": [bob]}))
+        .await;
+    assert_eq!(
+        (code, refused["field"].as_str()),
+        (404, Some("image")),
+        "{refused}"
+    );
+    let (_, config) = b.get("/api/config").await;
+    assert_eq!(config["sharedImages"], json!([]), "nothing shared yet");
+
+    // Shared: bob sees it offered and may run it; the admin may anyway.
+    let (code, shared) = a
+        .put(
+            &sharing,
+            json!({"image": saved_image, "sharedWith": [bob, bob]}),
+        )
+        .await;
+    assert_eq!(code, 200, "{shared}");
+    assert_eq!(shared["sharedWith"], json!([bob]), "{shared}");
+    let (_, images) = a.get(&format!("/api/namespaces/{alice}/images")).await;
+    assert_eq!(images["images"][0]["sharedWith"], json!([bob]), "{images}");
+    let (_, config) = b.get("/api/config").await;
+    assert_eq!(config["sharedImages"][0]["image"], saved_image, "{config}");
+    let (code, moved) = b.patch(&scratch, json!({"image": saved_image})).await;
+    assert_eq!(code, 200, "{moved}");
+    assert_eq!(moved["image"], saved_image, "{moved}");
+
+    // Unshared: refused again; an admin moves bob's notebook onto it all the same.
+    let (code, _) = a
+        .put(&sharing, json!({"image": saved_image, "sharedWith": []}))
+        .await;
+    assert_eq!(code, 200);
+    let (code, refused) = b.patch(&scratch, json!({"image": aliased})).await;
+    assert_eq!(code, 422, "{refused}");
+    let (code, moved) = admin.patch(&scratch, json!({"image": aliased})).await;
+    assert_eq!(code, 200, "{moved}");
 }
 
 /// Issue 32, item 6: amounts podman would read as "no limit" are refused, and the smallest

@@ -2510,6 +2510,7 @@ async fn issue_33_with_a_notebook_domain_each_notebook_is_served_on_its_own_host
     options.confinement.notebook_domain = Some(domain.into());
     options.notebook_hosts = Some(labforge_proxy::notebook_host::NotebookHosts {
         domain: domain.into(),
+        app_host: domain.into(),
         sign_in: None,
     });
     let proxy = labforge_proxy::start(options, RoutesFrom::Files(vec![file]))

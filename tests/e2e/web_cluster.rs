@@ -398,7 +398,9 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     .await
     .unwrap();
     server.set_access_rule(|spec| {
-        spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
+        let namespace = &spec["resourceAttributes"]["namespace"];
+        (spec["user"] == ALICE && namespace == "alice")
+            || (spec["user"] == BOB && namespace == "bob")
     });
     let web = WebApp::start(&server, Some("registry.example.com/saved/"), None).await;
     let api = web.client();
@@ -527,6 +529,39 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert_eq!(status, 200);
     let (status, answer) = post(ALICE, saves, json!({"tag": "v3"})).await;
     assert_eq!(status, 409, "{answer}");
+
+    // What alice saved is her namespace's: bob's notebooks may not run it, and the answer is
+    // the same for a tag she does not have, until she shares it (an annotation on its build).
+    let image = "registry.example.com/saved/alice/lab:v1";
+    let bobs = "/api/namespaces/bob/notebooks";
+    let mut refusals = Vec::new();
+    for named in [image, "registry.example.com/saved/alice/lab:v9"] {
+        let (status, refused) = api
+            .post(Some(BOB), bobs, json!({"name": "borrowed", "image": named}))
+            .await;
+        assert_eq!((status, refused["field"].as_str()), (422, Some("image")));
+        refusals.push(refused["error"].as_str().unwrap().replace(named, "<image>"));
+    }
+    assert_eq!(refusals[0], refusals[1]);
+    let sharing = "/api/namespaces/alice/images/sharing";
+    let share = |user, body| api.call(Some(user), reqwest::Method::PUT, sharing, Some(body));
+    let (status, _) = share(BOB, json!({"image": image, "sharedWith": ["bob"]})).await;
+    assert_eq!(status, 403, "only alice shares alice's");
+    let (status, shared) = share(ALICE, json!({"image": image, "sharedWith": ["bob"]})).await;
+    assert_eq!(status, 200, "{shared}");
+    assert_eq!(shared["sharedWith"], json!(["bob"]));
+    let annotations = builds.get(&id).await.unwrap().metadata.annotations.unwrap();
+    assert_eq!(
+        annotations[labforge_web::image_builds::SHARED_WITH_ANNOTATION],
+        "bob"
+    );
+    let (_, config) = api.get(Some(BOB), "/api/config").await;
+    assert_eq!(config["sharedImages"][0]["image"], image, "{config}");
+    let (status, created) = api
+        .post(Some(BOB), bobs, json!({"name": "borrowed", "image": image}))
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert!(server.rejected().is_empty(), "{:?}", server.rejected());
 }
 
 /// A save's progress stream as it arrives, for tests that act between its events.
