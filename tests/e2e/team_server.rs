@@ -443,3 +443,162 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
         "{images}"
     );
 }
+
+/// On a team's server, the admin opens bob's notebook, and bob's page tries to make the admin's
+/// browser bob's (his own valid session planted beside the admin's, and after 200 cookies of its
+/// own), to sign the admin out with a form, and to lock the admin out of notebooks by having
+/// sign-in codes made: in Chromium, against both setups: the web app on the notebooks' site
+/// (`--notebook-domain labforge.localhost`: notebook hosts are its subdomains) and on a site of
+/// its own (`--app-host labforge.localhost --notebook-domain notebooks.localhost`, `localhost`
+/// being a top-level name to browsers). The web app never takes bob's session for the admin's.
+#[tokio::test]
+async fn a_notebooks_page_cannot_switch_sign_out_or_lock_out_its_visitor() {
+    crate::init_crypto();
+    let suffix = format!("{:x}", std::process::id());
+    // Each setup's users of their own: a container outlives the `up` that ran it.
+    let users = |setup: &str| {
+        (
+            format!("ta-alice-{setup}-{suffix}"),
+            format!("ta-bob-{setup}-{suffix}"),
+        )
+    };
+    let _cleanup = RemoveNotebooksOnDrop(
+        ["same", "own"]
+            .into_iter()
+            .flat_map(|setup| {
+                let (alice, bob) = users(setup);
+                [alice, bob]
+            })
+            .collect(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let screenshots = need(labforge_tests::artifacts_dir());
+    for (setup, args, plant_domains) in [
+        (
+            "same-site",
+            &["--notebook-domain", "labforge.localhost"][..],
+            &["labforge.localhost"][..],
+        ),
+        (
+            "own-site",
+            &[
+                "--notebook-domain",
+                "notebooks.localhost",
+                "--app-host",
+                "labforge.localhost",
+            ][..],
+            &["labforge.localhost", "notebooks.localhost"][..],
+        ),
+    ] {
+        let (alice, bob) = users(&setup[..setup.find('-').unwrap()]);
+        let data = dir.path().join(setup);
+        let up = up_with_jupyterlab(&data, &[&["--tls-self-signed"][..], args].concat()).await;
+        assert!(
+            up.url.starts_with("https://labforge.localhost:"),
+            "{}",
+            up.url
+        );
+        let alice_password = need(up.add_user(&alice));
+        let bob_password = need(up.add_user(&bob));
+        let a = Session::sign_in(&up, &alice, &alice_password).await;
+        let b = Session::sign_in(&up, &bob, &bob_password).await;
+        for (session, ns, name) in [(&a, &alice, "lab"), (&b, &bob, "bobs")] {
+            let (code, created) = session
+                .post(
+                    &format!("/api/namespaces/{ns}/notebooks"),
+                    json!({ "name": name }),
+                )
+                .await;
+            assert_eq!(code, 201, "{created}");
+        }
+        a.wait_state(&alice, "lab", "ready", Duration::from_secs(180))
+            .await;
+        b.wait_state(&bob, "bobs", "ready", Duration::from_secs(180))
+            .await;
+        let bob_token = b.cookie.split_once('=').unwrap().1.to_owned();
+        let seen = need(labforge_tests::browser::run_with_config(
+            "team-attacks.mjs",
+            dir.path(),
+            &json!({
+                "name": setup,
+                "url": up.url,
+                "plantDomains": plant_domains,
+                "bobToken": bob_token,
+                "aliceNs": alice,
+                "bobNs": bob,
+                "admin": ["admin", up.admin_password.clone().unwrap()],
+                "screenshots": screenshots,
+            }),
+        ));
+        eprintln!("{setup}: {seen:#}");
+        let admin = json!({"status": 200, "name": "admin", "error": null});
+        assert_eq!(seen["before"], admin, "{setup}: {seen}");
+        assert_eq!(
+            seen["sessionCookies"],
+            json!([{"name": "__Host-labforge_session", "secure": true, "httpOnly": true,
+                    "path": "/", "domain": "labforge.localhost"}]),
+            "{setup}"
+        );
+        let bobs_host = format!("https://bobs--{bob}.");
+        assert!(
+            seen["bobsPage"]["url"]
+                .as_str()
+                .unwrap()
+                .starts_with(&bobs_host),
+            "{setup}: {seen}"
+        );
+        // Planted: no __Host- cookie reaches the web app from bob's page; a plain one may, on
+        // the same site, and is not the web app's session.
+        let reached: Vec<&str> = seen["appCookiesAfterPlant"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c.as_str())
+            .collect();
+        assert_eq!(
+            reached
+                .iter()
+                .filter(|c| c.contains("labforge_session"))
+                .count(),
+            if setup == "same-site" { 2 } else { 1 },
+            "{setup}: {reached:?}"
+        );
+        assert!(reached.contains(&"__Host-labforge_session"), "{reached:?}");
+        assert_eq!(seen["afterPlant"], admin, "{setup}: {seen}");
+        // Signed out by bob's page: refused, the admin still signed in.
+        assert_eq!(seen["signOutForm"]["status"], 403, "{setup}: {seen}");
+        assert!(
+            seen["signOutForm"]["body"]
+                .as_str()
+                .unwrap()
+                .contains("a page of another origin"),
+            "{setup}: {seen}"
+        );
+        assert_eq!(seen["afterSignOut"], admin, "{setup}: {seen}");
+        // Codes asked for by bob's page: alice's notebook still opens for the admin.
+        assert_eq!(seen["aliceAfterFlood"]["status"], 200, "{setup}: {seen}");
+        assert!(
+            seen["aliceAfterFlood"]["url"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("https://lab--{alice}.")),
+            "{setup}: {seen}"
+        );
+        // Pushed out and planted again: never bob. On the same site, bob's page can push the
+        // admin's cookie out and make every request too large to serve (431): signed out, not
+        // someone else. On a site of its own, the web app's cookies are out of its reach.
+        if setup == "same-site" {
+            assert_eq!(seen["appCookiesAfterPush"], json!([]), "{seen}");
+            assert!(seen["afterPush"]["name"].is_null(), "{seen}");
+            assert!(
+                [401, 431].contains(&seen["afterPush"]["status"].as_u64().unwrap()),
+                "{seen}"
+            );
+        } else {
+            assert_eq!(seen["afterPush"], admin, "{setup}: {seen}");
+            assert_eq!(seen["pageAfterPush"], 200, "{setup}: {seen}");
+        }
+        let log = up.log();
+        assert!(!log.contains(&bob_token), "no session token in the log");
+    }
+}
