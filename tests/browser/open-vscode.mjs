@@ -56,9 +56,10 @@ let page;
 try {
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   const [name, ...rest] = args.cookie.split('=');
-  // A __Host- cookie is kept only with Secure (browsers take it on http://localhost too).
-  await context.addCookies([{ name, value: rest.join('='), url: args.web || new URL(url).origin,
-                              secure: name.startsWith('__Host-') }]);
+  // Host-only, as labforge sets it; a __Host- cookie is kept only with Secure and for / (browsers
+  // take it on http://localhost too).
+  await context.addCookies([{ name, value: rest.join('='), domain: new URL(args.web || url).hostname,
+                              path: '/', secure: name.startsWith('__Host-') }]);
   page = await context.newPage();
 
   // The workbench talks to its server over websockets under the notebook's URL; record them and

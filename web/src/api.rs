@@ -96,30 +96,48 @@ impl ApiState {
     }
 
     /// Why `user` may not run `image` in namespace `ns` because it is another namespace's
-    /// saved image; asked before anything is asked of the registry, so the answer is the same
-    /// whether or not the image exists.
-    fn foreign_image_refusal(
+    /// saved image, not shared with `ns`; asked before anything is asked of the registry, so
+    /// the answer is the same whether or not the image exists.
+    async fn foreign_image_refusal(
         &self,
         user: &User,
         ns: &str,
         image: &str,
         runnable: &Runnable,
-    ) -> Option<FieldError> {
-        crate::image_access::refusal(
-            self.saves_registry.as_ref(),
-            &crate::image_access::ImageRequest {
-                image,
-                namespace: ns,
-                admin: user.admin,
-                in_catalog: self.config.in_catalog(image),
-            },
-            |owner| {
-                runnable
-                    .shared
-                    .iter()
-                    .any(|s| s.namespace == owner && s.image == image)
-            },
-        )
+    ) -> ApiResult<Option<FieldError>> {
+        let request = crate::image_access::ImageRequest {
+            image,
+            namespace: ns,
+            admin: user.admin,
+            in_catalog: self.config.in_catalog(image),
+        };
+        let Some(owner) =
+            crate::image_access::foreign_owner(self.saves_registry.as_ref(), &request)
+        else {
+            return Ok(None);
+        };
+        let shared = runnable
+            .shared
+            .iter()
+            .any(|s| s.namespace == owner && s.image == image);
+        if shared || !self.keeps_saves(&owner).await? {
+            return Ok(None);
+        }
+        Ok(Some(crate::image_access::refusal(image, &owner, ns)))
+    }
+
+    /// Whether `namespace`'s repositories in the saves registry are that namespace's. In a
+    /// cluster, every repository below the saves prefix is. On one machine the registry also
+    /// holds the admin's images (the catalog's, under `labforge/`): a repository is a
+    /// namespace's when a user has that namespace or it has saves on record (a removed user's).
+    async fn keeps_saves(&self, namespace: &str) -> ApiResult<bool> {
+        let Some(auth) = &self.local_users else {
+            return Ok(true);
+        };
+        if auth.users.list().iter().any(|u| u.namespace == namespace) {
+            return Ok(true);
+        }
+        Ok(!self.backend.saved_images(namespace).await?.is_empty())
     }
 
     /// Why `image`, named by a user of `ns`, cannot be run, when the check can tell; catalog
@@ -738,9 +756,13 @@ async fn create_notebook(
     let runnable = state.runnable_images(&ns).await?;
     let saved = &runnable.images;
     let named = request.image.trim();
-    let foreign = (!named.is_empty())
-        .then(|| state.foreign_image_refusal(&user.0, &ns, named, &runnable))
-        .flatten();
+    let foreign = if named.is_empty() {
+        None
+    } else {
+        state
+            .foreign_image_refusal(&user.0, &ns, named, &runnable)
+            .await?
+    };
     let built = notebook_from_request(&request, &ns, &user.0.name, &state.config, saved);
     let mut errors = built.as_ref().err().cloned().unwrap_or_default();
     if let Some(foreign) = foreign {
@@ -881,7 +903,10 @@ async fn patch_notebook(
         image_reference("image", image)
             .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
         let runnable = state.runnable_images(&ns).await?;
-        if let Some(foreign) = state.foreign_image_refusal(&user.0, &ns, image, &runnable) {
+        if let Some(foreign) = state
+            .foreign_image_refusal(&user.0, &ns, image, &runnable)
+            .await?
+        {
             return Err(Failure::field(StatusCode::UNPROCESSABLE_ENTITY, foreign));
         }
         let saved = runnable.images;

@@ -4,8 +4,9 @@
 //! typed or left in their workspace's environment is in those layers. A notebook may run images
 //! of the catalog, of any registry but the platform's own, and of its own namespace's
 //! repositories there; another namespace's only when that namespace shared the image with it
-//! (admins: any). The refusal reads the same whether or not the image exists, so it tells
-//! nobody which tags another namespace has.
+//! (admins: any). Which names are namespaces is the platform's to say (the web app asks). The
+//! refusal reads the same whether or not the image exists, so it tells nobody which tags
+//! another namespace has.
 
 use crate::validate::FieldError;
 
@@ -86,36 +87,39 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
 }
 
-/// Whether a notebook of `namespace` may run `image`, for a user who is an admin or not.
+/// A notebook image asked for by a user.
 #[derive(Debug)]
 pub struct ImageRequest<'a> {
     pub image: &'a str,
+    /// The namespace of the notebook that would run it.
     pub namespace: &'a str,
     pub admin: bool,
     pub in_catalog: bool,
 }
 
-/// Why `request` may not run its image, for the `image` field; `None` when it may.
-/// `shared_with` tells whether the owning namespace shared that image with the requester's.
-pub fn refusal(
+/// The other namespace whose repository `request`'s image is in, when nothing else lets it run
+/// (an admin asking, the catalog, an image of another registry or of the requester's own
+/// namespace): it runs only if that namespace keeps saves there and shared it.
+pub fn foreign_owner(
     registry: Option<&SavesRegistry>,
     request: &ImageRequest<'_>,
-    shared: impl FnOnce(&str) -> bool,
-) -> Option<FieldError> {
+) -> Option<String> {
     if request.admin || request.in_catalog {
         return None;
     }
     let owner = registry?.namespace_of(request.image)?;
-    if owner == request.namespace || shared(&owner) {
-        return None;
-    }
-    Some(FieldError::new(
+    (owner != request.namespace).then_some(owner)
+}
+
+/// The refusal of `image` in a notebook of `namespace`: the same words for every tag of `owner`'s
+/// repositories, there or not.
+pub fn refusal(image: &str, owner: &str, namespace: &str) -> FieldError {
+    FieldError::new(
         "image",
         format!(
-            "{} is in namespace {owner}'s saved images, which namespace {} may run only if {owner} shares it",
-            request.image, request.namespace
+            "{image} is in namespace {owner}'s saved images, which namespace {namespace} may run only if {owner} shares it"
         ),
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -153,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn another_namespaces_saved_image_runs_only_when_shared_or_for_an_admin() {
+    fn another_namespaces_image_is_foreign_unless_an_admin_or_the_catalog_asks() {
         let registry = SavesRegistry::new("127.0.0.1:5000");
         let request = |image, admin, in_catalog| ImageRequest {
             image,
@@ -162,38 +166,27 @@ mod tests {
             in_catalog,
         };
         let alices = "127.0.0.1:5000/alice/lab:saved-1";
-        let refused = refusal(Some(&registry), &request(alices, false, false), |_| false)
-            .expect("alice's image is refused for bob");
-        assert_eq!(refused.field, "image");
-        // The same words whether or not such a tag exists: nothing here asks the registry.
-        let missing = "127.0.0.1:5000/alice/lab:no-such-tag";
-        let refused_missing =
-            refusal(Some(&registry), &request(missing, false, false), |_| false).unwrap();
         assert_eq!(
-            refused.message.replace(alices, ""),
-            refused_missing.message.replace(missing, "")
+            foreign_owner(Some(&registry), &request(alices, false, false)).as_deref(),
+            Some("alice")
         );
-        let mut asked = None;
-        assert!(
-            refusal(Some(&registry), &request(alices, false, false), |owner| {
-                asked = Some(owner.to_owned());
-                true
-            })
-            .is_none(),
-            "shared with bob"
-        );
-        assert_eq!(asked.as_deref(), Some("alice"));
         for allowed in [
             request("127.0.0.1:5000/bob/lab:v1", false, false),
             request(alices, true, false),
             request(alices, false, true),
             request("quay.io/jupyter/base-notebook:latest", false, false),
         ] {
-            assert!(
-                refusal(Some(&registry), &allowed, |_| false).is_none(),
+            assert_eq!(
+                foreign_owner(Some(&registry), &allowed),
+                None,
                 "{allowed:?}"
             );
         }
-        assert!(refusal(None, &request(alices, false, false), |_| false).is_none());
+        assert_eq!(foreign_owner(None, &request(alices, false, false)), None);
+        // The same words whether or not such a tag exists: nothing here asks the registry.
+        let missing = "127.0.0.1:5000/alice/lab:no-such-tag";
+        let words = |image: &str| refusal(image, "alice", "bob").message.replace(image, "");
+        assert_eq!(words(alices), words(missing));
+        assert_eq!(refusal(alices, "alice", "bob").field, "image");
     }
 }
