@@ -244,6 +244,11 @@ try {
   await imageRow('spare').waitFor({ state: 'detached', timeout: 30_000 });
   page.removeAllListeners('dialog');
   seen.imageDeletion = { dialogs, rowsLeft: await page.locator('#images tbody tr').count() };
+  // The one left is shared with bob's namespace: asked for by name, shown on its row.
+  page.once('dialog', (dialog) => { seen.shareQuestion = dialog.message(); dialog.accept(config.bob[0]); });
+  await imageRow('ui-save').getByRole('button', { name: 'Share…' }).click();
+  await imageRow('ui-save').locator('.muted', { hasText: `Shared with ${config.bob[0]}` }).waitFor();
+  seen.sharedRow = await imageRow('ui-save').locator('.muted').textContent();
   await page.goto(`${url}/`);
 
   // A narrow window still reads.
@@ -264,6 +269,8 @@ try {
   const proxied = await page.goto(`${url}/notebook/${aliceNs}/lab/lab`);
   seen.bobProxy = proxied.status();
   await page.goto(`${url}/new`);
+  seen.sharedOffered = await page.locator('#image-jupyter optgroup[label="Shared with you"] option')
+    .evaluateAll((options) => options.map((option) => option.value));
   await page.getByLabel('Name', { exact: true }).fill('bobs');
   await page.getByLabel('CPU limit').fill('0.5');
   await page.getByRole('button', { name: 'Create notebook' }).click();

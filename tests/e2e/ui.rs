@@ -184,6 +184,20 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "{seen}"
     );
     assert_eq!(deletion["rowsLeft"], 1, "{seen}");
+    // The one left, shared with bob from its row, is offered on bob's form.
+    assert!(
+        seen["shareQuestion"]
+            .as_str()
+            .unwrap()
+            .contains(saved["image"].as_str().unwrap()),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["sharedRow"],
+        format!("Shared with {bob} Share…"),
+        "{seen}"
+    );
+    assert_eq!(seen["sharedOffered"], json!([saved["image"]]), "{seen}");
     let tags = reqwest::get(format!("http://{}/v2/{alice}/lab/tags/list", up.registry))
         .await
         .unwrap()

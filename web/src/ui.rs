@@ -930,7 +930,7 @@ fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
             h3 { "Saved images" }
             div.table-wrap {
                 table #images {
-                    (column_headings(&["Image", "Digest", "Layer", "Changes", "Saved", "Shared with", "Use"]))
+                    (column_headings(&["Image", "Digest", "Layer", "Changes", "Saved", "Use"]))
                     tbody {}
                 }
             }

@@ -116,22 +116,21 @@ async function images() {
   saved = mine;
   document.getElementById('images-empty').hidden = mine.length > 0;
   document.querySelector('#images tbody').replaceChildren(...mine.map((i) => el('tr', {},
-    el('td', { class: 'wrap' }, breakable(i.image)),
+    el('td', { class: 'wrap' }, breakable(i.image),
+      el('div', { class: 'muted' }, i.sharedWith.length ? `Shared with ${i.sharedWith.join(', ')} ` : 'Not shared ',
+        el('button', { type: 'button', class: 'link', onclick: async () => {
+          const typed = prompt(`Namespaces whose notebooks may run ${i.image} (comma-separated; empty: no one)`, i.sharedWith.join(', '));
+          if (typed === null) return;
+          const sharedWith = typed.split(',').map((n) => n.trim()).filter((n) => n);
+          const answer = await api('PUT', `api/namespaces/${ns}/images/sharing`, { image: i.image, sharedWith });
+          if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
+          images();
+        } }, 'Share…'))),
     el('td', { title: i.digest }, i.digest.slice(0, 19)),
     el('td', {}, bytes(i.layerBytes)),
     el('td', { class: 'wrap' }, summaryText(i)),
     el('td', { title: i.created }, ago(i.created)),
-    el('td', { class: 'wrap' }, i.sharedWith.length ? i.sharedWith.join(', ') : 'no one',
-      ' ',
-      el('button', { type: 'button', class: 'secondary', onclick: async () => {
-        const typed = prompt(`Namespaces whose notebooks may run ${i.image} (comma-separated; empty: no one)`, i.sharedWith.join(', '));
-        if (typed === null) return;
-        const sharedWith = typed.split(',').map((n) => n.trim()).filter((n) => n);
-        const answer = await api('PUT', `api/namespaces/${ns}/images/sharing`, { image: i.image, sharedWith });
-        if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
-        images();
-      } }, 'Share…')),
-    el('td', {},
+    el('td', { class: 'wrap' },
       el('a', { class: 'button secondary', href: pageLink('new', ns, { image: i.image }) }, 'Start a new notebook from it'),
       el('button', { type: 'button', class: 'secondary', onclick: async () => {
         if (!confirm(`Restart ${name} on ${i.image}? Unsaved changes outside the workspace are lost.`)) return;
