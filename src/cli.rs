@@ -1504,6 +1504,19 @@ fn app_host(host: &str, domain: &str) -> anyhow::Result<String> {
              pick a host of another site (or the domain itself, the default)"
         );
     }
+    // Without the public suffix list this cannot be told for sure: the last two labels alike
+    // is the common case of one registrable domain.
+    fn last_two(name: &str) -> Vec<&str> {
+        name.rsplit('.').take(2).collect()
+    }
+    if host != domain && last_two(&host) == last_two(domain) {
+        tracing::warn!(
+            app_host = %host,
+            notebook_domain = %domain,
+            "the web app's host and the notebooks' domain look like one site: notebooks' pages \
+             could set cookies for the web app; a registrable domain of its own keeps them apart"
+        );
+    }
     Ok(host)
 }
 

@@ -167,7 +167,7 @@ impl Forwarder {
             return Err(ProxyError::NoRoute);
         }
         let origin = match &self.notebook_hosts {
-            Some(hosts) => format!("//{}{}", hosts.domain, notebook_host::port_of(authority)),
+            Some(hosts) => format!("//{}{}", hosts.app_host, notebook_host::port_of(authority)),
             None => String::new(),
         };
         let location = format!("{origin}{app_path}notebooks/{ns}/{name}");
@@ -366,6 +366,19 @@ impl Forwarder {
                     notebook_host::notebook_of_path(path).ok_or(ProxyError::NoRoute)?;
                 let mut location = hosts.notebook_origin(ns, name, authority);
                 location.push_str(path);
+                if let Some(query) = request.uri().query() {
+                    location.push('?');
+                    location.push_str(query);
+                }
+                Ok(ControlFlow::Break(notebook_host::redirect(&location, [])))
+            }
+            // The web app is not served on the notebooks' site when it has a site of its own.
+            None if hosts.is_notebook_site_only(host) => {
+                let mut location = format!(
+                    "//{}{}{path}",
+                    hosts.app_host,
+                    notebook_host::port_of(authority)
+                );
                 if let Some(query) = request.uri().query() {
                     location.push('?');
                     location.push_str(query);

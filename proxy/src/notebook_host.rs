@@ -102,6 +102,18 @@ impl NotebookHosts {
         (!label.is_empty() && !label.contains('.')).then_some(label)
     }
 
+    /// Whether `host`, no notebook's, is the notebook domain or below it while the web app has
+    /// a host of its own: the web app is not served there, where notebooks' pages share the
+    /// site and could set its cookies.
+    pub fn is_notebook_site_only(&self, host: &str) -> bool {
+        self.app_host != self.domain
+            && host != self.app_host
+            && (host == self.domain
+                || host
+                    .strip_suffix(self.domain.as_str())
+                    .is_some_and(|rest| rest.ends_with('.')))
+    }
+
     /// `//<notebook's host>[:port]` for a request that came to `authority`.
     pub fn notebook_origin(&self, namespace: &str, name: &str, authority: &str) -> String {
         let host = labforge_crds::host::notebook_host(namespace, name, &self.domain);
@@ -235,17 +247,35 @@ pub fn port_of(authority: &str) -> &str {
 
 /// The values of cookie `name` among the request's cookies: a browser sends one per path and
 /// domain it was set for, and a page may have planted its own beside the proxy's.
-/// Read pair by pair, so that one cookie with bytes a header string cannot hold (planted by a
-/// page) does not hide the others.
+///
+/// Read as browsers write the header (RFC 6265 §5.4): pairs split at `;`, only spaces and tabs
+/// trimmed, the name up to the first `=` compared byte for byte. A parser that trimmed more
+/// (Unicode whitespace, as `str::trim` does) would take a cookie a page set as
+/// `\u{2000}__Host-x`, which the browser let it set for a parent domain because it has no
+/// prefix, for `__Host-x`. Pair by pair, so that one cookie with bytes a header string cannot
+/// hold does not hide the others.
 pub fn cookies<'h>(headers: &'h HeaderMap, name: &str) -> impl Iterator<Item = &'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
-        .filter_map(|pair| std::str::from_utf8(pair).ok())
-        .filter_map(|pair| Cookie::parse(pair.trim()).ok())
-        .filter(move |cookie| cookie.name() == name)
-        .filter_map(|cookie| cookie.value_raw())
+        .filter_map(move |pair| {
+            let at = pair.iter().position(|&b| b == b'=')?;
+            let (pair_name, value) = (trim_space_and_tab(&pair[..at]), &pair[at + 1..]);
+            (pair_name == name.as_bytes())
+                .then(|| std::str::from_utf8(trim_space_and_tab(value)).ok())
+                .flatten()
+        })
+}
+
+fn trim_space_and_tab(bytes: &[u8]) -> &[u8] {
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = bytes.iter().position(|b| !blank(b)).unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !blank(b))
+        .map_or(start, |at| at + 1);
+    &bytes[start..end]
 }
 
 /// A 302 to `location` setting `cookies`.
@@ -359,6 +389,54 @@ mod tests {
         assert!(!fetch("same-site", "no-cors", "image"));
         assert!(!fetch("same-site", "navigate", "iframe"));
         assert!(!fetch("cross-site", "no-cors", "script"));
+    }
+
+    #[test]
+    fn with_an_app_host_of_its_own_the_notebooks_site_serves_no_web_app() {
+        let own = NotebookHosts {
+            domain: "notebooks.example-lab.net".into(),
+            app_host: "lab.example.com".into(),
+            sign_in: None,
+        };
+        for host in ["notebooks.example-lab.net", "a.b.notebooks.example-lab.net"] {
+            assert!(own.is_notebook_site_only(host), "{host}");
+        }
+        for host in ["lab.example.com", "127.0.0.1", "xnotebooks.example-lab.net"] {
+            assert!(!own.is_notebook_site_only(host), "{host}");
+        }
+        assert!(
+            !hosts().is_notebook_site_only("localhost"),
+            "the app on the domain itself"
+        );
+    }
+
+    #[test]
+    fn a_cookie_is_read_by_its_exact_name_as_browsers_send_it() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_bytes(
+                &[
+                    "a=1;b = 2 ;\u{2000}__Host-s=planted; \u{a0}__Host-s=planted; \
+                     __host-s=planted; =__Host-s=planted; __Host-s\u{2000}=planted;\t\
+                     __Host-s=real; x="
+                        .as_bytes(),
+                    &[0xff],
+                ]
+                .concat(),
+            )
+            .unwrap(),
+        );
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("c=3; __Host-s=second"),
+        );
+        let values = |name| cookies(&headers, name).collect::<Vec<_>>();
+        assert_eq!(values("__Host-s"), ["real", "second"]);
+        assert_eq!(values("a"), ["1"]);
+        assert_eq!(values("b"), ["2"]);
+        assert_eq!(values("c"), ["3"]);
+        assert!(values("x").is_empty(), "a value that is no text is skipped");
     }
 
     #[test]

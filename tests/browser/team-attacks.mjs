@@ -46,6 +46,9 @@ try {
         document.cookie = `__Host-labforge_session=${token}; domain=${domain}; path=${path}; secure`;
         document.cookie = `__host-labforge_session=${token}; domain=${domain}; path=${path}; secure`;
         document.cookie = `=__Host-labforge_session=${token}; domain=${domain}; path=${path}; secure`;
+        // No prefix to a browser, the session's name to a server that trims Unicode spaces.
+        document.cookie = `\u2000__Host-labforge_session=${token}; domain=${domain}; path=${path}; secure`;
+        document.cookie = `\u00a0__Host-labforge_session=${token}; domain=${domain}; path=${path}; secure`;
         document.cookie = `__Secure-x=1; domain=${domain}; path=${path}; secure`;
       }
     }

@@ -888,6 +888,20 @@ async fn saved_images_stay_in_their_namespace(
         "one answer, whether or not the tag exists: {refusals:?}"
     );
     assert!(refusals[0].contains(&format!("namespace {alice}'s saved images")));
+    // A short name or an image ID prefix, which podman would look up among its local images
+    // (alice's saves among them), is kept fully qualified: a registry's name, not a local one.
+    let short = format!("{alice}/lab:with-probe");
+    for (named, kept) in [
+        (short.as_str(), format!("docker.io/{short}")),
+        ("3f2a", "docker.io/library/3f2a:latest".to_owned()),
+    ] {
+        let (code, moved) = b.patch(&scratch, json!({ "image": named })).await;
+        assert_eq!(
+            (code, moved["image"].as_str()),
+            (200, Some(kept.as_str())),
+            "{moved}"
+        );
+    }
 
     // Only alice shares her images, with namespaces named right, images she has.
     let (code, refused) = b
@@ -1166,7 +1180,7 @@ async fn an_image_that_cannot_be_pulled_and_a_missing_engine_are_told_in_one_lin
     let notebooks = format!("/api/namespaces/{alice}/notebooks");
 
     // An image its registry does not have: refused before anything is made, under its field.
-    let missing = format!("{}/e2e/no-such-image:1", up.registry);
+    let missing = format!("{}/{alice}/no-such-image:1", up.registry);
     let (status, answer) = a
         .post(&notebooks, json!({"name": "ghost", "image": missing}))
         .await;

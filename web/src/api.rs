@@ -79,6 +79,15 @@ pub struct ApiState {
     pub saves_registry: Option<crate::image_access::SavesRegistry>,
 }
 
+/// Images shared with a namespace, as its users see them: whom else each is shared with is its
+/// owner's business.
+fn shared_for_viewer(mut images: Vec<crate::model::SavedImage>) -> Vec<crate::model::SavedImage> {
+    for image in &mut images {
+        image.shared_with.clear();
+    }
+    images
+}
+
 /// The images a namespace may pick besides the catalog's: its own saves, and those other
 /// namespaces shared with it.
 struct Runnable {
@@ -93,6 +102,17 @@ impl ApiState {
         let shared = self.backend.images_shared_with(ns).await?;
         let images = own.iter().chain(&shared).map(|i| i.image.clone()).collect();
         Ok(Runnable { shared, images })
+    }
+
+    /// `image` as the engine is to be given it: a catalog image, or one of the namespace's own or
+    /// shared saves, as it is; any other fully qualified (`python:3` is
+    /// `docker.io/library/python:3`). podman looks a short name or an image ID prefix up among
+    /// its local images, another namespace's saves among them, before any registry.
+    fn qualified_image(&self, image: &str, runnable: &Runnable) -> String {
+        if self.config.in_catalog(image) || runnable.images.iter().any(|i| i == image) {
+            return image.to_owned();
+        }
+        crate::validate::qualified_image(image)
     }
 
     /// Why `user` may not run `image` in namespace `ns` because it is another namespace's
@@ -128,16 +148,22 @@ impl ApiState {
 
     /// Whether `namespace`'s repositories in the saves registry are that namespace's. In a
     /// cluster, every repository below the saves prefix is. On one machine the registry also
-    /// holds the admin's images (the catalog's, under `labforge/`): a repository is a
-    /// namespace's when a user has that namespace or it has saves on record (a removed user's).
+    /// holds the platform's images: those of `labforge/` and of the repositories the catalog
+    /// names there; every other name is a namespace's, whether or not such a user exists, so
+    /// that the answer tells nobody which users do.
     async fn keeps_saves(&self, namespace: &str) -> ApiResult<bool> {
-        let Some(auth) = &self.local_users else {
-            return Ok(true);
-        };
-        if auth.users.list().iter().any(|u| u.namespace == namespace) {
+        if self.local_users.is_none() {
             return Ok(true);
         }
-        Ok(!self.backend.saved_images(namespace).await?.is_empty())
+        let registry = self.saves_registry.as_ref();
+        let platform = namespace == crate::users::RESERVED_NAMESPACE
+            || self.config.images.iter().any(|catalog| {
+                registry
+                    .and_then(|r| r.namespace_of(&catalog.image))
+                    .as_deref()
+                    == Some(namespace)
+            });
+        Ok(!platform)
     }
 
     /// Why `image`, named by a user of `ns`, cannot be run, when the check can tell; catalog
@@ -541,9 +567,10 @@ async fn config(
     config["savedImages"] =
         serde_json::to_value(state.backend.saved_images(&user.0.namespace).await?)
             .unwrap_or_default();
-    config["sharedImages"] =
-        serde_json::to_value(state.backend.images_shared_with(&user.0.namespace).await?)
-            .unwrap_or_default();
+    config["sharedImages"] = serde_json::to_value(shared_for_viewer(
+        state.backend.images_shared_with(&user.0.namespace).await?,
+    ))
+    .unwrap_or_default();
     // Kubeflow's clients read its spawnerFormDefaults here.
     config["config"] = kubeflow::form_defaults(&state.config);
     Ok(Json(kubeflow::envelope(&user.0, StatusCode::OK, config)))
@@ -755,7 +782,11 @@ async fn create_notebook(
     };
     let runnable = state.runnable_images(&ns).await?;
     let saved = &runnable.images;
-    let named = request.image.trim();
+    let mut request = request;
+    if !request.image.trim().is_empty() {
+        request.image = state.qualified_image(request.image.trim(), &runnable);
+    }
+    let named = request.image.as_str();
     let foreign = if named.is_empty() {
         None
     } else {
@@ -897,12 +928,14 @@ async fn patch_notebook(
     body: Result<Json<NotebookPatch>, JsonRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::Update, &ns).await?;
-    let Json(patch) = body?;
+    let Json(mut patch) = body?;
     find(&state, &ns, &name).await?;
-    if let Some(image) = &patch.image {
+    if let Some(image) = &mut patch.image {
         image_reference("image", image)
             .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
         let runnable = state.runnable_images(&ns).await?;
+        *image = state.qualified_image(image, &runnable);
+        let image = &*image;
         if let Some(foreign) = state
             .foreign_image_refusal(&user.0, &ns, image, &runnable)
             .await?

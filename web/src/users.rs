@@ -20,6 +20,9 @@ use std::time::{Duration, Instant, SystemTime};
 /// The session cookie's name where the browser would not keep a `__Host-` cookie: plain HTTP
 /// on a host other than `localhost`'s own family.
 pub const SESSION_COOKIE: &str = "labforge_session";
+/// No user may have this name: the local registry keeps the platform's images (the catalog's)
+/// under `labforge/`, where a user of that name would save.
+pub const RESERVED_NAMESPACE: &str = "labforge";
 /// The session cookie's name wherever the browser keeps `__Host-` cookies (TLS, and plain HTTP on
 /// `localhost` and its subdomains): a page of another host, a notebook's among them, cannot set a
 /// cookie of this name, not even for a parent domain, so it cannot plant a session beside the
@@ -192,6 +195,11 @@ impl Users {
     pub fn add(&self, name: &str, admin: bool) -> Result<String, UserError> {
         crate::validate::dns_label("user", name)
             .map_err(|e| UserError::InvalidName(e.to_string()))?;
+        if name == RESERVED_NAMESPACE {
+            return Err(UserError::InvalidName(format!(
+                "{name} is reserved: the local registry keeps the catalog's images under {name}/"
+            )));
+        }
         self.refresh()?;
         let mut users = self.list();
         if users.iter().any(|u| u.name == name) {
@@ -520,6 +528,10 @@ mod tests {
         assert!(matches!(
             users.add("Bad Name", false),
             Err(UserError::InvalidName(_))
+        ));
+        assert!(matches!(
+            users.add(RESERVED_NAMESPACE, false),
+            Err(UserError::InvalidName(why)) if why.contains("reserved")
         ));
         let bob = users.add("bob", false).unwrap();
         // Another process (the `labforge user` CLI) sees the same file.

@@ -100,6 +100,12 @@ pub fn image_reference(field: &str, value: &str) -> Result<(), FieldError> {
         .map_err(|e| FieldError::new(field, format!("{value:?} is not an image reference: {e}")))
 }
 
+/// `image` fully qualified, as a registry names it (`python:3` is
+/// `docker.io/library/python:3`); as it is when it is no reference.
+pub fn qualified_image(image: &str) -> String {
+    oci_client::Reference::try_from(image).map_or_else(|_| image.to_owned(), |r| r.whole())
+}
+
 fn env_name(field: &str, name: &str) -> Result<(), FieldError> {
     let mut chars = name.chars();
     let ok = chars
@@ -805,6 +811,23 @@ mod tests {
             .unwrap();
         assert_eq!(limits["cpu"].0, "0.01");
         assert_eq!(limits["memory"].0, "6291456");
+    }
+
+    #[test]
+    fn images_are_qualified_as_registries_name_them() {
+        for (named, qualified) in [
+            ("python:3", "docker.io/library/python:3"),
+            ("alice/lab:v1", "docker.io/alice/lab:v1"),
+            ("3f2a", "docker.io/library/3f2a:latest"),
+            ("127.0.0.1:5000/alice/lab:v1", "127.0.0.1:5000/alice/lab:v1"),
+            (
+                "quay.io/jupyter/base-notebook@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "quay.io/jupyter/base-notebook@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            ),
+            ("not a reference", "not a reference"),
+        ] {
+            assert_eq!(qualified_image(named), qualified, "{named}");
+        }
     }
 
     #[test]
