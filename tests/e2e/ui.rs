@@ -404,7 +404,7 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
             "user": [user, password],
             "other": [other, other_password],
             "keptVolume": "kept-workspace",
-            "missingImage": format!("{}/e2e/no-such-image:1", up.registry),
+            "missingImage": format!("{}/{user}/no-such-image:1", up.registry),
             "screenshots": need(labforge_tests::artifacts_dir()),
         })
         .to_string(),

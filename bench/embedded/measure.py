@@ -1,0 +1,108 @@
+"""Create -> ready in the embedded mode, run by bench/embedded/run against its own `labforge up`.
+
+For each run: POST a notebook at the catalog's defaults, then every 20 ms ask its server (on its
+published port, as the runtime does) and the API. Reported per run: when the server first answered
+HTTP, when the API first said ready, the lag between them, and the CPU its container had used by
+then (its cgroup's counter). Then the median of each.
+    python3 measure.py URL USER PASSWORD RUNS
+"""
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+url, user, password, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+session = ""
+
+
+def call(method, path, body=None):
+    """The API, with the session cookie kept by hand: urllib's jar keeps no Secure cookie on
+    plain HTTP, and labforge's is __Host- on localhost."""
+    global session
+    request = urllib.request.Request(
+        url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": "application/json", "cookie": session},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            if response.headers.get("set-cookie"):
+                session = response.headers["set-cookie"].split(";")[0]
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, None
+
+
+def podman(*args):
+    return subprocess.run(["podman", *args], capture_output=True, text=True).stdout.strip()
+
+
+def cpu_seconds(container):
+    """CPU used by the container so far, from its cgroup (v1 cpuacct or v2 cpu.stat)."""
+    pid = podman("inspect", "--format", "{{.State.Pid}}", container)
+    for line in open(f"/proc/{pid}/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            for mount in (controllers, "cpuacct", "cpu,cpuacct"):
+                try:
+                    return int(open(f"/sys/fs/cgroup/{mount}{path}/cpuacct.usage").read()) / 1e9
+                except OSError:
+                    continue
+        if controllers == "":
+            try:
+                stat = dict(l.split() for l in open(f"/sys/fs/cgroup{path}/cpu.stat"))
+                return int(stat["usage_usec"]) / 1e6
+            except OSError:
+                pass
+    return float("nan")
+
+
+status, _ = call("POST", "/api/login", {"username": user, "password": password})
+assert status == 200, f"sign-in: HTTP {status}"
+rows = []
+for run in range(1, runs + 1):
+    name = f"nb{run}"
+    container = f"labforge-{user}_{name}"
+    start = time.monotonic()
+    status, _ = call("POST", f"/api/namespaces/{user}/notebooks", {"name": name})
+    assert status == 201, f"create: HTTP {status}"
+    answered = ready = port = None
+    while answered is None or ready is None:
+        now = time.monotonic()
+        if now - start > 300:
+            sys.exit(f"{name}: not ready within 300 s")
+        if port is None:
+            ports = podman("ps", "--filter", f"name=^{container}$", "--format", "{{.Ports}}")
+            if "->" in ports:
+                port = int(ports.split("->")[0].rsplit(":", 1)[1])
+        if port is not None and answered is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.2:{port}/notebook/{user}/{name}/api", timeout=1)
+                answered = time.monotonic()
+            except urllib.error.HTTPError:
+                answered = time.monotonic()  # any HTTP answer: the server is serving
+            except OSError:
+                pass
+        if ready is None:
+            _, body = call("GET", f"/api/namespaces/{user}/notebooks/{name}")
+            if body and body.get("notebook", body).get("state") == "ready":
+                ready = time.monotonic()
+                cpu = cpu_seconds(container)
+        time.sleep(0.02)
+    rows.append((answered - start, ready - start, max(0.0, ready - answered), cpu))
+    print(
+        f"run {run}: server answering {rows[-1][0]:.2f} s, API ready {rows[-1][1]:.2f} s, "
+        f"lag {rows[-1][2]:.2f} s, CPU at ready {rows[-1][3]:.2f} s",
+        flush=True,
+    )
+    call("DELETE", f"/api/namespaces/{user}/notebooks/{name}")
+    time.sleep(4)  # its container goes before the next run, so runs do not share the CPUs
+medians = [statistics.median(column) for column in zip(*rows)]
+print(
+    f"median of {runs}: server answering {medians[0]:.2f} s, API ready {medians[1]:.2f} s, "
+    f"lag {medians[2]:.2f} s (max {max(r[2] for r in rows):.2f}), CPU at ready {medians[3]:.2f} s"
+)
