@@ -82,9 +82,13 @@ fn split_host(authority: &str) -> (String, Option<String>) {
 fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     crate::users::is_localhost(host)
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+        || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| {
+            let ip = match ip {
+                std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, Into::into),
+                v4 => v4,
+            };
+            ip.is_loopback() || ip.is_unspecified()
+        })
 }
 
 /// A notebook image asked for by a user.
@@ -134,6 +138,8 @@ mod tests {
             ("localhost:5000/alice/lab:saved-1", Some("alice")),
             ("LOCALHOST.:5000/Alice/lab@sha256:00", Some("alice")),
             ("[::1]:5000/alice/lab:v1", Some("alice")),
+            ("[::ffff:127.0.0.1]:5000/alice/lab:v1", Some("alice")),
+            ("0.0.0.0:5000/alice/lab:v1", Some("alice")),
             ("127.0.0.2:5000/alice/lab:v1", Some("alice")),
             ("registry.localhost:5000/alice/lab:v1", Some("alice")),
             ("127.0.0.1:5001/alice/lab:v1", None),
