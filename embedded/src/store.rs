@@ -493,6 +493,17 @@ impl Backend for Store {
     async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
         Ok(Store::images_shared_with(self, namespace))
     }
+    async fn saved_image_namespaces_with_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Vec<String>, BackendError> {
+        Ok(self
+            .all_saved_images()
+            .into_iter()
+            .filter(|i| i.digest == digest)
+            .map(|i| i.namespace)
+            .collect())
+    }
     fn changes(&self) -> broadcast::Receiver<Change> {
         self.subscribe()
     }

@@ -449,6 +449,18 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     // Made only once the address is ours: a start that fails before has no one to show the
     // password to.
     let created_admin = opened.auth.users.ensure_admin()?;
+    if opened
+        .auth
+        .users
+        .get(labforge_web::users::RESERVED_NAMESPACE)
+        .is_some()
+    {
+        tracing::warn!(
+            user = labforge_web::users::RESERVED_NAMESPACE,
+            "a user has the name no user may have now: the local registry keeps the catalog's \
+             images under it, where this user's saves go too; remove the user (labforge user remove)"
+        );
+    }
     // Sessions of users removed or reset by the CLI end, and their tunnels with them.
     let session_watch = tokio::spawn(opened.auth.clone().watch_sessions());
 

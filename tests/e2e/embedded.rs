@@ -888,6 +888,22 @@ async fn saved_images_stay_in_their_namespace(
         "one answer, whether or not the tag exists: {refusals:?}"
     );
     assert!(refusals[0].contains(&format!("namespace {alice}'s saved images")));
+    // Any name pinned to the digest of alice's save: podman would run it from her local image.
+    let (_, images) = a.get(&format!("/api/namespaces/{alice}/images")).await;
+    let digest = images["images"][0]["digest"].as_str().unwrap().to_owned();
+    let pinned = format!("docker.io/library/anything@{digest}");
+    let (code, refused) = b.patch(&scratch, json!({ "image": pinned })).await;
+    assert_eq!(
+        (code, refused["field"].as_str()),
+        (422, Some("image")),
+        "{refused}"
+    );
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("namespace {alice}'s"))
+    );
     // A short name or an image ID prefix, which podman would look up among its local images
     // (alice's saves among them), is kept fully qualified: a registry's name, not a local one.
     let short = format!("{alice}/lab:with-probe");

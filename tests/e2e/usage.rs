@@ -123,14 +123,12 @@ async fn a_busy_kernel_shows_its_cpu_and_memory_and_an_idle_notebook_near_zero()
         grown > 600 << 20,
         "the kernel's allocation shows: {before} → {busy}"
     );
-    let idle = usage_until(&session, &user, "idle", "a CPU rate", |u| {
-        u["cpuCores"].is_f64()
+    // Ready is said as the server first answers, while JupyterLab still finishes its start in
+    // the background: an idle notebook comes down near zero within the 30 s.
+    let idle = usage_until(&session, &user, "idle", "a CPU rate near zero", |u| {
+        u["cpuCores"].as_f64().is_some_and(|c| c < 0.2)
     })
     .await;
-    assert!(
-        idle["cpuCores"].as_f64().unwrap() < 0.2,
-        "an idle notebook is near zero: {idle}"
-    );
     assert_eq!(idle["memoryNearLimit"], false, "{idle}");
 
     // Prometheus: per notebook, with Prometheus' names and units.

@@ -94,6 +94,8 @@ struct Runnable {
     shared: Vec<crate::model::SavedImage>,
     /// Every one of them, own and shared.
     images: Vec<String>,
+    /// Their manifest digests.
+    digests: Vec<String>,
 }
 
 impl ApiState {
@@ -101,7 +103,16 @@ impl ApiState {
         let own = self.backend.saved_images(ns).await?;
         let shared = self.backend.images_shared_with(ns).await?;
         let images = own.iter().chain(&shared).map(|i| i.image.clone()).collect();
-        Ok(Runnable { shared, images })
+        let digests = own
+            .iter()
+            .chain(&shared)
+            .map(|i| i.digest.clone())
+            .collect();
+        Ok(Runnable {
+            shared,
+            images,
+            digests,
+        })
     }
 
     /// `image` as the engine is to be given it: a catalog image, or one of the namespace's own or
@@ -131,16 +142,22 @@ impl ApiState {
             admin: user.admin,
             in_catalog: self.config.in_catalog(image),
         };
+        if request.admin || request.in_catalog {
+            return Ok(None);
+        }
         let Some(owner) =
             crate::image_access::foreign_owner(self.saves_registry.as_ref(), &request)
         else {
-            return Ok(None);
+            return Ok(self
+                .foreign_digest_owner(ns, image, runnable)
+                .await?
+                .map(|owner| crate::image_access::refusal(image, &owner, ns)));
         };
         let shared = runnable
             .shared
             .iter()
             .any(|s| s.namespace == owner && s.image == image);
-        if shared || !self.keeps_saves(&owner).await? {
+        if shared || !self.keeps_saves(&owner) {
             return Ok(None);
         }
         Ok(Some(crate::image_access::refusal(image, &owner, ns)))
@@ -148,22 +165,34 @@ impl ApiState {
 
     /// Whether `namespace`'s repositories in the saves registry are that namespace's. In a
     /// cluster, every repository below the saves prefix is. On one machine the registry also
-    /// holds the platform's images: those of `labforge/` and of the repositories the catalog
-    /// names there; every other name is a namespace's, whether or not such a user exists, so
-    /// that the answer tells nobody which users do.
-    async fn keeps_saves(&self, namespace: &str) -> ApiResult<bool> {
-        if self.local_users.is_none() {
-            return Ok(true);
+    /// holds the platform's images, under `labforge/` (no user has that name; the catalog's
+    /// images elsewhere there pass as the catalog's): every other name is a namespace's, whether
+    /// or not such a user exists, so that the answer tells nobody which users do.
+    fn keeps_saves(&self, namespace: &str) -> bool {
+        self.local_users.is_none() || namespace != crate::users::RESERVED_NAMESPACE
+    }
+
+    /// In embedded mode, the namespace whose saved image has the manifest digest `image` is
+    /// pinned to, when it is not `ns`'s and was not shared with it: podman runs
+    /// `any/name@sha256:<digest>` from whichever local image has that digest.
+    async fn foreign_digest_owner(
+        &self,
+        ns: &str,
+        image: &str,
+        runnable: &Runnable,
+    ) -> ApiResult<Option<String>> {
+        let Some((_, digest)) = image.split_once('@') else {
+            return Ok(None);
+        };
+        if self.local_users.is_none() || runnable.digests.iter().any(|d| d == digest) {
+            return Ok(None);
         }
-        let registry = self.saves_registry.as_ref();
-        let platform = namespace == crate::users::RESERVED_NAMESPACE
-            || self.config.images.iter().any(|catalog| {
-                registry
-                    .and_then(|r| r.namespace_of(&catalog.image))
-                    .as_deref()
-                    == Some(namespace)
-            });
-        Ok(!platform)
+        Ok(self
+            .backend
+            .saved_image_namespaces_with_digest(digest)
+            .await?
+            .into_iter()
+            .find(|owner| owner != ns))
     }
 
     /// Why `image`, named by a user of `ns`, cannot be run, when the check can tell; catalog

@@ -104,6 +104,11 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<SavedImage>, BackendError>;
     /// Images other namespaces saved and shared with `namespace`.
     async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError>;
+    /// The namespaces that saved an image with manifest digest `digest`.
+    async fn saved_image_namespaces_with_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Vec<String>, BackendError>;
     /// Announces changed notebooks (for the live views).
     fn changes(&self) -> broadcast::Receiver<Change>;
 }
@@ -551,6 +556,15 @@ impl Backend for KubernetesBackend {
 
     async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
         crate::image_builds::images_shared_with(&self.client, namespace)
+            .await
+            .map_err(|err| BackendError::Unavailable(err.to_string()))
+    }
+
+    async fn saved_image_namespaces_with_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Vec<String>, BackendError> {
+        crate::image_builds::namespaces_with_digest(&self.client, digest)
             .await
             .map_err(|err| BackendError::Unavailable(err.to_string()))
     }

@@ -43,7 +43,8 @@ impl SavesRegistry {
             return None;
         }
         let (host, port) = split_host(first);
-        let same_port = port.as_deref().or(Some("443")) == self.port.as_deref().or(Some("443"));
+        let number = |port: Option<&str>| port.unwrap_or("443").parse::<u16>().ok();
+        let same_port = number(port.as_deref()) == number(self.port.as_deref());
         let same_host = host == self.host || (is_loopback(&host) && is_loopback(&self.host));
         if !(same_host && same_port) {
             return None;
@@ -143,6 +144,7 @@ mod tests {
             ("127.0.0.2:5000/alice/lab:v1", Some("alice")),
             ("registry.localhost:5000/alice/lab:v1", Some("alice")),
             ("127.0.0.1:5001/alice/lab:v1", None),
+            ("127.0.0.1:05000/alice/lab:v1", Some("alice")),
             ("127.0.0.1:5000/alice:v1", None),
             ("alice/lab:v1", None),
             ("docker.io/alice/lab:v1", None),

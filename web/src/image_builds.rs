@@ -151,21 +151,37 @@ pub async fn share(
     Ok(saved_image(&patched))
 }
 
+/// Every namespace's saved images (succeeded ImageBuilds).
+async fn all_saved_images(client: &kube::Client) -> Result<Vec<SavedImage>, kube::Error> {
+    let builds: Api<ImageBuild> = Api::all(client.clone());
+    match builds.list(&ListParams::default()).await {
+        Ok(list) => Ok(list.items.iter().filter_map(saved_image).collect()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(err) => Err(err),
+    }
+}
+
+/// The namespaces with a saved image of manifest digest `digest`.
+pub async fn namespaces_with_digest(
+    client: &kube::Client,
+    digest: &str,
+) -> Result<Vec<String>, kube::Error> {
+    Ok(all_saved_images(client)
+        .await?
+        .into_iter()
+        .filter(|i| i.digest == digest)
+        .map(|i| i.namespace)
+        .collect())
+}
+
 /// Images of other namespaces' succeeded ImageBuilds shared with `namespace`, newest first.
 pub async fn images_shared_with(
     client: &kube::Client,
     namespace: &str,
 ) -> Result<Vec<SavedImage>, kube::Error> {
-    let builds: Api<ImageBuild> = Api::all(client.clone());
-    let list = match builds.list(&ListParams::default()).await {
-        Ok(list) => list,
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
-    let mut images: Vec<SavedImage> = list
-        .items
-        .iter()
-        .filter_map(saved_image)
+    let mut images: Vec<SavedImage> = all_saved_images(client)
+        .await?
+        .into_iter()
         .filter(|i| i.namespace != namespace && i.shared_with.iter().any(|ns| ns == namespace))
         .collect();
     images.sort_by(|a, b| b.created.cmp(&a.created));

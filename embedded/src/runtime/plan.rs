@@ -130,10 +130,14 @@ pub fn plan(
         .containers
         .first()
         .ok_or(builders::BuildError::NoContainers)?;
+    // Fully qualified, whatever the notebook says: podman looks a short name up among its local
+    // images first and takes any whose repository ends the same, another namespace's saves among
+    // them (`python:3` could be `<registry>/alice/python:3`).
     let image = container
         .image
-        .clone()
+        .as_deref()
         .filter(|i| !i.is_empty())
+        .map(labforge_web::validate::qualified_image)
         .ok_or_else(|| PlanError::Unsupported("the notebook's container has no image".into()))?;
     let container_port = builders::container_port(notebook);
     let mut options: Vec<String> = vec![
@@ -440,6 +444,23 @@ mod tests {
             unambiguous_legacy_claim("labforge-alice-", "alice", ["alice"]),
             None
         );
+    }
+
+    #[test]
+    fn the_engine_is_given_every_image_fully_qualified() {
+        let config = BuilderConfig::default();
+        for (named, given) in [
+            ("python:3.12", "docker.io/library/python:3.12"),
+            ("alice/lab:v1", "docker.io/alice/lab:v1"),
+            ("registry.local/alice/lab:v1", "registry.local/alice/lab:v1"),
+        ] {
+            let mut lab = notebook("alice", request("lab"));
+            if let Some(container) = lab.container_mut() {
+                container.image = Some(named.into());
+            }
+            let planned = plan(&lab, &config, None, &[], None).unwrap();
+            assert_eq!(planned.image, given, "{named}");
+        }
     }
 
     #[test]

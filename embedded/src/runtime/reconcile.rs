@@ -25,6 +25,10 @@ const RESYNC: Duration = Duration::from_secs(3);
 /// How often a server that is starting is asked whether it answers, so that "ready" is said as
 /// soon as it does rather than at the next resync.
 const READY_POLL: Duration = Duration::from_millis(100);
+/// How long a starting server is asked every [`READY_POLL`]; after that every
+/// [`READY_POLL_LATER`], for a server that takes long (a class starting at once).
+const READY_POLL_FOR: Duration = Duration::from_secs(15);
+const READY_POLL_LATER: Duration = Duration::from_millis(500);
 /// How often, meanwhile, its container is checked to be still running.
 const READY_POLL_CONTAINER: Duration = Duration::from_secs(2);
 /// How long a starting server is watched so; past that the resync looks at it.
@@ -413,6 +417,7 @@ impl Runtime {
             event("Warning", reason, message);
             self.set_status(notebook, waiting_status(reason, message));
         }
+        let started = port.is_none();
         let port = match port {
             Some(port) => port,
             None => match self.create(notebook, &plan).await {
@@ -429,13 +434,15 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
-        let (ready, unexpected) = if was_ready {
-            self.readiness(notebook, port).await
-        } else {
+        // A server this reconcile started is watched until it answers; any other is asked once
+        // (each resync asks again).
+        let (ready, unexpected) = if started && !was_ready {
             if restarted.is_none() {
                 self.set_status(notebook, running_status(false, "Starting", ""));
             }
             self.await_readiness(notebook, port).await
+        } else {
+            self.readiness(notebook, port).await
         };
         if ready && !was_ready {
             event("Normal", "Ready", "the notebook answers");
@@ -524,16 +531,32 @@ impl Runtime {
         }
     }
 
-    /// Asks a starting server whether it answers, every [`READY_POLL`], until it does, answers
-    /// wrongly, or its container stops running; or until the notebook changes (its reconcile then
-    /// runs again) or [`READY_WATCH`] has passed.
+    /// Asks a server it just started whether it answers, every [`READY_POLL`] (every
+    /// [`READY_POLL_LATER`] after [`READY_POLL_FOR`]), until it does, answers wrongly, or its
+    /// container stops running; or until the notebook changes (announced, or found changed in
+    /// the store when announcements were missed; its reconcile then runs again) or
+    /// [`READY_WATCH`] has passed.
     async fn await_readiness(&self, notebook: &Notebook, port: u16) -> (bool, String) {
         let key = key_of(notebook);
+        let version = notebook.metadata.resource_version.clone();
         let started = tokio::time::Instant::now();
         let mut container_checked = started;
         loop {
             let answer = self.readiness(notebook, port).await;
             if answer.0 || !answer.1.is_empty() || self.queue.changed_since_claimed(&key) {
+                return answer;
+            }
+            // Status writes change the version too; only the spec and annotations matter.
+            let stored = self.store.get(&key.0, &key.1);
+            let changed = match &stored {
+                None => true,
+                Some(now) if now.metadata.resource_version == version => false,
+                Some(now) => {
+                    now.spec != notebook.spec
+                        || now.metadata.annotations != notebook.metadata.annotations
+                }
+            };
+            if changed {
                 return answer;
             }
             if started.elapsed() >= READY_WATCH {
@@ -552,7 +575,12 @@ impl Runtime {
                     return answer;
                 }
             }
-            tokio::time::sleep(READY_POLL).await;
+            let poll = if started.elapsed() < READY_POLL_FOR {
+                READY_POLL
+            } else {
+                READY_POLL_LATER
+            };
+            tokio::time::sleep(poll).await;
         }
     }
 
