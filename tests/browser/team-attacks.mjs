@@ -13,20 +13,41 @@ const url = config.url.replace(/\/$/, '');
 const { aliceNs, bobNs, bobToken, plantDomains, screenshots, name } = config;
 const seen = {};
 
+// Podman makes a network per notebook: Chromium aborts a navigation under way when the
+// machine's interfaces change (other tests starting notebooks), so that one is tried again.
+async function go(page, target) {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await page.goto(target);
+    } catch (error) {
+      if (attempt >= 5 || !String(error.message).includes('ERR_NETWORK_CHANGED')) throw error;
+      await page.waitForTimeout(500);
+    }
+  }
+}
+
 const browser = await launch();
 try {
   const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 800 } });
   const app = await context.newPage();
-  await app.goto(`${url}/login`);
+  await go(app, `${url}/login`);
   await app.getByLabel('User name').fill(config.admin[0]);
   await app.getByLabel('Password').fill(config.admin[1]);
   await app.getByRole('button', { name: 'Sign in' }).click();
   await app.waitForURL(`${url}/`);
   // Who the web app takes the admin's browser for, asked by its own page.
   const whoami = () => app.evaluate(async () => {
-    const response = await fetch('api/whoami');
-    const body = await response.json().catch(() => null);
-    return { status: response.status, name: body?.name ?? null, error: body?.error ?? null };
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        const response = await fetch('api/whoami');
+        const body = await response.json().catch(() => null);
+        return { status: response.status, name: body?.name ?? null, error: body?.error ?? null };
+      } catch (error) {
+        // A request cut by a change of the machine's network interfaces (see go) is asked again.
+        if (attempt >= 5) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+    }
   });
   const appCookies = async () => (await context.cookies(url)).map((c) => c.name).sort();
   seen.before = await whoami();
@@ -34,7 +55,7 @@ try {
     .map(({ name: n, secure, httpOnly, path, domain }) => ({ name: n, secure, httpOnly, path, domain }));
 
   const bobs = await context.newPage();
-  const bobLoaded = await bobs.goto(`${url}/notebook/${bobNs}/bobs/lab`);
+  const bobLoaded = await go(bobs, `${url}/notebook/${bobNs}/bobs/lab`);
   seen.bobsPage = { status: bobLoaded.status(), url: bobs.url() };
 
   // 1. Bob's own valid session, planted for the web app's host and its parents, on /api and /,
@@ -69,7 +90,7 @@ try {
     }, `${url}/api/logout`),
   ]);
   seen.signOutForm = { status: signOut?.status(), body: (await signOut?.text())?.slice(0, 300) };
-  await bobs.goto(`${url}/notebook/${bobNs}/bobs/lab`);
+  await go(bobs, `${url}/notebook/${bobNs}/bobs/lab`);
   seen.blindSignOut = await bobs.evaluate(async (action) => {
     const response = await fetch(action, { method: 'POST', mode: 'no-cors', credentials: 'include' });
     return response.type;
@@ -93,7 +114,7 @@ try {
     return 80;
   }, { web: url, ns: aliceNs });
   const alice = await context.newPage();
-  const aliceLoaded = await alice.goto(`${url}/notebook/${aliceNs}/lab/lab`);
+  const aliceLoaded = await go(alice, `${url}/notebook/${aliceNs}/lab/lab`);
   seen.aliceAfterFlood = { status: aliceLoaded.status(), url: alice.url(), title: await alice.title() };
   await alice.screenshot({ path: `${screenshots}/team-${name}-alice-after-flood.png` });
   await alice.close();
@@ -108,7 +129,7 @@ try {
   }, { token: bobToken, domains: plantDomains });
   seen.appCookiesAfterPush = (await appCookies()).filter((n) => !n.startsWith('junk'));
   seen.afterPush = await whoami();
-  const reloaded = await app.goto(`${url}/`).catch((error) => ({ status: () => error.message.split(' ')[0] }));
+  const reloaded = await go(app, `${url}/`).catch((error) => ({ status: () => error.message.split(' ')[0] }));
   seen.pageAfterPush = reloaded.status();
   // Chromium's own error page (a 431) cannot always be captured.
   await app.screenshot({ path: `${screenshots}/team-${name}-after-attacks.png` }).catch(() => {});
