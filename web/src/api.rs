@@ -5,7 +5,8 @@
 //! Every route but login, health and the OpenAPI document needs a signed-in user; a namespace's
 //! routes need its owner or an admin. Bad input is answered 4xx with an [`ApiError`] naming the
 //! field, before anything is stored. Requests that change something must be JSON, which a
-//! cross-site form cannot send: that and the SameSite session cookie keep other sites out.
+//! cross-site form cannot send, and come from the app's own pages ([`crate::same_origin`]),
+//! which keeps out the pages of notebooks that share its site.
 
 use crate::backend::Change;
 use crate::backend::{Access, Backend, BackendError, Verb};
@@ -196,7 +197,7 @@ impl ApiState {
     }
 
     /// Why `image`, named by a user of `ns`, cannot be run, when the check can tell; catalog
-    /// images and the namespace's saved ones are trusted.
+    /// images and the namespace's own and shared saves are trusted.
     async fn image_refusal(&self, image: &str, saved: &[String]) -> Option<FieldError> {
         let check = self.image_check.as_ref()?;
         if self.config.in_catalog(image) || saved.iter().any(|s| s == image) {
