@@ -20,14 +20,14 @@ use std::time::{Duration, Instant, SystemTime};
 /// The session cookie's name where the browser would not keep a `__Host-` cookie: plain HTTP
 /// on a host other than `localhost`'s own family.
 pub const SESSION_COOKIE: &str = "labforge_session";
-/// No user may have this name: the local registry keeps the platform's images (the catalog's)
-/// under `labforge/`, where a user of that name would save.
-pub const RESERVED_NAMESPACE: &str = "labforge";
 /// The session cookie's name wherever the browser keeps `__Host-` cookies (TLS, and plain HTTP on
 /// `localhost` and its subdomains): a page of another host, a notebook's among them, cannot set a
 /// cookie of this name, not even for a parent domain, so it cannot plant a session beside the
 /// visitor's own.
 pub const HOST_SESSION_COOKIE: &str = "__Host-labforge_session";
+/// No user may have this name: the local registry keeps the platform's images (the catalog's)
+/// under `labforge/`, where a user of that name would save.
+pub const RESERVED_NAMESPACE: &str = "labforge";
 /// A session ends this long after sign-in (not extended by use: the proxy checks sessions on
 /// every request, and a read lock keeps that cheap).
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
