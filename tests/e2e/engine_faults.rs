@@ -5,13 +5,20 @@
 
 use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
-use labforge_tests::embedded::RemoveNotebooksOnDrop;
+use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::{Duration, Instant};
 
-/// Polls the notebook until `done` holds for it; fails with the last answer after a minute.
-async fn until(session: &Session, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+/// Polls the notebook until `done` holds for it; fails with the last answer and labforge's log
+/// after a minute.
+async fn until(
+    up: &LabforgeUp,
+    session: &Session,
+    path: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (status, body) = session.get(path).await;
@@ -19,7 +26,11 @@ async fn until(session: &Session, path: &str, what: &str, done: impl Fn(&Value) 
         if done(&body["notebook"]) {
             return body;
         }
-        assert!(Instant::now() < deadline, "not {what} within 60 s: {body}");
+        assert!(
+            Instant::now() < deadline,
+            "not {what} within 60 s: {body}\nlabforge's log:\n{}",
+            up.log_tail(60)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -68,12 +79,18 @@ async fn state_tells_what_happened_behind_labforges_back() {
         .status()
         .unwrap();
     assert!(removed.success());
-    let restarting = until(&session, &path, "starting again with its reason", |nb| {
-        nb["state"] == "starting"
-            && nb["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("removed outside labforge"))
-    })
+    let restarting = until(
+        &up,
+        &session,
+        &path,
+        "starting again with its reason",
+        |nb| {
+            nb["state"] == "starting"
+                && nb["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("removed outside labforge"))
+        },
+    )
     .await;
     let (_, events) = session.get(&format!("{path}/events")).await;
     assert!(
@@ -90,6 +107,7 @@ async fn state_tells_what_happened_behind_labforges_back() {
 
     std::fs::write(&flag, "").unwrap();
     let down = until(
+        &up,
         &session,
         &path,
         "marked as the engine not answering",

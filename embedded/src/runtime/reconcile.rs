@@ -22,17 +22,6 @@ use super::plan::*;
 
 /// How often everything is looked at even when nothing was announced (containers that exited).
 const RESYNC: Duration = Duration::from_secs(3);
-/// How often a server that is starting is asked whether it answers, so that "ready" is said as
-/// soon as it does rather than at the next resync.
-const READY_POLL: Duration = Duration::from_millis(100);
-/// How long a starting server is asked every [`READY_POLL`]; after that every
-/// [`READY_POLL_LATER`], for a server that takes long (a class starting at once).
-const READY_POLL_FOR: Duration = Duration::from_secs(15);
-const READY_POLL_LATER: Duration = Duration::from_millis(500);
-/// How often, meanwhile, its container is checked to be still running.
-const READY_POLL_CONTAINER: Duration = Duration::from_secs(2);
-/// How long a starting server is watched so; past that the resync looks at it.
-const READY_WATCH: Duration = Duration::from_secs(120);
 
 /// What [`Runtime::migrate_legacy_volumes`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -417,7 +406,6 @@ impl Runtime {
             event("Warning", reason, message);
             self.set_status(notebook, waiting_status(reason, message));
         }
-        let started = port.is_none();
         let port = match port {
             Some(port) => port,
             None => match self.create(notebook, &plan).await {
@@ -434,16 +422,7 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
-        // A server this reconcile started is watched until it answers; any other is asked once
-        // (each resync asks again).
-        let (ready, unexpected) = if started && !was_ready {
-            if restarted.is_none() {
-                self.set_status(notebook, running_status(false, "Starting", ""));
-            }
-            self.await_readiness(notebook, port).await
-        } else {
-            self.readiness(notebook, port).await
-        };
+        let (ready, unexpected) = self.readiness(notebook, port).await;
         if ready && !was_ready {
             event("Normal", "Ready", "the notebook answers");
         }
@@ -528,59 +507,6 @@ impl Runtime {
                 }
             }
             Err(_) => (false, String::new()),
-        }
-    }
-
-    /// Asks a server it just started whether it answers, every [`READY_POLL`] (every
-    /// [`READY_POLL_LATER`] after [`READY_POLL_FOR`]), until it does, answers wrongly, or its
-    /// container stops running; or until the notebook changes (announced, or found changed in
-    /// the store when announcements were missed; its reconcile then runs again) or
-    /// [`READY_WATCH`] has passed.
-    async fn await_readiness(&self, notebook: &Notebook, port: u16) -> (bool, String) {
-        let key = key_of(notebook);
-        let version = notebook.metadata.resource_version.clone();
-        let started = tokio::time::Instant::now();
-        let mut container_checked = started;
-        loop {
-            let answer = self.readiness(notebook, port).await;
-            if answer.0 || !answer.1.is_empty() || self.queue.changed_since_claimed(&key) {
-                return answer;
-            }
-            // Status writes change the version too; only the spec and annotations matter.
-            let stored = self.store.get(&key.0, &key.1);
-            let changed = match &stored {
-                None => true,
-                Some(now) if now.metadata.resource_version == version => false,
-                Some(now) => {
-                    now.spec != notebook.spec
-                        || now.metadata.annotations != notebook.metadata.annotations
-                }
-            };
-            if changed {
-                return answer;
-            }
-            if started.elapsed() >= READY_WATCH {
-                return answer;
-            }
-            if container_checked.elapsed() >= READY_POLL_CONTAINER {
-                container_checked = tokio::time::Instant::now();
-                let running = self
-                    .engine
-                    .container_of(&key.0, &key.1)
-                    .await
-                    .map(|c| c.is_some_and(|c| c.running));
-                // Exited or gone: the next reconcile says so. An engine that does not answer
-                // is the resync's to tell.
-                if !matches!(running, Ok(true)) {
-                    return answer;
-                }
-            }
-            let poll = if started.elapsed() < READY_POLL_FOR {
-                READY_POLL
-            } else {
-                READY_POLL_LATER
-            };
-            tokio::time::sleep(poll).await;
         }
     }
 
@@ -713,12 +639,6 @@ impl WorkQueue {
         false
     }
 
-    /// Whether `key`, under way, changed since its reconcile began.
-    fn changed_since_claimed(&self, key: &NotebookKey) -> bool {
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.changed.contains(key)
-    }
-
     /// Ends a reconcile of `key`; true when it changed meanwhile and must run again (the key
     /// then stays claimed).
     fn finish(&self, key: &NotebookKey) -> bool {
@@ -846,12 +766,8 @@ mod work_queue_tests {
         assert!(queue.claim(&key("lab"), true));
         // Another notebook is not held up by this one.
         assert!(queue.claim(&key("other"), true));
-        assert!(!queue.changed_since_claimed(&key("lab")));
-        // Two changes during the work: one more run, not two; a reconcile waiting for its
-        // server to answer sees the change and stops waiting.
+        // Two changes during the work: one more run, not two.
         assert!(!queue.claim(&key("lab"), true));
-        assert!(queue.changed_since_claimed(&key("lab")));
-        assert!(!queue.changed_since_claimed(&key("other")));
         assert!(!queue.claim(&key("lab"), true));
         assert!(queue.finish(&key("lab")), "changed meanwhile: runs again");
         assert!(
@@ -870,10 +786,6 @@ mod work_queue_tests {
         let queue = WorkQueue::default();
         assert!(queue.claim(&key("lab"), true));
         assert!(!queue.claim(&key("lab"), false));
-        assert!(
-            !queue.changed_since_claimed(&key("lab")),
-            "a pass cuts no wait short"
-        );
         assert!(!queue.finish(&key("lab")));
     }
 }
