@@ -152,19 +152,29 @@ fn allocated(path: &Path, seen: &mut HashSet<(u64, u64)>) -> u64 {
     bytes
 }
 
+/// `<engine> system df`, asked up to three times: podman fails it when a container it is
+/// counting is removed meanwhile ("no such container"), which other users of the engine do at
+/// any time.
 fn engine_storage(engine: &Path) -> Result<Vec<EngineUse>, String> {
-    let output = std::process::Command::new(engine)
-        .args(["system", "df", "--format", "{{json .}}"])
-        .output()
-        .map_err(|e| format!("{}: {e}", engine.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{} system df: {}",
-            engine.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
+    let mut attempt = 1;
+    loop {
+        let output = std::process::Command::new(engine)
+            .args(["system", "df", "--format", "{{json .}}"])
+            .output()
+            .map_err(|e| format!("{}: {e}", engine.display()))?;
+        if output.status.success() {
+            return Ok(parse_system_df(&String::from_utf8_lossy(&output.stdout)));
+        }
+        if attempt == 3 {
+            return Err(format!(
+                "{} system df: {}",
+                engine.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        attempt += 1;
+        std::thread::sleep(std::time::Duration::from_millis(300));
     }
-    Ok(parse_system_df(&String::from_utf8_lossy(&output.stdout)))
 }
 
 /// `system df --format '{{json .}}'`, one object per line: podman's numbers or docker's texts.
