@@ -383,6 +383,15 @@ impl Store {
         image: &str,
         with: &[String],
     ) -> Result<Option<SavedImage>, StoreError> {
+        // No such image: nothing is written, and nothing announced.
+        let known = self
+            .lock()
+            .saved
+            .get(namespace)
+            .is_some_and(|images| images.iter().any(|i| i.image == image));
+        if !known {
+            return Ok(None);
+        }
         let mut shared = None;
         self.change_saved_images(namespace, |images| {
             if let Some(saved) = images.iter_mut().find(|i| i.image == image) {
@@ -590,6 +599,34 @@ mod tests {
             .map(|i| i.digest)
             .collect();
         assert_eq!(tags, ["sha256:v3", "sha256:v1"]);
+
+        // Shared with another namespace, kept across a reopen; an image that is not there (or a
+        // namespace without saves) is no one's to share, and nothing is written for it.
+        let bob = vec!["bob".to_owned()];
+        let shared = reopened
+            .share_saved_image("alice", "registry.local/alice/lab:v3", &bob)
+            .unwrap()
+            .unwrap();
+        assert_eq!(shared.shared_with, bob);
+        let again = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            again.images_shared_with("bob")[0].image,
+            "registry.local/alice/lab:v3"
+        );
+        assert!(
+            again.images_shared_with("alice").is_empty(),
+            "not with its own namespace"
+        );
+        for (namespace, image) in [
+            ("alice", "registry.local/alice/lab:v2"),
+            ("carol", "registry.local/carol/lab:v1"),
+        ] {
+            assert_eq!(
+                again.share_saved_image(namespace, image, &bob).unwrap(),
+                None
+            );
+        }
+        assert!(!dir.path().join("saved-images").join("carol.json").exists());
         assert!(
             Store::open(dir.path())
                 .unwrap()
