@@ -1,4 +1,4 @@
-//! Issue 32, item 8: the builder bounds and checks everything the agent sends.
+//! The builder bounds and checks everything the agent sends.
 //!
 //! Anything root in a notebook's container can write to the agent's descriptor during a save.
 //! The "engine" here is a script named `podman` that, like `podman exec --preserve-fds 1`,
@@ -85,7 +85,7 @@ fn violation(result: Result<(), SaveError>) -> StreamViolation {
 }
 
 #[tokio::test]
-async fn issue_32_a_change_set_entry_outside_the_root_fails_the_save() {
+async fn a_change_set_entry_outside_the_root_fails_the_save() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut tar = raw_header(b'0', b"../../etc/cron.d/evil", 4)
         .as_bytes()
@@ -102,7 +102,7 @@ async fn issue_32_a_change_set_entry_outside_the_root_fails_the_save() {
 }
 
 #[tokio::test]
-async fn issue_32_an_extension_claiming_gigabytes_fails_before_it_is_read() {
+async fn an_extension_claiming_gigabytes_fails_before_it_is_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     // The claim only, and then a stream of bytes that never ends: held whole by the tar reader,
     // this would take all memory.
@@ -120,7 +120,7 @@ async fn issue_32_an_extension_claiming_gigabytes_fails_before_it_is_read() {
 }
 
 #[tokio::test]
-async fn issue_32_file_content_beyond_what_the_header_announced_fails_the_save() {
+async fn file_content_beyond_what_the_header_announced_fails_the_save() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut tar = raw_header(b'0', b"home/jovyan/a", 600).as_bytes().to_vec();
     tar.resize(512 + 1024, b'i');
@@ -140,7 +140,7 @@ async fn issue_32_file_content_beyond_what_the_header_announced_fails_the_save()
 }
 
 #[tokio::test]
-async fn issue_32_an_endless_header_line_fails_naming_the_container() {
+async fn an_endless_header_line_fails_naming_the_container() {
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = fake_engine(dir.path(), "tr -d '\\n' </dev/zero >&3");
     match save_from(engine, dir.path()).await {
@@ -153,7 +153,7 @@ async fn issue_32_an_endless_header_line_fails_naming_the_container() {
 }
 
 #[tokio::test]
-async fn issue_32_the_agents_stderr_is_kept_to_a_bounded_tail() {
+async fn the_agents_stderr_is_kept_to_a_bounded_tail() {
     let dir = tempfile::tempdir().expect("tempdir");
     // 8 MiB of chatter, then the line that says why, and no header at all.
     let engine = fake_engine(

@@ -1,4 +1,4 @@
-//! Issue 32, item 5: registry credentials go only to the registry they were given for.
+//! Registry credentials go only to the registry they were given for.
 //!
 //! A real registry never tells who sent it what, so these registries are fakes that record the
 //! `Authorization` header of every request: a base registry the notebook's owner could run, and
@@ -195,7 +195,7 @@ fn options(insecure: &[&FakeRegistry], trusted: Vec<String>) -> RegistryOptions 
 /// A base image on another registry is read without the target's credentials, whichever way
 /// that registry asks for them: Basic, or a token service it names (its own here).
 #[tokio::test]
-async fn issue_32_base_registry_and_its_token_realm_get_no_credentials() {
+async fn base_registry_and_its_token_realm_get_no_credentials() {
     for challenge in [
         r#"Basic realm="base""#,
         r#"Bearer realm="http://{origin}/token",service="base""#,
@@ -229,7 +229,7 @@ async fn issue_32_base_registry_and_its_token_realm_get_no_credentials() {
 
 /// The target registry itself gets them, and so does a token service on its own origin.
 #[tokio::test]
-async fn issue_32_target_registry_and_its_own_realm_get_the_credentials() {
+async fn target_registry_and_its_own_realm_get_the_credentials() {
     for challenge in [
         r#"Basic realm="target""#,
         r#"Bearer realm="http://{origin}/token",service="target""#,
@@ -257,7 +257,7 @@ async fn issue_32_target_registry_and_its_own_realm_get_the_credentials() {
 /// A token service the target registry names on another origin is asked anonymously, unless
 /// it was trusted explicitly.
 #[tokio::test]
-async fn issue_32_foreign_token_realm_gets_credentials_only_when_trusted() {
+async fn foreign_token_realm_gets_credentials_only_when_trusted() {
     let realm = FakeRegistry::start("Basic").await;
     let target = FakeRegistry::start(&format!(
         r#"Bearer realm="http://{}/token",service="target""#,
@@ -291,7 +291,7 @@ async fn issue_32_foreign_token_realm_gets_credentials_only_when_trusted() {
 }
 
 #[test]
-fn issue_32_a_trusted_realm_must_be_a_url() {
+fn a_trusted_realm_must_be_a_url() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut options = RegistryOptions {
         trusted_token_realms: vec!["auth.docker.io".into()],

@@ -112,9 +112,9 @@ mod tests {
         out
     }
 
-    /// Issue 32, item 8: a line without end is not read without end.
+    /// A line without end is not read without end.
     #[test]
-    fn issue_32_an_endless_header_line_is_refused_after_the_bound() {
+    fn an_endless_header_line_is_refused_after_the_bound() {
         let mut endless = io::BufReader::new(io::repeat(b'x'));
         let err = ChangeSetHeader::read_line(&mut endless).expect_err("refused");
         assert!(err.to_string().contains("longer than"), "{err}");
@@ -127,7 +127,7 @@ mod tests {
 
     /// The key names cache files: nothing but a digest may pass.
     #[test]
-    fn issue_32_a_key_that_is_no_digest_is_refused() {
+    fn a_key_that_is_no_digest_is_refused() {
         let good = header(&format!("sha256:{}", "0f".repeat(32)));
         let read = ChangeSetHeader::read_line(&line(&good)[..]).expect("a digest key");
         assert_eq!(read, good);

@@ -981,10 +981,10 @@ async fn saved_images_stay_in_their_namespace(
     assert_eq!(code, 200, "{moved}");
 }
 
-/// Issue 32, item 6: amounts podman would read as "no limit" are refused, and the smallest
+/// Amounts podman would read as "no limit" are refused, and the smallest
 /// accepted ones reach the container as real limits (its HostConfig, as podman reports it).
 #[tokio::test]
-async fn issue_32_limits_podman_would_not_enforce_are_refused_and_the_minimum_is_enforced() {
+async fn limits_podman_would_not_enforce_are_refused_and_the_minimum_is_enforced() {
     crate::init_crypto();
     let alice = format!("alice-limits-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);

@@ -2112,9 +2112,9 @@ async fn pooled_connections_the_upstream_closed_never_fail_a_request() {
     server.abort();
 }
 
-/// Issue 32: a notebook's server belongs to its owner; what the proxy forwards reaches them.
+/// A notebook's server belongs to its owner; what the proxy forwards reaches them.
 #[tokio::test]
-async fn issue_32_the_visitors_cookies_and_credentials_never_reach_a_notebook() {
+async fn the_visitors_cookies_and_credentials_never_reach_a_notebook() {
     let up = Upstream::start("alice-lab").await;
     let proxy = start_proxy(
         RoutesFrom::Pushed,
@@ -2224,7 +2224,7 @@ fn bobs_attacks(alice_port: u16) -> Vec<Value> {
 }
 
 #[tokio::test]
-async fn issue_32_a_profile_owners_virtual_services_cannot_reach_beyond_their_namespace() {
+async fn a_profile_owners_virtual_services_cannot_reach_beyond_their_namespace() {
     let alice_nb = Upstream::start("alice-lab").await;
     let bob_nb = Upstream::start("bob-lab").await;
     let dir = tempfile::tempdir().unwrap();
@@ -2308,7 +2308,7 @@ async fn issue_32_a_profile_owners_virtual_services_cannot_reach_beyond_their_na
 }
 
 #[tokio::test]
-async fn issue_32_a_trickled_body_is_cut_and_connections_over_the_cap_get_503() {
+async fn a_trickled_body_is_cut_and_connections_over_the_cap_get_503() {
     // An upstream that reads the whole body and answers its length.
     let app = axum::Router::new()
         .fallback(|body: axum::body::Bytes| async move { body.len().to_string() });
@@ -2408,7 +2408,7 @@ async fn issue_32_a_trickled_body_is_cut_and_connections_over_the_cap_get_503() 
 }
 
 #[tokio::test]
-async fn issue_32_a_websocket_tunnel_closes_when_its_session_ends() {
+async fn a_websocket_tunnel_closes_when_its_session_ends() {
     use labforge_web::users::{LocalAuth, SESSION_COOKIE, Users};
     let echo = EchoServer::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -2477,7 +2477,7 @@ async fn issue_32_a_websocket_tunnel_closes_when_its_session_ends() {
 /// A cluster's proxy with `--notebook-domain`: each notebook only on its own host, old path URLs
 /// sent there, other origins and other namespaces' routes refused there.
 #[tokio::test]
-async fn issue_33_with_a_notebook_domain_each_notebook_is_served_on_its_own_host_only() {
+async fn with_a_notebook_domain_each_notebook_is_served_on_its_own_host_only() {
     init_crypto();
     let alice_nb = Upstream::start("alice-lab").await;
     let bob_nb = Upstream::start("bob-lab").await;

@@ -772,10 +772,10 @@ mod tests {
         assert_eq!(field_of(r), "dataVolumes[0].mountPath");
     }
 
-    /// Issue 32, item 6: amounts podman would read as "no limit" (or refuse) are a 400 naming
+    /// Amounts podman would read as "no limit" (or refuse) are a 400 naming
     /// the field; the minimum itself is accepted.
     #[test]
-    fn issue_32_amounts_below_what_podman_enforces_are_refused() {
+    fn amounts_below_what_podman_enforces_are_refused() {
         for (field, value) in [
             ("cpu", "0.0004"),
             ("cpu", "9m"),

@@ -1,4 +1,4 @@
-//! Issue 32, item 6: the plan never gives podman a limit it reads as none.
+//! The plan never gives podman a limit it reads as none.
 
 use super::*;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -60,7 +60,7 @@ fn planned(cpu: &str, memory: &str) -> Result<ContainerPlan, PlanError> {
 }
 
 #[test]
-fn issue_32_tiny_limits_are_raised_to_the_minimum_not_dropped() {
+fn tiny_limits_are_raised_to_the_minimum_not_dropped() {
     let plan = planned("0.0004", "0.4").expect("planned");
     assert_eq!(option(&plan, "--cpus"), Some("0.010"));
     assert_eq!(option(&plan, "--memory"), Some("6291456"));
@@ -78,7 +78,7 @@ fn ordinary_limits_are_passed_as_they_were() {
 }
 
 #[test]
-fn issue_32_an_unreadable_limit_fails_the_plan_instead_of_vanishing() {
+fn an_unreadable_limit_fails_the_plan_instead_of_vanishing() {
     for (cpu, memory, says) in [("lots", "1Gi", "CPU"), ("1", "-1Gi", "memory")] {
         let err = planned(cpu, memory).expect_err("no plan without its limits");
         assert!(
