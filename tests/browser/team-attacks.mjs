@@ -30,11 +30,19 @@ const browser = await launch();
 try {
   const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 800 } });
   const app = await context.newPage();
-  await go(app, `${url}/login`);
-  await app.getByLabel('User name').fill(config.admin[0]);
-  await app.getByLabel('Password').fill(config.admin[1]);
-  await app.getByRole('button', { name: 'Sign in' }).click();
-  await app.waitForURL(`${url}/`);
+  // Signing in is tried again too when a network change cut its request (see go).
+  for (let attempt = 1; ; attempt += 1) {
+    await go(app, `${url}/login`);
+    await app.getByLabel('User name').fill(config.admin[0]);
+    await app.getByLabel('Password').fill(config.admin[1]);
+    await app.getByRole('button', { name: 'Sign in' }).click();
+    try {
+      await app.waitForURL(`${url}/`, { timeout: 15_000 });
+      break;
+    } catch (error) {
+      if (attempt >= 3) throw error;
+    }
+  }
   // Who the web app takes the admin's browser for, asked by its own page.
   const whoami = () => app.evaluate(async () => {
     for (let attempt = 1; ; attempt += 1) {
