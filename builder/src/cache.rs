@@ -152,7 +152,7 @@ impl std::fmt::Display for S3Failure {
             // S3's code is the cause where the hint already says what its message would.
             S3Failure::NoSuchBucket { code, message } => write!(
                 f,
-                "the bucket does not exist; create it or name another in --cache-s3; caused by: {}",
+                "the bucket does not exist; create it or name another; caused by: {}",
                 known_cause(code, message)
             ),
             S3Failure::Refused {
@@ -438,6 +438,50 @@ impl S3Cache {
             );
         }
         Ok(parts)
+    }
+
+    /// Every key under `prefix` (the cache's own prefix left out), with its size in bytes, one
+    /// page of S3's listing after another.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, CacheError> {
+        let mut found = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(self.object_key(prefix))
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| self.error("list", prefix, e))?;
+            for object in page.contents() {
+                if let Some(key) = object.key().and_then(|k| k.strip_prefix(&self.prefix)) {
+                    found.push((key.to_owned(), object.size().unwrap_or(0).max(0) as u64));
+                }
+            }
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// Removes `key`; removing one that is not there is no error (as in S3 itself).
+    pub async fn delete(&self, key: &str) -> Result<(), CacheError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.object_key(key))
+            .send()
+            .await
+            .map_err(|e| self.error("delete", key, e))?;
+        Ok(())
+    }
+
+    /// The bucket, for messages.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
     }
 
     /// Streams `key` into a new file at `path`. Returns `false`, creating nothing, when the key is
