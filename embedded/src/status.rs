@@ -41,6 +41,8 @@ pub struct Status {
     /// Why the engine's storage could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_error: Option<String>,
+    /// The last backup `labforge backup` made of this data dir.
+    pub last_backup: Option<crate::data_dir::BackupRecord>,
 }
 
 /// Bytes allocated on disk under the data dir (each hard-linked file counted once).
@@ -113,6 +115,7 @@ pub fn read(dir: &Path, engine: &Path) -> Result<Status, StatusError> {
         disk: disk_use(dir),
         engine_storage,
         engine_error,
+        last_backup: crate::data_dir::last_backup(dir),
         running,
     })
 }
