@@ -20,7 +20,7 @@ use labforge_proxy::routes::{Confinement, GatewayFilter};
 use labforge_proxy::server::TlsFiles;
 use labforge_proxy::{ProxyOptions, RoutesFrom};
 use labforge_snapshot::ScanOptions;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -100,14 +100,11 @@ pub enum Command {
     /// Run `labforge up` as this machine's service.
     #[command(subcommand)]
     Service(ServiceCommand),
-    /// Write a backup of the embedded mode's data dir to FILE (tar + zstd), whether labforge
-    /// runs or not: users, notebooks, events, saved-image records, keys. Images stay in their
-    /// registry.
-    Backup {
-        file: PathBuf,
-        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
-        data_dir: PathBuf,
-    },
+    /// Back up the embedded mode to DEST (a directory or s3://bucket/prefix), whether labforge
+    /// runs or not: users, notebooks, records and keys, the local registry's images (saved
+    /// environments included) and every notebook volume. Each backup is a dated snapshot that
+    /// stores only what the destination lacks. `labforge backup list DEST` lists them.
+    Backup(BackupArgs),
     /// The embedded mode at a glance: whether it runs (pid, URL, registry), users, notebooks by
     /// state, saved images, disk use of the data dir and of the container engine's storage.
     Status {
@@ -120,13 +117,77 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Restore a backup into a data dir that holds no labforge data yet; the next `labforge up`
-    /// adopts the notebooks still running.
-    Restore {
-        file: PathBuf,
-        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
-        data_dir: PathBuf,
+    /// Restore a snapshot of DEST (the newest unless --snapshot) into a data dir that holds no
+    /// labforge data yet, and its volumes into the engine; then `labforge up` starts every
+    /// notebook on it.
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BackupArgs {
+    #[command(subcommand)]
+    pub command: Option<BackupCommand>,
+    /// Where snapshots go: a directory, or s3://bucket/prefix (credentials from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(required = true)]
+    pub dest: Option<String>,
+    /// Keep the newest N snapshots (this one included) and remove the others.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
+    #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+    pub data_dir: PathBuf,
+    /// The engine holding the volumes when labforge is not running (a running one names its own).
+    #[arg(long, default_value = "podman")]
+    pub engine: PathBuf,
+    #[command(flatten)]
+    pub s3: BackupS3Args,
+    /// Print no progress.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackupCommand {
+    /// The snapshots DEST holds, oldest first.
+    List {
+        dest: String,
+        #[command(flatten)]
+        s3: BackupS3Args,
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BackupS3Args {
+    /// S3 endpoint URL (an S3-compatible server); AWS when absent.
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The backup: a directory or s3://bucket/prefix.
+    pub dest: String,
+    /// The snapshot to restore (an id of `labforge backup list`); the newest by default.
+    #[arg(long)]
+    pub snapshot: Option<String>,
+    #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+    pub data_dir: PathBuf,
+    /// The engine the volumes are made in.
+    #[arg(long, default_value = "podman")]
+    pub engine: PathBuf,
+    /// Leave the volumes the engine still has as they are (this machine lost its data dir
+    /// alone); without it, a volume that is there refuses the restore.
+    #[arg(long)]
+    pub keep_existing_volumes: bool,
+    #[command(flatten)]
+    pub s3: BackupS3Args,
 }
 
 #[derive(Debug, Subcommand)]
@@ -144,8 +205,30 @@ pub struct ServiceInstallArgs {
     /// The unit's name (`<name>.service`).
     #[arg(long, default_value = "labforge", value_parser = unit_name)]
     pub name: String,
+    /// Also back up on a schedule to this destination (a directory or s3://bucket/prefix):
+    /// writes `<name>-backup.service` and `<name>-backup.timer`.
+    #[arg(long, value_name = "DEST")]
+    pub backup_to: Option<String>,
+    /// Snapshots the scheduled backups keep.
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u64).range(1..))]
+    pub backup_keep: u64,
+    /// When scheduled backups run: systemd's OnCalendar= (`daily`, `*-*-* 03:00`).
+    #[arg(long, default_value = "daily", value_parser = calendar)]
+    pub backup_on: String,
+    /// Where the scheduled backups read S3 credentials from (AWS_ACCESS_KEY_ID=…).
+    #[arg(long, default_value = "/etc/labforge/backup.env")]
+    pub backup_environment_file: PathBuf,
     #[command(flatten)]
     pub up: UpArgs,
+}
+
+/// `--backup-on`: one line of systemd calendar text.
+fn calendar(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() || value.chars().any(char::is_control) {
+        Err("a systemd calendar expression on one line, e.g. daily or \"*-*-* 03:00\"".into())
+    } else {
+        Ok(value.trim().to_owned())
+    }
 }
 
 /// `--name`: what systemd accepts as a unit name, without its suffix.
@@ -887,31 +970,48 @@ fn blob_cache(args: &StorageArgs) -> anyhow::Result<Option<BlobCache>> {
     let Some(url) = &args.cache_s3 else {
         return Ok(None);
     };
+    Ok(Some(BlobCache::S3(s3_cache(
+        "--cache-s3",
+        url,
+        args.s3_endpoint.clone(),
+        args.s3_region.clone(),
+        args.s3_credentials.clone(),
+    )?)))
+}
+
+/// The S3 client for `url` (`s3://bucket[/prefix]`), given as `what`.
+fn s3_cache(
+    what: &str,
+    url: &str,
+    endpoint: Option<String>,
+    region: String,
+    credentials: Option<Secret<(String, String)>>,
+) -> anyhow::Result<S3Cache> {
     let Some(rest) = url.strip_prefix("s3://") else {
-        anyhow::bail!("--cache-s3 {url:?} must look like s3://bucket[/prefix]");
+        anyhow::bail!("{what} {url:?} must look like s3://bucket[/prefix]");
     };
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     if bucket.is_empty() {
-        anyhow::bail!("--cache-s3 {url:?} names no bucket");
+        anyhow::bail!("{what} {url:?} names no bucket");
     }
-    let Some(Secret((access_key_id, secret_access_key))) = args.s3_credentials.clone() else {
+    let Some(Secret((access_key_id, secret_access_key))) = credentials else {
         anyhow::bail!(
-            "--cache-s3 needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
+            "{what} needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
         );
     };
     let prefix = match prefix.trim_end_matches('/') {
         "" => String::new(),
         p => format!("{p}/"),
     };
-    Ok(Some(BlobCache::S3(S3Cache::new(S3CacheConfig {
-        endpoint: args.s3_endpoint.clone(),
-        region: args.s3_region.clone(),
+    Ok(S3Cache::new(S3CacheConfig {
+        endpoint,
+        region,
         bucket: bucket.to_owned(),
         prefix,
         access_key_id,
         secret_access_key,
         part_size: labforge_builder::cache::MIN_PART_SIZE * 2,
-    }))))
+    }))
 }
 
 impl TryFrom<&CommitArgs> for SaveOptions {
@@ -970,17 +1070,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Proxy(args) => proxy(&args).await,
         Command::Up(args) => up(&args).await,
         Command::Service(ServiceCommand::Install(args)) => service_install(&args),
-        Command::Backup { file, data_dir } => {
-            let summary = labforge_embedded::data_dir::backup(&data_dir, &file)?;
-            println!(
-                "Backed up {} ({} files, {} bytes) to {}",
-                data_dir.display(),
-                summary.files,
-                summary.bytes,
-                file.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Backup(args) => backup(args).await,
         Command::Status {
             data_dir,
             engine,
@@ -994,16 +1084,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Restore { file, data_dir } => {
-            let summary = labforge_embedded::data_dir::restore(&file, &data_dir)?;
-            println!(
-                "Restored {} files (data format {}) into {}; start labforge up on it.",
-                summary.files,
-                summary.format,
-                data_dir.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Restore(args) => restore(&args).await,
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
         Command::Crds => {
@@ -1088,9 +1169,21 @@ impl std::fmt::Display for StatusText<'_> {
                         format!("{} {size} ({})", line.kind.to_lowercase(), line.count)
                     })
                     .collect();
-                writeln!(f, "Engine:        {}", parts.join(", "))
+                writeln!(f, "Engine:        {}", parts.join(", "))?;
             }
-            Some(why) => writeln!(f, "Engine:        unknown: {why}"),
+            Some(why) => writeln!(f, "Engine:        unknown: {why}")?,
+        }
+        match &self.0.last_backup {
+            Some(last) => writeln!(
+                f,
+                "Last backup:   {} to {} (snapshot {}, {}, {} added)",
+                last.finished,
+                last.destination,
+                last.snapshot,
+                HumanBytes(last.bytes),
+                HumanBytes(last.added_bytes)
+            ),
+            None => writeln!(f, "Last backup:   none (labforge backup DEST)"),
         }
     }
 }
@@ -1520,11 +1613,199 @@ fn app_host(host: &str, domain: &str) -> anyhow::Result<String> {
     Ok(host)
 }
 
+/// A backup destination as given on the command line: `s3://…` or a directory.
+fn backup_destination(
+    text: &str,
+    s3: &BackupS3Args,
+) -> anyhow::Result<labforge_backup::destination::Destination> {
+    use labforge_backup::destination::Destination;
+    if text.starts_with("s3://") {
+        let credentials = env_var("AWS_ACCESS_KEY_ID")
+            .zip(env_var("AWS_SECRET_ACCESS_KEY"))
+            .map(Secret);
+        let cache = s3_cache(
+            "the backup destination",
+            text,
+            s3.s3_endpoint.clone(),
+            s3.s3_region.clone(),
+            credentials,
+        )?;
+        return Ok(Destination::S3 {
+            cache,
+            url: text.trim_end_matches('/').to_owned(),
+        });
+    }
+    let path = PathBuf::from(text);
+    if path.is_file() {
+        anyhow::bail!(
+            "{text} is a file; backups are directories or s3://bucket/prefix (a .tar.zst of an \
+             earlier labforge is the data dir's state: extract it into an empty data dir with \
+             tar --zstd -xf {text} -C DATA_DIR)"
+        );
+    }
+    Ok(Destination::Dir(path))
+}
+
+/// The engine whose volumes a backup reads: the running instance's, else `engine`.
+fn backup_engine(data_dir: &Path, engine: &Path) -> labforge_backup::volumes::Podman {
+    let running = labforge_embedded::up::RunningRecord::of_running(data_dir);
+    labforge_backup::volumes::Podman {
+        program: running.map_or_else(|| engine.to_owned(), |r| r.engine),
+    }
+}
+
+/// A spinner naming the part being backed up and the bytes read so far.
+struct BackupProgress {
+    bar: ProgressBar,
+    read: std::sync::atomic::AtomicU64,
+}
+
+impl labforge_backup::Progress for BackupProgress {
+    fn part(&self, what: &str) {
+        self.bar.set_prefix(what.to_owned());
+        self.tick();
+    }
+
+    fn read(&self, bytes: u64) {
+        self.read
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.tick();
+    }
+}
+
+impl BackupProgress {
+    fn tick(&self) {
+        let read = self.read.load(std::sync::atomic::Ordering::Relaxed);
+        self.bar.set_message(format!("{} read", HumanBytes(read)));
+    }
+}
+
+async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
+    if let Some(BackupCommand::List { dest, s3, json }) = args.command {
+        let dest = backup_destination(&dest, &s3)?;
+        let snapshots = labforge_backup::list(&dest).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&snapshots)?);
+        } else if snapshots.is_empty() {
+            println!("{dest} holds no snapshot");
+        } else {
+            println!(
+                "{:<20} {:<28} {:>8} {:>7} {:>10} {:>10}",
+                "SNAPSHOT", "TAKEN", "FILES", "VOLUMES", "SIZE", "ADDED"
+            );
+            for s in &snapshots {
+                println!(
+                    "{:<20} {:<28} {:>8} {:>7} {:>10} {:>10}",
+                    s.id,
+                    s.created,
+                    s.files,
+                    s.volumes,
+                    HumanBytes(s.bytes).to_string(),
+                    HumanBytes(s.added_bytes).to_string()
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(text) = args.dest.as_deref() else {
+        anyhow::bail!("labforge backup: name the destination: a directory or s3://bucket/prefix");
+    };
+    let dest = backup_destination(text, &args.s3)?;
+    let volumes = backup_engine(&args.data_dir, &args.engine);
+    let bar = if args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {elapsed:>4} {prefix}: {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let progress = BackupProgress {
+        bar,
+        read: std::sync::atomic::AtomicU64::new(0),
+    };
+    let options = labforge_backup::BackupOptions {
+        data_dir: &args.data_dir,
+        dest: &dest,
+        volumes: &volumes,
+        keep: args.keep.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    let result = labforge_backup::backup(&options, &progress).await;
+    progress.bar.finish_and_clear();
+    let summary = result?;
+    println!(
+        "Snapshot {} of {} in {dest}: {} files, {} volumes, {}; added {} ({} objects).",
+        summary.id,
+        args.data_dir.display(),
+        summary.files,
+        summary.volumes,
+        HumanBytes(summary.bytes),
+        HumanBytes(summary.added_bytes),
+        summary.added_objects
+    );
+    if !summary.pruned.is_empty() {
+        println!(
+            "Removed {} older snapshot(s): {}",
+            summary.pruned.len(),
+            summary.pruned.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
+    let dest = backup_destination(&args.dest, &args.s3)?;
+    let volumes = labforge_backup::volumes::Podman {
+        program: args.engine.clone(),
+    };
+    let summary = labforge_backup::restore(&labforge_backup::RestoreOptions {
+        dest: &dest,
+        snapshot: args.snapshot.as_deref(),
+        data_dir: &args.data_dir,
+        volumes: &volumes,
+        keep_existing_volumes: args.keep_existing_volumes,
+    })
+    .await?;
+    if !summary.kept_volumes.is_empty() {
+        println!(
+            "Kept the engine's own volumes: {}",
+            summary.kept_volumes.join(", ")
+        );
+    }
+    println!(
+        "Restored snapshot {} ({} files, {} volumes, {}; data format {}) into {}; start labforge up on it.",
+        summary.id,
+        summary.files,
+        summary.volumes,
+        HumanBytes(summary.bytes),
+        summary.data_format,
+        args.data_dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe()
         .and_then(|exe| exe.canonicalize())
         .context("finding this program's own path")?;
     // What `up` would refuse is refused now, not by a service failing at every restart.
+    if let Some(dest) = &args.backup_to {
+        if dest.starts_with("s3://") {
+            s3_cache(
+                "--backup-to",
+                dest,
+                None,
+                "us-east-1".into(),
+                Some(Secret((String::new(), String::new()))),
+            )?;
+        } else if !Path::new(dest).is_absolute() {
+            anyhow::bail!(
+                "--backup-to {dest:?}: give the directory as an absolute path (the timer runs from /)"
+            );
+        }
+    }
     let domain = notebook_domain(&args.up)?;
     let app_host = up_app_host(&args.up)?;
     let app_host = app_host.as_deref().or(domain.as_deref());
@@ -1561,6 +1842,38 @@ fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitCode> {
         .and_then(|()| std::fs::rename(&temporary, &path))
         .with_context(|| format!("writing {}", path.display()))?;
     println!("Wrote {}: it runs {} up.", path.display(), binary.display());
+    if let Some(dest) = &args.backup_to {
+        let (service, timer) = crate::service::backup_units(
+            &binary,
+            &args.up.data_dir,
+            &crate::service::BackupSchedule {
+                dest,
+                keep: args.backup_keep,
+                on_calendar: &args.backup_on,
+                environment_file: &args.backup_environment_file,
+            },
+        );
+        for (suffix, text) in [("service", service), ("timer", timer)] {
+            let path = args.unit_dir.join(format!("{}-backup.{suffix}", args.name));
+            let temporary = args
+                .unit_dir
+                .join(format!(".{}-backup.{suffix}.tmp", args.name));
+            std::fs::write(&temporary, text)
+                .and_then(|()| std::fs::rename(&temporary, &path))
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("Wrote {}", path.display());
+        }
+        if dest.starts_with("s3://") {
+            println!(
+                "Put AWS_ACCESS_KEY_ID=… and AWS_SECRET_ACCESS_KEY=… (and AWS_ENDPOINT_URL=… for an S3-compatible server) in {}, readable by root only.",
+                args.backup_environment_file.display()
+            );
+        }
+        println!(
+            "Back up {} to {dest}, keeping {}:  systemctl daemon-reload && systemctl enable --now {}-backup.timer",
+            args.backup_on, args.backup_keep, args.name
+        );
+    }
     // The first admin is made here, on the installer's terminal: made by the service, the
     // password would be printed into the system journal.
     std::fs::create_dir_all(&args.up.data_dir)

@@ -52,6 +52,68 @@ WantedBy=multi-user.target
     unit
 }
 
+/// When and where `labforge service install --backup-to` backs up.
+pub struct BackupSchedule<'a> {
+    pub dest: &'a str,
+    pub keep: u64,
+    /// systemd's `OnCalendar=` (`daily`, `*-*-* 03:00`).
+    pub on_calendar: &'a str,
+    /// The file S3 credentials are read from (`AWS_ACCESS_KEY_ID=…`), readable by root only.
+    pub environment_file: &'a Path,
+}
+
+/// The oneshot unit that runs one `labforge backup`, and the timer that starts it:
+/// (`.service`, `.timer`). Missed runs (the machine was off) run at the next boot.
+pub fn backup_units(binary: &Path, data_dir: &Path, schedule: &BackupSchedule) -> (String, String) {
+    let exec = [
+        quote(&binary.display().to_string()),
+        "backup".into(),
+        quote(schedule.dest),
+        "--keep".into(),
+        schedule.keep.to_string(),
+        "--data-dir".into(),
+        quote(&data_dir.display().to_string()),
+        "--quiet".into(),
+    ]
+    .join(" ");
+    let service = format!(
+        "\
+# Written by `labforge service install --backup-to`; install again to change it.
+[Unit]
+Description=labforge: back up to {dest}
+
+[Service]
+Type=oneshot
+ExecStart={exec}
+Environment=LABFORGE_LOG=info
+# S3 credentials, kept out of this world-readable file.
+EnvironmentFile=-{environment_file}
+# Backups yield to notebooks.
+Nice=10
+IOSchedulingClass=idle
+",
+        dest = schedule.dest.replace(['\n', '\r'], " "),
+        environment_file = quote_for(&schedule.environment_file.display().to_string(), false),
+    );
+    let timer = format!(
+        "\
+# Written by `labforge service install --backup-to`; install again to change it.
+[Unit]
+Description=labforge: back up on schedule
+
+[Timer]
+OnCalendar={}
+Persistent=true
+RandomizedDelaySec=10min
+
+[Install]
+WantedBy=timers.target
+",
+        schedule.on_calendar
+    );
+    (service, timer)
+}
+
 /// One `ExecStart=` or `Environment=` word: as it is when systemd reads it so, else in double
 /// quotes with `"` and `\` escaped and control characters as `\xNN` (a newline would start a
 /// line of its own). `%` (specifiers) and, in `ExecStart=`, `$` (variables) are doubled, so that
@@ -126,6 +188,40 @@ mod tests {
             "WantedBy=multi-user.target",
         ] {
             assert!(unit.lines().any(|l| l == line), "{line} in {unit}");
+        }
+    }
+
+    #[test]
+    fn the_backup_timer_runs_one_backup_with_retention_and_catches_up_missed_runs() {
+        let (service, timer) = backup_units(
+            Path::new("/usr/local/bin/labforge"),
+            Path::new("/srv/lab data"),
+            &BackupSchedule {
+                dest: "s3://team/lab",
+                keep: 14,
+                on_calendar: "*-*-* 03:00",
+                environment_file: Path::new("/etc/labforge/backup.env"),
+            },
+        );
+        assert!(
+            service.contains(
+                "ExecStart=/usr/local/bin/labforge backup s3://team/lab --keep 14 --data-dir \"/srv/lab data\" --quiet\n"
+            ),
+            "{service}"
+        );
+        assert!(service.lines().any(|l| l == "Type=oneshot"), "{service}");
+        assert!(
+            service
+                .lines()
+                .any(|l| l == "EnvironmentFile=-/etc/labforge/backup.env"),
+            "{service}"
+        );
+        for line in [
+            "OnCalendar=*-*-* 03:00",
+            "Persistent=true",
+            "WantedBy=timers.target",
+        ] {
+            assert!(timer.lines().any(|l| l == line), "{line} in {timer}");
         }
     }
 }
