@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod auto_save;
+mod backups;
 mod change_summary;
 mod cli_commit;
 mod cli_render;

@@ -180,10 +180,11 @@ fn the_service_unit_runs_up_and_systemd_accepts_it() {
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let install = || {
+    let install_with = |extra: &[&str]| {
         Command::new(binary)
             .args(["service", "install", "--unit-dir"])
             .arg(dir.path())
+            .args(extra)
             .arg("--data-dir")
             .arg(&data)
             .args(["--listen", "0.0.0.0:8443", "--tls-self-signed"])
@@ -192,6 +193,7 @@ fn the_service_unit_runs_up_and_systemd_accepts_it() {
             .output()
             .unwrap()
     };
+    let install = || install_with(&[]);
     let first = install();
     let printed = String::from_utf8_lossy(&first.stdout);
     assert!(
@@ -228,6 +230,51 @@ fn the_service_unit_runs_up_and_systemd_accepts_it() {
     assert!(
         verify.status.success() && complaints.trim().is_empty(),
         "{complaints}\n{unit}"
+    );
+
+    // Scheduled backups: a relative directory is refused before anything is written.
+    let refused = install_with(&["--backup-to", "backups"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("absolute path"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(!dir.path().join("labforge-backup.timer").exists());
+    let scheduled = install_with(&[
+        "--backup-to",
+        "s3://team-backups/lab",
+        "--backup-keep",
+        "7",
+        "--backup-on",
+        "*-*-* 03:00",
+    ]);
+    assert!(
+        scheduled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&scheduled.stderr)
+    );
+    let service = std::fs::read_to_string(dir.path().join("labforge-backup.service")).unwrap();
+    assert!(
+        service.contains(&format!(
+            "ExecStart={} backup s3://team-backups/lab --keep 7 --data-dir {} --quiet",
+            binary.canonicalize().unwrap().display(),
+            data.display()
+        )),
+        "{service}"
+    );
+    let timer = std::fs::read_to_string(dir.path().join("labforge-backup.timer")).unwrap();
+    assert!(timer.contains("OnCalendar=*-*-* 03:00\n"), "{timer}");
+    let verify = Command::new(need(labforge_tests::tools::locate("systemd-analyze")))
+        .args(["verify", "--man=no"])
+        .arg(dir.path().join("labforge-backup.service"))
+        .arg(dir.path().join("labforge-backup.timer"))
+        .output()
+        .unwrap();
+    let complaints = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        verify.status.success() && complaints.trim().is_empty(),
+        "{complaints}\n{service}\n{timer}"
     );
 }
 
@@ -382,10 +429,10 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
         "{text}"
     );
 
-    let archive = dir.path().join("lab.tar.zst");
+    let backups = dir.path().join("backups");
     let backup = Command::new(binary)
         .arg("backup")
-        .arg(&archive)
+        .arg(&backups)
         .arg("--data-dir")
         .arg(&data)
         .output()
@@ -395,29 +442,48 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
         "{}",
         String::from_utf8_lossy(&backup.stderr)
     );
+    let text = status(false);
+    assert!(
+        text.contains("Last backup:   ") && text.contains(&format!("to {}", backups.display())),
+        "{text}"
+    );
     let running = crate::embedded::container_id(&container);
     assert!(up.stop());
     assert!(status(false).contains("Instance:      not running"));
 
+    // The data dir lost, the engine's containers and volumes not.
     let old = dir.path().join("data.old");
     std::fs::rename(&data, &old).unwrap();
-    let restore = |into: &std::path::Path| {
-        Command::new(binary)
+    let restore = |into: &std::path::Path, keep: bool| {
+        let mut command = Command::new(binary);
+        command
             .arg("restore")
-            .arg(&archive)
+            .arg(&backups)
             .arg("--data-dir")
-            .arg(into)
-            .output()
-            .unwrap()
+            .arg(into);
+        if keep {
+            command.arg("--keep-existing-volumes");
+        }
+        command.output().unwrap()
     };
-    let restored = restore(&data);
+    let refused = restore(&data, false);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("already exists in the container engine"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let restored = restore(&data, true);
     assert!(
         restored.status.success(),
         "{}",
         String::from_utf8_lossy(&restored.stderr)
     );
-    std::fs::rename(old.join("registry"), data.join("registry")).unwrap();
-    let again = restore(&data);
+    assert!(
+        String::from_utf8_lossy(&restored.stdout).contains("Kept the engine's own volumes"),
+        "{}",
+        String::from_utf8_lossy(&restored.stdout)
+    );
+    let again = restore(&data, true);
     assert!(!again.status.success());
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("already holds labforge data"),
