@@ -131,10 +131,12 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
     let to_dir = dir.path().join("backups").display().to_string();
     let to_s3 = "s3://lab-backups/team-a";
     let data_arg = data.display().to_string();
+    let started = std::time::Instant::now();
     let printed = succeeded(&labforge(
         &["backup", &to_dir, "--data-dir", &data_arg],
         None,
     ));
+    let first_took = started.elapsed();
     assert!(printed.contains("Snapshot "), "{printed}");
     succeeded(&labforge(
         &["backup", to_s3, "--data-dir", &data_arg],
@@ -148,15 +150,17 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
         "the workspace and the registry: {first:?}"
     );
     assert!(first[0]["volumes"].as_u64() == Some(1), "{first:?}");
+    let started = std::time::Instant::now();
     succeeded(&labforge(
         &["backup", &to_dir, "--data-dir", &data_arg],
         None,
     ));
+    let second_took = started.elapsed();
     let both = snapshots(&to_dir, None);
     assert_eq!(both.len(), 2, "{both:?}");
     let added = both[1]["addedBytes"].as_u64().unwrap();
     eprintln!(
-        "backup: {held} bytes held, {} added by the first, {added} by the second (nothing changed)",
+        "backup: {held} bytes held, {} added by the first ({first_took:?}), {added} by the second, nothing changed ({second_took:?})",
         both[0]["addedBytes"]
     );
     assert!(
