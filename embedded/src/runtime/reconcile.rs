@@ -23,6 +23,14 @@ use super::plan::*;
 /// How often everything is looked at even when nothing was announced (containers that exited).
 const RESYNC: Duration = Duration::from_secs(3);
 
+/// While a notebook starts, how often its server is asked whether it is ready, so that the
+/// API says ready within this of the server answering rather than at the next resync.
+const READINESS_POLL: Duration = Duration::from_millis(100);
+
+/// How long one reconcile keeps asking before it hands over to another (which lists the
+/// container again, so that one that exited meanwhile is seen as promptly as by a resync).
+const READINESS_WINDOW: Duration = Duration::from_millis(2500);
+
 /// What [`Runtime::migrate_legacy_volumes`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct VolumeMigration {
@@ -422,10 +430,6 @@ impl Runtime {
             Ok(vs) => self.routes.upsert(vs),
             Err(err) => event("Warning", "InvalidSpec", &err.to_string()),
         }
-        let (ready, unexpected) = self.readiness(notebook, port).await;
-        if ready && !was_ready {
-            event("Normal", "Ready", "the notebook answers");
-        }
         // Not ready yet after a restart of ours: still say why it restarted.
         let restarting = restarted.map(|(_, message)| message).or_else(|| {
             matches!(
@@ -435,12 +439,23 @@ impl Runtime {
             .then(|| condition_message(notebook))
             .flatten()
         });
-        let status = match restarting {
+        let status_of = |ready: bool, unexpected: &str| match &restarting {
             Some(message) if !ready && unexpected.is_empty() => {
-                running_status(false, RESTARTING, &message)
+                running_status(false, RESTARTING, message)
             }
-            _ => running_status(ready, "Starting", &unexpected),
+            _ => running_status(ready, "Starting", unexpected),
         };
+        let (ready, unexpected) = if was_ready {
+            self.readiness(notebook, port).await
+        } else {
+            // Said while its server is asked again and again.
+            self.set_status(notebook, status_of(false, ""));
+            self.readiness_while_starting(notebook, port).await
+        };
+        if ready && !was_ready {
+            event("Normal", "Ready", "the notebook answers");
+        }
+        let status = status_of(ready, &unexpected);
         self.set_status(notebook, status);
     }
 
@@ -479,6 +494,25 @@ impl Runtime {
     /// as something else, what to tell the user. Not answering yet is starting; answering as
     /// something else is told, since it will not change by waiting (an image of the other IDE,
     /// say).
+    /// [`Self::readiness`], asked every [`READINESS_POLL`] until the server is ready, answers
+    /// as something else, the notebook changes, or [`READINESS_WINDOW`] passed; then, when it
+    /// is still starting, the notebook is reconciled again at once.
+    async fn readiness_while_starting(&self, notebook: &Notebook, port: u16) -> (bool, String) {
+        let key = key_of(notebook);
+        let deadline = tokio::time::Instant::now() + READINESS_WINDOW;
+        loop {
+            let (ready, unexpected) = self.readiness(notebook, port).await;
+            if ready || !unexpected.is_empty() || self.queue.changed(&key) {
+                return (ready, unexpected);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.queue.again(&key);
+                return (ready, unexpected);
+            }
+            tokio::time::sleep(READINESS_POLL).await;
+        }
+    }
+
     async fn readiness(&self, notebook: &Notebook, port: u16) -> (bool, String) {
         let (server, path, key) = readiness_check(notebook);
         let url = format!("http://{PUBLISH_ADDRESS}:{port}{path}");
@@ -637,6 +671,20 @@ impl WorkQueue {
             keys.changed.insert(key.clone());
         }
         false
+    }
+
+    /// Whether `key` changed since its reconcile began.
+    fn changed(&self, key: &NotebookKey) -> bool {
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.changed.contains(key)
+    }
+
+    /// Has the reconcile under way of `key` run once more when it finishes.
+    fn again(&self, key: &NotebookKey) {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.busy.contains(key) {
+            keys.changed.insert(key.clone());
+        }
     }
 
     /// Ends a reconcile of `key`; true when it changed meanwhile and must run again (the key
