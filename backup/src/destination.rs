@@ -24,6 +24,8 @@ pub enum DestinationError {
     },
     #[error(transparent)]
     S3(Box<CacheError>),
+    #[error("another backup or pruning holds {} (lock); try again when it is done", path.display())]
+    Busy { path: PathBuf },
 }
 
 impl From<CacheError> for DestinationError {
@@ -233,8 +235,8 @@ impl Destination {
     }
 
     /// Holds the destination for one backup or pruning at a time: a lock on `DEST/lock` for a
-    /// directory (released when the returned file is dropped). S3 has no lock: one machine
-    /// backs up to one prefix.
+    /// directory (released when the returned file is dropped), refused while another holds it.
+    /// S3 has no lock: one machine backs up to one prefix.
     pub fn lock(&self) -> Result<Option<std::fs::File>, DestinationError> {
         let Destination::Dir(dir) = self else {
             return Ok(None);
@@ -246,7 +248,10 @@ impl Destination {
             .write(true)
             .open(&path)
             .map_err(io_error(&path))?;
-        file.lock().map_err(io_error(&path))?;
-        Ok(Some(file))
+        match file.try_lock() {
+            Ok(()) => Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(DestinationError::Busy { path }),
+            Err(std::fs::TryLockError::Error(e)) => Err(io_error(&path)(e)),
+        }
     }
 }

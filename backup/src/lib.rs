@@ -64,14 +64,13 @@ pub enum BackupError {
     NoSnapshot { dest: String },
     #[error("snapshot {id}: its manifest is unreadable: {detail}")]
     Manifest { id: String, detail: String },
-    #[error(
-        "snapshot {id} is corrupt: object {digest} ({what}) failed its digest (its content hashes to {found})"
-    )]
+    #[error("snapshot {id} is corrupt: object {digest} ({what}) failed its digest: {why}")]
     Corrupt {
         id: String,
         digest: String,
         what: String,
-        found: String,
+        /// What it holds instead.
+        why: String,
     },
     #[error("snapshot {id} is incomplete: object {digest} ({what}) is missing from {dest}")]
     Missing {

@@ -146,11 +146,11 @@ pub(crate) async fn fetch_verified(
             dest: dest.to_string(),
         });
     }
-    let corrupt = |found: String| BackupError::Corrupt {
+    let corrupt = |why: String| BackupError::Corrupt {
         id: id.to_owned(),
         digest: format!("sha256:{hex}"),
         what: what.to_owned(),
-        found,
+        why,
     };
     let out = std::fs::File::create(to).map_err(io_error(to))?;
     let mut writer = Hashing {
@@ -166,7 +166,7 @@ pub(crate) async fn fetch_verified(
     if let Err(e) = decoded {
         let _ = std::fs::remove_file(to);
         // Bytes that do not decompress: damaged at the destination, not here.
-        return Err(corrupt(format!("nothing: it does not decompress ({e})")));
+        return Err(corrupt(format!("it does not decompress ({e})")));
     }
     writer
         .inner
@@ -177,7 +177,7 @@ pub(crate) async fn fetch_verified(
     let got = hex::encode(writer.hasher.finalize());
     if got != hex {
         let _ = std::fs::remove_file(to);
-        return Err(corrupt(format!("sha256:{got}")));
+        return Err(corrupt(format!("its content hashes to sha256:{got}")));
     }
     Ok(())
 }

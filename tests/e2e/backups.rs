@@ -333,6 +333,16 @@ async fn backups_that_fail_leave_earlier_snapshots_whole_and_restores_make_all_o
         ));
     }
 
+    // One backup at a time per directory.
+    let held = std::fs::File::open(small.join("backups/lock")).unwrap();
+    held.lock().unwrap();
+    let error = failed(&labforge(
+        &["backup", &to_small, "--data-dir", &data_arg],
+        None,
+    ));
+    assert!(error.contains("another backup or pruning holds"), "{error}");
+    drop(held);
+
     // More than the small filesystem holds, and more than the relay lets through.
     let second = labforge_tests::noise(3 * 1024 * 1024, 2);
     let archive = volume_tar(&[("data/second.bin", &second)]);
