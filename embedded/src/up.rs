@@ -471,6 +471,16 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         opened.save_options,
         opened.spawner.defaults.keep_saved_images,
     ));
+    let catalog: Vec<String> = opened
+        .spawner
+        .images
+        .iter()
+        .map(|entry| entry.image.clone())
+        .collect();
+    let prepull = tokio::spawn(crate::runtime::prepull::pull_catalog(
+        opened.engine.clone(),
+        catalog,
+    ));
     let runtime = Arc::new(Runtime::new(
         opened.engine.clone(),
         opened.store.clone(),
@@ -512,6 +522,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
     let mut tasks = vec![
         session_watch,
+        prepull,
         tokio::spawn(async move {
             if let Err(err) = axum::serve(web_listener, api).await {
                 tracing::error!(error = %err, "web app stopped");

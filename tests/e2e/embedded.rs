@@ -1414,3 +1414,41 @@ async fn a_notebook_whose_image_serves_another_ide_is_not_ready_and_says_why() {
         "{reason}"
     );
 }
+
+/// The catalog's images are pulled into podman in the background once their registry has them,
+/// before any notebook asks for them: here code-server's, pushed after `labforge up` started
+/// (as `scripts/up` seeds it), with no notebook at all.
+#[tokio::test]
+async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
+    crate::init_crypto();
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    need(labforge_tests::push_layout(
+        "codeserver",
+        &up.registry,
+        "labforge/codeserver:latest",
+    ));
+    let image = format!("{}/labforge/codeserver:latest", up.registry);
+    eventually(
+        "code-server's image in podman",
+        Duration::from_secs(120),
+        || {
+            let image = image.clone();
+            async move {
+                Command::new("podman")
+                    .args(["image", "exists", &image])
+                    .status()
+                    .unwrap()
+                    .success()
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        up.log().contains("catalog image pulled ahead"),
+        "{}",
+        up.log_tail(20)
+    );
+    let _ = Command::new("podman").args(["rmi", &image]).output();
+}

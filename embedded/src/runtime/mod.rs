@@ -9,10 +9,11 @@
 //! Containers carry labels naming their notebook and a digest of their plan, so after a restart
 //! of `labforge up` the runtime adopts what is running instead of starting it twice, and replaces
 //! a container whose notebook changed (a new image, say). Workspaces are named volumes, kept on
-//! stop and on delete.
+//! stop and on delete. [`prepull`] pulls the catalog's images in the background at start.
 
 pub mod engine;
 pub mod plan;
+pub mod prepull;
 pub mod reconcile;
 
 pub use engine::*;
