@@ -87,16 +87,27 @@ try {
   seen.afterPlant = await whoami();
 
   // 2. Sign-out by a form on bob's page, sent top-level (its answer seen) and blind from a fetch.
-  const [signOut] = await Promise.all([
-    bobs.waitForNavigation(),
-    bobs.evaluate((action) => {
-      const form = document.createElement('form');
-      form.method = 'POST';
-      form.action = action;
-      document.body.append(form);
-      form.submit();
-    }, `${url}/api/logout`),
-  ]);
+  // Sent again from bob's page reopened when a network change cut it (see go): each is refused.
+  let signOut;
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      [signOut] = await Promise.all([
+        bobs.waitForNavigation(),
+        bobs.evaluate((action) => {
+          const form = document.createElement('form');
+          form.method = 'POST';
+          form.action = action;
+          document.body.append(form);
+          form.submit();
+        }, `${url}/api/logout`),
+      ]);
+      break;
+    } catch (error) {
+      if (attempt >= 5 || !String(error.message).includes('ERR_NETWORK_CHANGED')) throw error;
+      await bobs.waitForTimeout(500);
+      await go(bobs, `${url}/notebook/${bobNs}/bobs/lab`);
+    }
+  }
   seen.signOutForm = { status: signOut?.status(), body: (await signOut?.text())?.slice(0, 300) };
   await go(bobs, `${url}/notebook/${bobNs}/bobs/lab`);
   seen.blindSignOut = await bobs.evaluate(async (action) => {
