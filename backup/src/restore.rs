@@ -233,16 +233,17 @@ async fn volume_archive(
     let write_error = |e| io_error(archive)(e);
     let content = scratch.join("content");
     for entry in &volume.entries {
+        // The volume's own root is the engine's to make (podman gives it to the container's
+        // user at the first mount).
+        if entry.path == "." {
+            continue;
+        }
         let mut header = tar::Header::new_gnu();
         header.set_mode(entry.mode);
         header.set_uid(entry.uid);
         header.set_gid(entry.gid);
         header.set_mtime(entry.mtime);
-        let path = if entry.path == "." {
-            "./".to_owned()
-        } else {
-            entry.path.clone()
-        };
+        let path = entry.path.clone();
         match entry.kind {
             Kind::File => {
                 let what = format!("{} in volume {}", entry.path, volume.name);
