@@ -490,10 +490,6 @@ impl Runtime {
         self.set_status(notebook, stopped_status());
     }
 
-    /// Whether the notebook's server answers on `port` as its server type does; when it answers
-    /// as something else, what to tell the user. Not answering yet is starting; answering as
-    /// something else is told, since it will not change by waiting (an image of the other IDE,
-    /// say).
     /// [`Self::readiness`], asked every [`READINESS_POLL`] until the server is ready, answers
     /// as something else, the notebook changes, or [`READINESS_WINDOW`] passed; then, when it
     /// is still starting, the notebook is reconciled again at once.
@@ -513,6 +509,10 @@ impl Runtime {
         }
     }
 
+    /// Whether the notebook's server answers on `port` as its server type does; when it answers
+    /// as something else, what to tell the user. Not answering yet is starting; answering as
+    /// something else is told, since it will not change by waiting (an image of the other IDE,
+    /// say).
     async fn readiness(&self, notebook: &Notebook, port: u16) -> (bool, String) {
         let (server, path, key) = readiness_check(notebook);
         let url = format!("http://{PUBLISH_ADDRESS}:{port}{path}");
