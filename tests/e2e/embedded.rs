@@ -1445,10 +1445,12 @@ async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
         },
     )
     .await;
-    assert!(
-        up.log().contains("catalog image pulled ahead"),
-        "{}",
-        up.log_tail(20)
-    );
+    // Said once the pull ends, a moment after podman holds the image.
+    eventually("the pull logged", Duration::from_secs(30), || async {
+        up.log()
+            .contains("catalog image pulled ahead")
+            .then_some(())
+    })
+    .await;
     let _ = Command::new("podman").args(["rmi", &image]).output();
 }
