@@ -1630,10 +1630,10 @@ fn backup_destination(
             s3.s3_region.clone(),
             credentials,
         )?;
-        return Ok(Destination::S3 {
+        return Ok(Destination::s3(
             cache,
-            url: text.trim_end_matches('/').to_owned(),
-        });
+            text.trim_end_matches('/').to_owned(),
+        ));
     }
     let path = PathBuf::from(text);
     if path.is_file() {
@@ -1643,7 +1643,7 @@ fn backup_destination(
              tar --zstd -xf {text} -C DATA_DIR)"
         );
     }
-    Ok(Destination::Dir(path))
+    Ok(Destination::dir(path))
 }
 
 /// The engine whose volumes a backup reads: the running instance's, else `engine`.

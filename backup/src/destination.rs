@@ -1,14 +1,13 @@
-//! Where backups go: a directory or an S3 prefix, holding objects by content and one manifest
-//! per snapshot.
+//! Where backups go: a directory or an S3 prefix (the builder's [`BlobCache`], which already
+//! speaks both), holding objects by content and one manifest per snapshot.
 //!
 //! Layout (the same in both): `objects/<2 hex>/<sha256 hex>`, each a file's content compressed
 //! with zstd and named by the digest of what it holds uncompressed; `snapshots/<id>.json`, a
 //! snapshot's manifest. A manifest is written only after every object it names, so a backup
 //! cut short leaves objects no manifest names and the earlier snapshots as they were.
 
-use labforge_builder::cache::{CacheError, S3Cache};
+use labforge_builder::cache::{BlobCache, CacheError};
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const OBJECTS: &str = "objects/";
@@ -23,14 +22,14 @@ pub enum DestinationError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    S3(Box<CacheError>),
+    Store(Box<CacheError>),
     #[error("another backup or pruning holds {} (lock); try again when it is done", path.display())]
     Busy { path: PathBuf },
 }
 
 impl From<CacheError> for DestinationError {
     fn from(err: CacheError) -> Self {
-        DestinationError::S3(Box::new(err))
+        DestinationError::Store(Box::new(err))
     }
 }
 
@@ -42,21 +41,15 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> DestinationError + '_
 }
 
 /// A backup destination.
-pub enum Destination {
-    Dir(PathBuf),
-    S3 {
-        cache: S3Cache,
-        /// `s3://bucket/prefix` as given, for messages and records.
-        url: String,
-    },
+pub struct Destination {
+    store: BlobCache,
+    /// The directory or `s3://bucket/prefix` as given, for messages and records.
+    name: String,
 }
 
 impl std::fmt::Display for Destination {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Destination::Dir(dir) => write!(f, "{}", dir.display()),
-            Destination::S3 { url, .. } => f.write_str(url),
-        }
+        f.write_str(&self.name)
     }
 }
 
@@ -70,24 +63,35 @@ fn snapshot_key(id: &str) -> String {
 }
 
 impl Destination {
-    /// Makes the destination ready to be written (its directories, or its bucket).
+    pub fn dir(dir: PathBuf) -> Self {
+        Self {
+            name: dir.display().to_string(),
+            store: BlobCache::Dir(dir),
+        }
+    }
+
+    /// An S3 prefix, `url` naming it in messages.
+    pub fn s3(cache: labforge_builder::cache::S3Cache, url: String) -> Self {
+        Self {
+            store: BlobCache::S3(cache),
+            name: url,
+        }
+    }
+
+    /// Makes the destination ready to be written (its directory, or its bucket).
     pub async fn prepare(&self) -> Result<(), DestinationError> {
-        match self {
-            Destination::Dir(dir) => {
-                for sub in [OBJECTS, SNAPSHOTS] {
-                    let path = dir.join(sub);
-                    std::fs::create_dir_all(&path).map_err(io_error(&path))?;
-                }
-                Ok(())
-            }
-            Destination::S3 { cache, .. } => Ok(cache.ensure_bucket().await?),
+        match &self.store {
+            BlobCache::Dir(dir) => std::fs::create_dir_all(dir).map_err(io_error(dir)),
+            BlobCache::S3(cache) => Ok(cache.ensure_bucket().await?),
         }
     }
 
     /// The digests of every object stored.
     pub async fn object_digests(&self) -> Result<HashSet<String>, DestinationError> {
-        let keys = self.keys(OBJECTS).await?;
-        Ok(keys
+        Ok(self
+            .store
+            .list(OBJECTS)
+            .await?
             .into_iter()
             .filter_map(|(key, _)| key.rsplit('/').next().map(str::to_owned))
             .filter(|name| name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -97,7 +101,8 @@ impl Destination {
     /// The snapshots' ids, oldest first (ids sort by time).
     pub async fn snapshot_ids(&self) -> Result<Vec<String>, DestinationError> {
         let mut ids: Vec<String> = self
-            .keys(SNAPSHOTS)
+            .store
+            .list(SNAPSHOTS)
             .await?
             .into_iter()
             .filter_map(|(key, _)| {
@@ -111,134 +116,55 @@ impl Destination {
         Ok(ids)
     }
 
-    /// Keys under `prefix` with their sizes.
-    async fn keys(&self, prefix: &str) -> Result<Vec<(String, u64)>, DestinationError> {
-        match self {
-            Destination::Dir(dir) => {
-                let mut found = Vec::new();
-                let mut pending = vec![prefix.trim_end_matches('/').to_owned()];
-                while let Some(relative) = pending.pop() {
-                    let path = dir.join(&relative);
-                    let entries = match std::fs::read_dir(&path) {
-                        Ok(entries) => entries,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                        Err(e) => return Err(io_error(&path)(e)),
-                    };
-                    for entry in entries {
-                        let entry = entry.map_err(io_error(&path))?;
-                        let name = entry.file_name().to_string_lossy().into_owned();
-                        let kind = entry.file_type().map_err(io_error(&path))?;
-                        let key = format!("{relative}/{name}");
-                        if kind.is_dir() {
-                            pending.push(key);
-                        } else if kind.is_file() && !name.starts_with('.') {
-                            let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                            found.push((key, len));
-                        }
-                    }
-                }
-                Ok(found)
-            }
-            Destination::S3 { cache, .. } => Ok(cache.list(prefix).await?),
-        }
-    }
-
     /// Stores the compressed object at `file` as the content of digest `hex`.
     pub async fn put_object(&self, hex: &str, file: &Path) -> Result<(), DestinationError> {
-        self.put_file(&object_key(hex), file).await
+        self.put_durably(&object_key(hex), file).await
     }
 
     /// Copies the compressed object of digest `hex` to a new file at `to`; `false` when there
     /// is no such object.
     pub async fn get_object(&self, hex: &str, to: &Path) -> Result<bool, DestinationError> {
-        let key = object_key(hex);
-        match self {
-            Destination::Dir(dir) => match std::fs::copy(dir.join(&key), to) {
-                Ok(_) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-                Err(e) => Err(io_error(&dir.join(&key))(e)),
-            },
-            Destination::S3 { cache, .. } => Ok(cache.get_to_file(&key, to).await?),
-        }
+        Ok(self.store.get_to_file(&object_key(hex), to).await?)
     }
 
     pub async fn delete_object(&self, hex: &str) -> Result<(), DestinationError> {
-        self.delete(&object_key(hex)).await
+        Ok(self.store.delete(&object_key(hex)).await?)
     }
 
     /// Writes snapshot `id`'s manifest: the last write of a backup.
     pub async fn put_snapshot(&self, id: &str, manifest: &[u8]) -> Result<(), DestinationError> {
         let scratch = tempfile::NamedTempFile::new().map_err(io_error(&std::env::temp_dir()))?;
         std::fs::write(scratch.path(), manifest).map_err(io_error(scratch.path()))?;
-        self.put_file(&snapshot_key(id), scratch.path()).await
+        self.put_durably(&snapshot_key(id), scratch.path()).await
     }
 
     /// Snapshot `id`'s manifest, or `None` when there is no such snapshot.
     pub async fn get_snapshot(&self, id: &str) -> Result<Option<Vec<u8>>, DestinationError> {
-        let key = snapshot_key(id);
-        match self {
-            Destination::Dir(dir) => match std::fs::read(dir.join(&key)) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(io_error(&dir.join(&key))(e)),
-            },
-            Destination::S3 { cache, .. } => {
-                let scratch = tempfile::tempdir().map_err(io_error(&std::env::temp_dir()))?;
-                let path = scratch.path().join("manifest");
-                if !cache.get_to_file(&key, &path).await? {
-                    return Ok(None);
-                }
-                std::fs::read(&path).map(Some).map_err(io_error(&path))
-            }
-        }
+        Ok(self.store.get_bytes(&snapshot_key(id)).await?)
     }
 
     pub async fn delete_snapshot(&self, id: &str) -> Result<(), DestinationError> {
-        self.delete(&snapshot_key(id)).await
+        Ok(self.store.delete(&snapshot_key(id)).await?)
     }
 
-    async fn put_file(&self, key: &str, file: &Path) -> Result<(), DestinationError> {
-        match self {
-            Destination::Dir(dir) => {
-                let target = dir.join(key);
-                let parent = target.parent().unwrap_or(dir);
-                std::fs::create_dir_all(parent).map_err(io_error(parent))?;
-                // A hidden file beside the target, synced and then renamed: a destination that
-                // fills up or goes away leaves no object half-written under its name.
-                let mut partial = tempfile::Builder::new()
-                    .prefix(".partial-")
-                    .tempfile_in(parent)
-                    .map_err(io_error(parent))?;
-                let mut source = std::fs::File::open(file).map_err(io_error(file))?;
-                std::io::copy(&mut source, partial.as_file_mut())
-                    .and_then(|_| partial.as_file_mut().flush())
-                    .and_then(|()| partial.as_file().sync_all())
-                    .map_err(io_error(&target))?;
-                partial
-                    .persist(&target)
-                    .map_err(|e| io_error(&target)(e.error))?;
-                Ok(())
-            }
-            Destination::S3 { cache, .. } => Ok(cache.put_file(key, file).await?),
+    /// Stores `file` under `key`; in a directory, on disk before it returns, so that a manifest
+    /// never outlives a crash that took the objects it names.
+    async fn put_durably(&self, key: &str, file: &Path) -> Result<(), DestinationError> {
+        self.store.put_file(key, file).await?;
+        if let BlobCache::Dir(dir) = &self.store {
+            let stored = dir.join(key);
+            std::fs::File::open(&stored)
+                .and_then(|f| f.sync_all())
+                .map_err(io_error(&stored))?;
         }
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), DestinationError> {
-        match self {
-            Destination::Dir(dir) => match std::fs::remove_file(dir.join(key)) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io_error(&dir.join(key))(e)),
-            },
-            Destination::S3 { cache, .. } => Ok(cache.delete(key).await?),
-        }
+        Ok(())
     }
 
     /// Holds the destination for one backup or pruning at a time: a lock on `DEST/lock` for a
     /// directory (released when the returned file is dropped), refused while another holds it.
     /// S3 has no lock: one machine backs up to one prefix.
     pub fn lock(&self) -> Result<Option<std::fs::File>, DestinationError> {
-        let Destination::Dir(dir) = self else {
+        let BlobCache::Dir(dir) = &self.store else {
             return Ok(None);
         };
         let path = dir.join("lock");

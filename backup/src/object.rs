@@ -91,22 +91,17 @@ impl Spooled {
             .map_err(|e| StoreError::Local(io_error(scratch)(e)))?;
         let compressed_path = compressed.path().to_owned();
         let local = |e| StoreError::Local(io_error(&compressed_path)(e));
-        let mut encoder = zstd::Encoder::new(compressed.reopen().map_err(local)?, LEVEL)
-            .map_err(|e| StoreError::Local(io_error(&compressed_path)(e)))?;
-        match &self.content {
-            Content::Memory(bytes) => encoder.write_all(bytes),
-            Content::File(file) => file
-                .reopen()
-                .and_then(|mut f| std::io::copy(&mut f, &mut encoder).map(|_| ())),
-        }
-        .map_err(|e| StoreError::Local(io_error(&compressed_path)(e)))?;
-        let file = encoder
-            .finish()
-            .map_err(|e| StoreError::Local(io_error(&compressed_path)(e)))?;
-        let stored = file
-            .metadata()
-            .map_err(|e| StoreError::Local(io_error(&compressed_path)(e)))?
-            .len();
+        let stored = (|| {
+            let mut encoder = zstd::Encoder::new(compressed.reopen()?, LEVEL)?;
+            match &self.content {
+                Content::Memory(bytes) => encoder.write_all(bytes)?,
+                Content::File(file) => {
+                    std::io::copy(&mut file.reopen()?, &mut encoder)?;
+                }
+            }
+            Ok(encoder.finish()?.metadata()?.len())
+        })()
+        .map_err(local)?;
         dest.put_object(&self.hex, &compressed_path)
             .await
             .map_err(StoreError::Destination)?;

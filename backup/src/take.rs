@@ -76,7 +76,7 @@ pub async fn backup(
         }
     };
     dest.prepare().await.map_err(at_dest)?;
-    let _lock = dest.lock().map_err(at_dest)?;
+    let lock = dest.lock().map_err(at_dest)?;
     let known = dest.object_digests().await.map_err(at_dest)?;
     let existing = dest.snapshot_ids().await.map_err(at_dest)?;
     let created = jiff::Timestamp::now();
@@ -170,7 +170,8 @@ pub async fn backup(
             added_bytes: snapshot.added_bytes,
         },
     )?;
-    drop(_lock);
+    // Pruning takes the lock itself.
+    drop(lock);
     let pruned = match options.keep {
         Some(keep) => crate::prune(dest, keep).await?,
         None => Vec::new(),

@@ -479,11 +479,6 @@ impl S3Cache {
         Ok(())
     }
 
-    /// The bucket, for messages.
-    pub fn bucket(&self) -> &str {
-        &self.bucket
-    }
-
     /// Streams `key` into a new file at `path`. Returns `false`, creating nothing, when the key is
     /// not in the cache. The file appears under its name only once complete.
     pub async fn get_to_file(&self, key: &str, path: &Path) -> Result<bool, CacheError> {
@@ -618,6 +613,37 @@ impl BlobCache {
             .map_err(|source| CacheError::File { path, source })
     }
 
+    /// Every key under `prefix` with its size; in a directory, files being written (hidden,
+    /// `.labforge-partial-*`) are left out.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, CacheError> {
+        let dir = match self {
+            BlobCache::S3(cache) => return cache.list(prefix).await,
+            BlobCache::Dir(dir) => dir.clone(),
+        };
+        let prefix = prefix.trim_end_matches('/').to_owned();
+        tokio::task::spawn_blocking(move || list_dir(&dir, &prefix))
+            .await
+            .map_err(|err| CacheError::File {
+                path: PathBuf::new(),
+                source: std::io::Error::other(err),
+            })?
+    }
+
+    /// Removes `key`; one that is not there is no error.
+    pub async fn delete(&self, key: &str) -> Result<(), CacheError> {
+        match self {
+            BlobCache::S3(cache) => cache.delete(key).await,
+            BlobCache::Dir(dir) => {
+                let path = Self::dir_path(dir, key);
+                match tokio::fs::remove_file(&path).await {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(source) => Err(CacheError::File { path, source }),
+                }
+            }
+        }
+    }
+
     pub async fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), CacheError> {
         let scratch = tempfile::NamedTempFile::new().map_err(|source| CacheError::File {
             path: std::env::temp_dir(),
@@ -665,6 +691,36 @@ fn store_in_dir(source: &Path, target: &Path) -> Result<(), CacheError> {
         .persist(target)
         .map_err(|err| file_error(target)(err.error))?;
     Ok(())
+}
+
+/// The files under `dir/prefix`, as keys relative to `dir`, with their sizes.
+fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<(String, u64)>, CacheError> {
+    let mut found = Vec::new();
+    let mut pending = vec![prefix.to_owned()];
+    while let Some(relative) = pending.pop() {
+        let path = dir.join(&relative);
+        let entries = match std::fs::read_dir(&path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(CacheError::File { path, source }),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|source| CacheError::File {
+                path: path.clone(),
+                source,
+            })?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let key = format!("{relative}/{name}");
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => pending.push(key),
+                Ok(kind) if kind.is_file() && !name.starts_with('.') => {
+                    found.push((key, entry.metadata().map_or(0, |m| m.len())));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Whether two paths name the same file (hard links of one inode).

@@ -249,7 +249,18 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
     }
 }
 
-/// A tar of `files` (path, content) for `podman volume import`, owned by uid 1000.
+/// Adds `files` (path, content) to `volume`, owned by uid 1000, as `podman volume import` does.
+fn import_into(volume: &str, files: &[(&str, &[u8])]) {
+    let archive = volume_tar(files);
+    let imported = podman(&[
+        "volume",
+        "import",
+        volume,
+        &archive.path().display().to_string(),
+    ]);
+    assert!(imported.status.success(), "{imported:?}");
+}
+
 fn volume_tar(files: &[(&str, &[u8])]) -> tempfile::NamedTempFile {
     let file = tempfile::NamedTempFile::new().unwrap();
     let mut tar = tar::Builder::new(file.reopen().unwrap());
@@ -295,14 +306,10 @@ async fn backups_that_fail_leave_earlier_snapshots_whole_and_restores_make_all_o
     let volume = format!("labforge-{ns}_lab-workspace");
     assert!(podman(&["volume", "create", &volume]).status.success());
     let first = labforge_tests::noise(512 * 1024, 1);
-    let archive = volume_tar(&[("notes.txt", b"first"), ("data/first.bin", &first)]);
-    let imported = podman(&[
-        "volume",
-        "import",
+    import_into(
         &volume,
-        &archive.path().display().to_string(),
-    ]);
-    assert!(imported.status.success(), "{imported:?}");
+        &[("notes.txt", b"first"), ("data/first.bin", &first)],
+    );
 
     // A directory on a small filesystem, and S3 through a relay that can cut it off.
     let small = dir.path().join("small");
@@ -345,14 +352,7 @@ async fn backups_that_fail_leave_earlier_snapshots_whole_and_restores_make_all_o
 
     // More than the small filesystem holds, and more than the relay lets through.
     let second = labforge_tests::noise(3 * 1024 * 1024, 2);
-    let archive = volume_tar(&[("data/second.bin", &second)]);
-    let imported = podman(&[
-        "volume",
-        "import",
-        &volume,
-        &archive.path().display().to_string(),
-    ]);
-    assert!(imported.status.success(), "{imported:?}");
+    import_into(&volume, &[("data/second.bin", &second)]);
     relay.fail_after(512 * 1024);
     for (dest, endpoint) in [(to_small.as_str(), None), (to_s3, Some(endpoint.as_str()))] {
         let error = failed(&labforge(
