@@ -100,10 +100,48 @@ impl Lab {
             .unwrap_or(0)
     }
 
+    /// The CPU labforge has used so far, in seconds (its own process, not its containers).
+    pub fn cpu_seconds(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.up.pid()))
+            .ok()
+            .and_then(|stat| {
+                // After the command's name in parentheses: utime and stime are the 12th and 13th.
+                let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+                let ticks: u64 =
+                    fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+                Some(ticks as f64 / CLOCK_TICKS)
+            })
+            .unwrap_or(f64::NAN)
+    }
+
     /// labforge's resident memory in MiB.
     pub fn resident_mib(&self) -> f64 {
         self.up.resident_kib().unwrap_or(0) as f64 / 1024.0
     }
+}
+
+/// Linux's USER_HZ, the unit of `/proc`'s CPU times on every architecture it runs on.
+const CLOCK_TICKS: f64 = 100.0;
+
+/// The CPU every core of the machine has spent busy so far, in seconds (`/proc/stat`).
+pub fn machine_busy_seconds() -> f64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|stat| {
+            let cpu = stat.lines().find(|line| line.starts_with("cpu "))?;
+            let ticks: Vec<u64> = cpu
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|t| t.parse().ok())
+                .collect();
+            // user, nice, system, irq, softirq, steal: everything but idle and iowait.
+            let busy = [0, 1, 2, 5, 6, 7]
+                .iter()
+                .filter_map(|&i| ticks.get(i))
+                .sum::<u64>();
+            Some(busy as f64 / CLOCK_TICKS)
+        })
+        .unwrap_or(f64::NAN)
 }
 
 /// A signed-in API client.
