@@ -311,6 +311,10 @@ pub struct UpArgs {
     /// notebook's name: keep it on loopback or a monitoring network.
     #[arg(long, env = "LABFORGE_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// How many notebooks start at once; the others wait in line, in order, and say their
+    /// place ("starting: 4th in line"). Default: twice the machine's cores.
+    #[arg(long, env = "LABFORGE_CONCURRENT_STARTS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_starts: Option<u16>,
 }
 
 impl UpArgs {
@@ -376,6 +380,9 @@ impl UpArgs {
         }
         if let Some(metrics) = self.metrics_listen {
             args.extend(["--metrics-listen".to_owned(), metrics.to_string()]);
+        }
+        if let Some(starts) = self.concurrent_starts {
+            args.extend(["--concurrent-starts".to_owned(), starts.to_string()]);
         }
         Ok(args)
     }
@@ -1923,6 +1930,7 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         app_host: up_app_host(args)?,
         tls: args.tls(),
         metrics_listen: args.metrics_listen,
+        concurrent_starts: args.concurrent_starts.map(usize::from),
         cdi_dirs: labforge_embedded::gpus::CDI_DIRS
             .iter()
             .map(Into::into)

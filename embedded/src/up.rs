@@ -32,6 +32,7 @@ use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_web::api::{ApiState, STOPPED_BY_ANNOTATION};
 use labforge_web::config::{SpawnerConfig, default_spawner};
 use labforge_web::notebook_secret::NotebookSecrets;
+use labforge_web::preparing::ImagesBeingPrepared;
 use labforge_web::saves::Saves;
 use labforge_web::sign_in::SignIn;
 use labforge_web::ui;
@@ -139,6 +140,8 @@ pub struct UpOptions {
     pub tls: Option<TlsSource>,
     /// Where Prometheus metrics are served (`/metrics`); `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// How many notebooks start at once; `None`: [`crate::runtime::default_concurrent_starts`].
+    pub concurrent_starts: Option<usize>,
 }
 
 impl UpOptions {
@@ -477,20 +480,29 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         .iter()
         .map(|entry| entry.image.clone())
         .collect();
+    let preparing = Arc::new(ImagesBeingPrepared::new(catalog.clone()));
     let prepull = tokio::spawn(crate::runtime::prepull::pull_catalog(
         opened.engine.clone(),
         catalog,
+        preparing.clone(),
     ));
-    let runtime = Arc::new(Runtime::new(
-        opened.engine.clone(),
-        opened.store.clone(),
-        proxy.routes.clone(),
-        opened.builder_config,
-        opened.agent_dir,
-        opened.gpus,
-        Some(saves.clone()),
-        opened.secrets.clone(),
-    ));
+    let runtime = Arc::new(
+        Runtime::new(
+            opened.engine.clone(),
+            opened.store.clone(),
+            proxy.routes.clone(),
+            opened.builder_config,
+            opened.agent_dir,
+            opened.gpus,
+            Some(saves.clone()),
+            opened.secrets.clone(),
+        )
+        .with_concurrent_starts(
+            options
+                .concurrent_starts
+                .unwrap_or_else(crate::runtime::default_concurrent_starts),
+        ),
+    );
     migrate_data_dir(&opened.dir, opened.found, &runtime, &opened.auth).await?;
     adopt_running(&runtime).await;
     let usage = Arc::new(UsageBoard::default());
@@ -518,6 +530,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         saves_registry: Some(labforge_web::image_access::SavesRegistry::new(
             &opened.registry,
         )),
+        preparing,
     };
     let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
     let mut tasks = vec![

@@ -9,8 +9,10 @@
 //! Containers carry labels naming their notebook and a digest of their plan, so after a restart
 //! of `labforge up` the runtime adopts what is running instead of starting it twice, and replaces
 //! a container whose notebook changed (a new image, say). Workspaces are named volumes, kept on
-//! stop and on delete. [`prepull`] pulls the catalog's images in the background at start.
+//! stop and on delete. [`admission`] bounds how many notebooks start at once and keeps the
+//! others in line, in order. [`prepull`] pulls the catalog's images in the background at start.
 
+pub mod admission;
 pub mod engine;
 pub mod plan;
 pub mod prepull;

@@ -15,8 +15,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
+use super::admission::{Admission, NotebookKey, StartQueue, ordinal};
 use super::engine::{Engine, EngineError, RunningContainer};
 use super::plan::*;
 
@@ -30,6 +31,11 @@ const READINESS_POLL: Duration = Duration::from_millis(100);
 /// How long one reconcile keeps asking before it hands over to another (which lists the
 /// container again, so that one that exited meanwhile is seen as promptly as by a resync).
 const READINESS_WINDOW: Duration = Duration::from_millis(2500);
+
+/// How long one start holds its place in the [`StartQueue`]. A JupyterLab start takes a few
+/// seconds, even with the machine busy with others; one that is still not answering after this
+/// (a server that never will, or one given a sliver of a CPU) goes on outside the count.
+const START_HOLD: Duration = Duration::from_secs(60);
 
 /// What [`Runtime::migrate_legacy_volumes`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +61,11 @@ pub struct Runtime {
     http: reqwest::Client,
     /// Notebooks with a reconcile under way, and those changed since theirs began.
     queue: WorkQueue,
+    /// Starts under way, and the notebooks waiting to start.
+    starts: StartQueue,
+    /// Notebooks whose turn to start came: reconciled by [`Self::run`].
+    turn_sender: mpsc::UnboundedSender<NotebookKey>,
+    turn_receiver: Mutex<Option<mpsc::UnboundedReceiver<NotebookKey>>>,
     /// Published port of each running notebook (for the culler's Jupyter API calls).
     ports: Mutex<HashMap<(String, String), u16>>,
 }
@@ -74,6 +85,7 @@ impl Runtime {
         saves: Option<Arc<crate::save_jobs::SaveJobs>>,
         secrets: Arc<NotebookSecrets>,
     ) -> Self {
+        let (turn_sender, turn_receiver) = mpsc::unbounded_channel();
         Self {
             engine,
             store,
@@ -89,8 +101,22 @@ impl Runtime {
                 .build()
                 .unwrap_or_default(),
             queue: WorkQueue::default(),
+            starts: StartQueue::new(default_concurrent_starts(), START_HOLD),
+            turn_sender,
+            turn_receiver: Mutex::new(Some(turn_receiver)),
             ports: Mutex::default(),
         }
+    }
+
+    /// At most `limit` notebooks start at once; the others wait in line.
+    pub fn with_concurrent_starts(mut self, limit: usize) -> Self {
+        self.starts = StartQueue::new(limit, START_HOLD);
+        self
+    }
+
+    /// How many notebooks start at once.
+    pub fn concurrent_starts(&self) -> usize {
+        self.starts.limit()
     }
 
     /// Where `namespace/name` is published on loopback, while it runs.
@@ -186,6 +212,11 @@ impl Runtime {
     /// writes among them, wake nothing.
     pub async fn run(self: Arc<Self>) {
         let mut changes = self.store.subscribe();
+        let taken = self.turn_receiver.lock().ok().and_then(|mut r| r.take());
+        let Some(mut turns) = taken else {
+            tracing::error!("the runtime's loop runs once");
+            return;
+        };
         let mut resync = tokio::time::interval(RESYNC);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -203,7 +234,8 @@ impl Runtime {
                     // Changes were missed: everything is looked at now.
                     Err(broadcast::error::RecvError::Lagged(_)) => resync.reset_immediately(),
                     Err(broadcast::error::RecvError::Closed) => return,
-                }
+                },
+                Some(key) = turns.recv() => self.clone().spawn_reconcile(key, None),
             }
         }
     }
@@ -276,6 +308,7 @@ impl Runtime {
         match self.store.get(ns, name) {
             Some(notebook) => self.reconcile(&notebook, existing).await,
             None => {
+                self.leave_line(key);
                 if let Some(container) = existing
                     && let Err(err) = self.remove_deleted(key, &container).await
                 {
@@ -297,6 +330,7 @@ impl Runtime {
             .remove(ns, &builders::virtual_service_name(ns, name));
         self.gpus.release(ns, name);
         self.set_port(ns, name, None);
+        self.leave_line(&(ns.clone(), name.clone()));
         Ok(())
     }
 
@@ -355,6 +389,7 @@ impl Runtime {
             Err(err) => {
                 event("Warning", "FailedScheduling", &err.to_string());
                 self.set_status(notebook, waiting_status("Unschedulable", &err.to_string()));
+                self.leave_line(&key_of(notebook));
                 return;
             }
         };
@@ -370,6 +405,7 @@ impl Runtime {
             Err(err) => {
                 event("Warning", "InvalidSpec", &err.to_string());
                 self.set_status(notebook, waiting_status("InvalidSpec", &err.to_string()));
+                self.leave_line(&key_of(notebook));
                 return;
             }
         };
@@ -417,10 +453,13 @@ impl Runtime {
         let port = match port {
             Some(port) => port,
             None => match self.create(notebook, &plan).await {
-                Ok(port) => port,
+                Ok(Some(port)) => port,
+                // Waiting in line: its turn reconciles it again.
+                Ok(None) => return,
                 Err((reason, err)) => {
                     event("Warning", reason, &err.to_string());
                     self.set_status(notebook, waiting_status(reason, &err.to_string()));
+                    self.leave_line(&key_of(notebook));
                     return;
                 }
             },
@@ -457,6 +496,30 @@ impl Runtime {
         }
         let status = status_of(ready, &unexpected);
         self.set_status(notebook, status);
+        // Its start is over: answering as something else will not change by waiting either.
+        if ready || !unexpected.is_empty() {
+            self.leave_line(&key_of(notebook));
+        }
+    }
+
+    /// `key` no longer starts or waits to: the next in line get their turn, and those behind
+    /// them are told their new places.
+    fn leave_line(&self, key: &NotebookKey) {
+        if !self.starts.finish(key) {
+            return;
+        }
+        let line = self.starts.line();
+        for key in line.next {
+            // The receiver lives as long as the runtime's loop; without it nothing starts anyway.
+            let _ = self.turn_sender.send(key);
+        }
+        for ((ns, name), place) in line.waiting {
+            if let Some(notebook) = self.store.get(&ns, &name)
+                && condition_reason(&notebook) == Some(IN_LINE)
+            {
+                self.set_status(&notebook, in_line_status(place));
+            }
+        }
     }
 
     /// A stopped notebook: its container saved first under auto-save, then removed; its route,
@@ -487,6 +550,7 @@ impl Runtime {
         self.routes.remove(&ns, &vs_name);
         self.gpus.release(&ns, &name);
         self.set_port(&ns, &name, None);
+        self.leave_line(&key_of(notebook));
         self.set_status(notebook, stopped_status());
     }
 
@@ -587,12 +651,13 @@ impl Runtime {
         }
     }
 
-    /// Pulls if needed and starts the container; returns its published port.
+    /// Pulls if needed and, when its turn in the [`StartQueue`] has come, starts the container;
+    /// returns its published port, or `None` while it waits in line (its status says where).
     async fn create(
         &self,
         notebook: &Notebook,
         plan: &ContainerPlan,
-    ) -> Result<u16, (&'static str, EngineError)> {
+    ) -> Result<Option<u16>, (&'static str, EngineError)> {
         let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
         let name = notebook.metadata.name.as_deref().unwrap_or_default();
         if !self.engine.image_present(&plan.image).await {
@@ -619,6 +684,23 @@ impl Runtime {
                 &format!("pulled image {}", plan.image),
             );
         }
+        if let Admission::InLine(place) = self.starts.admit(&key_of(notebook)) {
+            if condition_reason(notebook) != Some(IN_LINE) {
+                self.store.record_event(
+                    ns,
+                    name,
+                    "Normal",
+                    IN_LINE,
+                    &format!(
+                        "{} in line to start (notebooks start {} at a time here)",
+                        ordinal(place),
+                        self.starts.limit()
+                    ),
+                );
+            }
+            self.set_status(notebook, in_line_status(place));
+            return Ok(None);
+        }
         let port = free_port().map_err(|e| ("FailedCreate", EngineError::Output(e.to_string())))?;
         self.engine
             .start(plan, port)
@@ -631,12 +713,9 @@ impl Runtime {
             "Started",
             &format!("started container {} from {}", plan.name, plan.image),
         );
-        Ok(port)
+        Ok(Some(port))
     }
 }
-
-/// A notebook: its namespace and name.
-type NotebookKey = (String, String);
 
 fn key_of(notebook: &Notebook) -> NotebookKey {
     (
@@ -703,6 +782,20 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind((PUBLISH_ADDRESS, 0))?
         .local_addr()?
         .port())
+}
+
+/// How many notebooks start at once unless `labforge up` is told: twice the cores, so that
+/// notebooks limited to half a core each (the catalog's default) keep every core busy.
+pub fn default_concurrent_starts() -> usize {
+    std::thread::available_parallelism().map_or(2, |cores| cores.get() * 2)
+}
+
+/// The Ready condition's reason while a notebook waits for its turn to start.
+const IN_LINE: &str = "Queued";
+
+/// A notebook waiting to start, `place`th in line.
+fn in_line_status(place: usize) -> NotebookStatus {
+    waiting_status(IN_LINE, &format!("{} in line", ordinal(place)))
 }
 
 /// The Ready condition's reason when the engine does not answer.
