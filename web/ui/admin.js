@@ -1,5 +1,5 @@
 // Every user's notebooks in one view, with filters, sorting, bulk stop and totals.
-import { api, el, stateBadge, ago, bytes, gpuUse, breakable, quantity, cpuUse, memoryUse } from './common.js';
+import { api, el, stateCell, ago, bytes, gpuUse, breakable, quantity, cpuUse, memoryUse } from './common.js';
 
 const filters = document.getElementById('filters');
 const body = document.querySelector('#all tbody');
@@ -31,7 +31,7 @@ function render() {
       el('td', {}, nb.namespace),
       el('td', {}, el('a', { href: `notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
       el('td', {}, nb.owner),
-      el('td', {}, stateBadge(nb.state, nb.reason)),
+      stateCell(nb),
       el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, cpuUse(nb)),
       el('td', {}, memoryUse(nb)),

@@ -42,6 +42,13 @@ export function stateBadge(state, reason) {
   return el('span', { class: `state ${state}`, title: reason || state }, state);
 }
 
+/** A list's state cell: the badge, and for a notebook not ready yet why (its place in line, a
+ * pull, a restart) beneath it. */
+export function stateCell(nb) {
+  return el('td', { class: 'wrap' }, stateBadge(nb.state, nb.reason),
+    nb.state === 'starting' && nb.reason ? el('span', { class: 'state-reason' }, breakable(nb.reason)) : null);
+}
+
 /** "3 min ago" for an RFC 3339 time; "never" when absent. */
 export function ago(time) {
   if (!time) return 'never';

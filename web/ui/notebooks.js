@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateBadge, ago, gpuUse, notebookUrl, breakable, cpuUse, memoryUse, serverName } from './common.js';
+import { api, el, stateCell, ago, gpuUse, notebookUrl, breakable, cpuUse, memoryUse, serverName } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -45,7 +45,7 @@ function render(notebooks) {
     const running = nb.state === 'ready' || nb.state === 'starting';
     return el('tr', { 'data-name': nb.name, class: nb.usage?.memoryNearLimit ? 'near-limit' : null },
       el('td', {}, el('a', { href: `notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
-      el('td', {}, stateBadge(nb.state, nb.reason)),
+      stateCell(nb),
       el('td', {}, serverName(nb.serverType)),
       el('td', { class: 'wrap' }, breakable(nb.image)),
       el('td', {}, cpuUse(nb)),
