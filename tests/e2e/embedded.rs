@@ -1417,18 +1417,36 @@ async fn a_notebook_whose_image_serves_another_ide_is_not_ready_and_says_why() {
 
 /// The catalog's images are pulled into podman in the background once their registry has them,
 /// before any notebook asks for them: here code-server's, pushed after `labforge up` started
-/// (as `scripts/up` seeds it), with no notebook at all.
+/// (as `scripts/up` seeds it), with no notebook at all. Until then the spawner form says it is
+/// being prepared.
 #[tokio::test]
 async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
     crate::init_crypto();
+    let user = format!("prepared-{:x}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    let password = need(up.add_user(&user));
+    let session = Session::sign_in(&up, &user, &password).await;
+    let image = format!("{}/labforge/codeserver:latest", up.registry);
+    // Until then the form and the spawner's configuration say it is being prepared.
+    let (_, config) = session.get("/api/config").await;
+    assert!(
+        config["imagesBeingPrepared"]
+            .as_array()
+            .is_some_and(|images| images.contains(&json!(image))),
+        "{config}"
+    );
+    let (_, form) = session.get("/new").await;
+    let form = form.as_str().unwrap_or_default().to_owned();
+    assert!(
+        form.contains("VSCode <span class=\"hint\">(being prepared)</span>"),
+        "{form}"
+    );
     need(labforge_tests::push_layout(
         "codeserver",
         &up.registry,
         "labforge/codeserver:latest",
     ));
-    let image = format!("{}/labforge/codeserver:latest", up.registry);
     eventually(
         "code-server's image in podman",
         Duration::from_secs(120),
@@ -1452,5 +1470,165 @@ async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
             .then_some(())
     })
     .await;
+    eventually("every image prepared", Duration::from_secs(60), || async {
+        let (_, config) = session.get("/api/config").await;
+        (config["imagesBeingPrepared"] == json!([])).then_some(())
+    })
+    .await;
+    let (_, form) = session.get("/new").await;
+    assert!(!form.as_str().unwrap_or_default().contains("being prepared"));
     let _ = Command::new("podman").args(["rmi", &image]).output();
+}
+
+/// With one start at a time (`--concurrent-starts 1`), notebooks made while another starts wait
+/// in line in the order they were made: the API, the list and the notebook's page say each one's
+/// place, and each starts only once the one before it is ready or stopped. The first holds its
+/// place by starting slowly (a hundredth of a CPU) until it is stopped.
+#[tokio::test]
+async fn starts_beyond_the_limit_wait_in_line_in_order_and_say_their_place() {
+    crate::init_crypto();
+    let user = format!("line-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_with_jupyterlab(&dir.path().join("data"), &["--concurrent-starts", "1"]).await;
+    let password = need(up.add_user(&user));
+    let session = Session::sign_in(&up, &user, &password).await;
+    // Pulled ahead first, so that no start waits for a pull of its own (pulls are not in line).
+    eventually(
+        "the image pulled ahead",
+        Duration::from_secs(120),
+        || async {
+            up.log()
+                .contains("catalog image pulled ahead")
+                .then_some(())
+        },
+    )
+    .await;
+    let path = |name: &str| format!("/api/namespaces/{user}/notebooks/{name}");
+    let events = |name: &str| {
+        let (session, path) = (&session, path(name));
+        async move {
+            let (status, body) = session.get(&format!("{path}/events")).await;
+            assert_eq!(status, 200, "{body}");
+            body["events"].as_array().cloned().unwrap_or_default()
+        }
+    };
+    let event_time = |events: &[Value], reason: &str| -> Option<String> {
+        events
+            .iter()
+            .find(|e| e["reason"] == reason)
+            .and_then(|e| e["time"].as_str())
+            .map(str::to_owned)
+    };
+    let create = |name: &'static str, body: Value| {
+        let session = &session;
+        let user = &user;
+        async move {
+            let (status, answer) = session
+                .post(&format!("/api/namespaces/{user}/notebooks"), body)
+                .await;
+            assert_eq!(status, 201, "{name}: {answer}");
+        }
+    };
+    let reason_of = |name: &'static str| {
+        let (session, path) = (&session, path(name));
+        async move {
+            let (_, body) = session.get(&path).await;
+            let notebook = &body["notebook"];
+            (
+                notebook["state"].as_str().unwrap_or_default().to_owned(),
+                notebook["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        }
+    };
+
+    create(
+        "slow",
+        json!({"name": "slow", "workspace": "none", "cpu": "10m"}),
+    )
+    .await;
+    eventually("the slow one started", Duration::from_secs(60), || async {
+        event_time(&events("slow").await, "Started")
+    })
+    .await;
+    for (name, place) in [("second", "1st in line"), ("third", "2nd in line")] {
+        create(name, json!({"name": name, "workspace": "none"})).await;
+        let seen = eventually(
+            &format!("{name} in line"),
+            Duration::from_secs(30),
+            || async {
+                let (state, reason) = reason_of(name).await;
+                reason.contains("in line").then_some((state, reason))
+            },
+        )
+        .await;
+        assert_eq!(seen, ("starting".to_owned(), place.to_owned()));
+        let queued = events(name).await;
+        assert!(
+            queued.iter().any(|e| e["reason"] == "Queued"
+                && e["message"] == format!("{place} to start (notebooks start 1 at a time here)")),
+            "{queued:?}"
+        );
+    }
+    // The list says so too, for every notebook in it.
+    let (_, list) = session
+        .get(&format!("/api/namespaces/{user}/notebooks"))
+        .await;
+    let listed: Vec<(String, String)> = list["notebooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|nb| {
+            (
+                nb["name"].as_str().unwrap().to_owned(),
+                nb["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .filter(|(_, reason)| reason.contains("in line"))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("second".to_owned(), "1st in line".to_owned()),
+            ("third".to_owned(), "2nd in line".to_owned())
+        ]
+    );
+    assert!(event_time(&events("second").await, "Started").is_none());
+
+    // As the owner sees it in a browser.
+    let config = dir.path().join("line.json");
+    std::fs::write(
+        &config,
+        json!({
+            "url": up.url,
+            "user": [user, password],
+            "waiting": {"second": "1st in line", "third": "2nd in line"},
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("line.mjs", &[&config.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    assert_eq!(seen["list"]["third"], "starting 2nd in line", "{seen}");
+    assert_eq!(seen["page"]["third"], "2nd in line", "{seen}");
+
+    // Stopping the slow one gives its place to the next in line; each then starts once the one
+    // before it is ready.
+    let (status, body) = session.patch(&path("slow"), json!({"stopped": true})).await;
+    assert_eq!(status, 200, "{body}");
+    for name in ["second", "third"] {
+        session
+            .wait_state(&user, name, "ready", Duration::from_secs(120))
+            .await;
+    }
+    let stopped = event_time(&events("slow").await, "Stopped").expect("slow stopped");
+    let (second, third) = (events("second").await, events("third").await);
+    let second_started = event_time(&second, "Started").expect("second started");
+    let second_ready = event_time(&second, "Ready").expect("second ready");
+    let third_started = event_time(&third, "Started").expect("third started");
+    let at = |time: &str| time.parse::<jiff::Timestamp>().unwrap();
+    assert!(at(&second_started) >= at(&stopped), "{second:?}");
+    assert!(at(&third_started) >= at(&second_ready), "{third:?}");
 }

@@ -78,6 +78,8 @@ pub struct ApiState {
     /// Where saves push, `<registry>/<namespace>/…`: an image there belongs to its namespace
     /// ([`crate::image_access`]); `None`: saving is not set up, and no image is anyone's.
     pub saves_registry: Option<crate::image_access::SavesRegistry>,
+    /// The catalog's images not ready to run here yet.
+    pub preparing: Arc<crate::preparing::ImagesBeingPrepared>,
 }
 
 /// Images shared with a namespace, as its users see them: whom else each is shared with is its
@@ -601,6 +603,8 @@ async fn config(
         state.backend.images_shared_with(&user.0.namespace).await?,
     ))
     .unwrap_or_default();
+    config["imagesBeingPrepared"] =
+        serde_json::to_value(state.preparing.images()).unwrap_or_default();
     // Kubeflow's clients read its spawnerFormDefaults here.
     config["config"] = kubeflow::form_defaults(&state.config);
     Ok(Json(kubeflow::envelope(&user.0, StatusCode::OK, config)))

@@ -79,6 +79,7 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
         idle_after: labforge_notebook_controller::culler::CullingConfig::default().idle_time,
         base_path: base_path.clone(),
         saves_registry,
+        preparing: Arc::default(),
     };
     let app = crate::ui::app(state);
     let app = if base_path.is_root() {

@@ -24,6 +24,7 @@ pub mod model;
 pub mod notebook_secret;
 pub mod notebook_sign_in;
 mod openapi;
+pub mod preparing;
 pub mod same_origin;
 pub mod saves;
 pub mod sign_in;

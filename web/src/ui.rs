@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
+use std::collections::BTreeSet;
 
 const STYLE: &str = include_str!("../ui/style.css");
 
@@ -554,11 +555,13 @@ struct SavedChoices<'a> {
 }
 
 /// The image choices for `server_type`: the catalog's (its default selected unless an image is
-/// preset), then the user's saved images for that server, then those shared with them.
+/// preset; those `preparing` said so), then the user's saved images for that server, then those
+/// shared with them.
 fn image_options(
     config: &SpawnerConfig,
     choices: SavedChoices<'_>,
     preset_image: Option<&str>,
+    preparing: &BTreeSet<String>,
     server_type: ServerType,
 ) -> Markup {
     let for_this_server = |images: &'_ [SavedImage]| -> Vec<SavedImage> {
@@ -577,6 +580,9 @@ fn image_options(
                     (image.image)
                     @if !image.description.is_empty() {
                         " — " (image.description)
+                    }
+                    @if preparing.contains(&image.image) {
+                        " (being prepared)"
                     }
                 }
             }
@@ -603,12 +609,17 @@ fn image_options(
 }
 
 /// The image select for one server type (as the form's `serverType` values name it); only the
-/// checked type's shows.
-fn image_select(server_type: &str, shown: bool, options: Markup) -> Markup {
+/// checked type's shows. `preparing`: its default image is not ready to run here yet.
+fn image_select(server_type: &str, shown: bool, options: Markup, preparing: bool) -> Markup {
     let id = format!("image-{server_type}");
     html! {
         label for=(id) data-type=(server_type) hidden[!shown] { "Image" }
         select id=(id) name=(id) data-type=(server_type) hidden[!shown] { (options) }
+        @if preparing {
+            p.hint.preparing data-type=(server_type) hidden[!shown] {
+                "This image is being prepared on this machine: a notebook made now starts once it is ready, in a few minutes."
+            }
+        }
     }
 }
 
@@ -669,8 +680,14 @@ fn notebook_fields(
     config: &SpawnerConfig,
     saved: SavedChoices<'_>,
     preset_image: Option<&str>,
+    preparing: &BTreeSet<String>,
 ) -> Markup {
-    let options = |server_type| image_options(config, saved, preset_image, server_type);
+    let options = |server_type| image_options(config, saved, preset_image, preparing, server_type);
+    let being_prepared = |server_type| {
+        config
+            .default_image(server_type)
+            .is_some_and(|image| preparing.contains(image))
+    };
     // RStudio only where the catalog has an image for it.
     let offers_rstudio = config.default_image(ServerType::Rstudio).is_some();
     html! {
@@ -689,16 +706,17 @@ fn notebook_fields(
             p.error data-error-for="name" data-input="name" {}
             span.label #type-label { "Server type" }
             div.radios role="radiogroup" aria-labelledby="type-label" {
-                label { input type="radio" name="serverType" value="jupyter" checked; " JupyterLab" }
-                label { input type="radio" name="serverType" value="vscode"; " VSCode" }
+                @for (value, label, server_type) in [("jupyter", "JupyterLab", ServerType::Jupyter), ("vscode", "VSCode", ServerType::Vscode)] {
+                    (server_radio(value, label, value == "jupyter", being_prepared(server_type)))
+                }
                 @if offers_rstudio {
-                    label { input type="radio" name="serverType" value="rstudio"; " RStudio" }
+                    (server_radio("rstudio", "RStudio", false, being_prepared(ServerType::Rstudio)))
                 }
             }
-            (image_select("jupyter", true, options(ServerType::Jupyter)))
-            (image_select("vscode", false, options(ServerType::Vscode)))
+            (image_select("jupyter", true, options(ServerType::Jupyter), being_prepared(ServerType::Jupyter)))
+            (image_select("vscode", false, options(ServerType::Vscode), being_prepared(ServerType::Vscode)))
             @if offers_rstudio {
-                (image_select("rstudio", false, options(ServerType::Rstudio)))
+                (image_select("rstudio", false, options(ServerType::Rstudio), being_prepared(ServerType::Rstudio)))
             }
             (custom_image_field(config, preset_image))
             label for="imagePullPolicy" { "Image pull policy" }
@@ -708,6 +726,19 @@ fn notebook_fields(
                 option { "Never" }
             }
             p.error data-error-for="imagePullPolicy" {}
+        }
+    }
+}
+
+/// One server type's radio button; `preparing`: its default image is not ready here yet.
+fn server_radio(value: &str, label: &str, checked: bool, preparing: bool) -> Markup {
+    html! {
+        label {
+            input type="radio" name="serverType" value=(value) checked[checked];
+            " " (label)
+            @if preparing {
+                " " span.hint { "(being prepared)" }
+            }
         }
     }
 }
@@ -776,10 +807,11 @@ fn spawner_form(
     config: &SpawnerConfig,
     saved: SavedChoices<'_>,
     preset_image: Option<&str>,
+    preparing: &BTreeSet<String>,
 ) -> Markup {
     html! {
         form.card #spawner novalidate {
-            (notebook_fields(config, saved, preset_image))
+            (notebook_fields(config, saved, preset_image, preparing))
             (resource_fields(config))
             (storage_fields(&config.defaults))
             fieldset {
@@ -839,6 +871,7 @@ async fn new_page(
                     shared: &shared,
                 },
                 query.image.as_deref(),
+                &state.preparing.images(),
             ))
         },
         Some("new.js"),
@@ -1217,7 +1250,13 @@ mod tests {
         let mut config = crate::config::default_spawner("registry.local");
         config.images[0].description = HOSTILE.into();
         config.defaults.cpu = HOSTILE.into();
-        let form = spawner_form(&config, SavedChoices::default(), Some(HOSTILE)).into_string();
+        let form = spawner_form(
+            &config,
+            SavedChoices::default(),
+            Some(HOSTILE),
+            &BTreeSet::new(),
+        )
+        .into_string();
         for html in [&notebook, &error, &form] {
             assert!(
                 !html.contains("<img") && !html.contains(r#"onerror="a""#),
@@ -1249,9 +1288,47 @@ mod tests {
     }
 
     #[test]
+    fn the_form_says_which_catalog_images_are_being_prepared() {
+        let config = crate::config::default_spawner("registry.local");
+        let vscode = config
+            .default_image(ServerType::Vscode)
+            .expect("the default catalog has code-server")
+            .to_owned();
+        let ready =
+            spawner_form(&config, SavedChoices::default(), None, &BTreeSet::new()).into_string();
+        assert!(!ready.contains("being prepared"), "{ready}");
+        let form = spawner_form(
+            &config,
+            SavedChoices::default(),
+            None,
+            &BTreeSet::from([vscode.clone()]),
+        )
+        .into_string();
+        assert!(
+            form.contains(r#"value="vscode"> VSCode <span class="hint">(being prepared)</span>"#),
+            "{form}"
+        );
+        assert!(
+            !form.contains(r#"JupyterLab <span class="hint">"#),
+            "{form}"
+        );
+        let option = form
+            .split(&format!(r#"<option value="{vscode}""#))
+            .nth(1)
+            .and_then(|rest| rest.split("</option>").next())
+            .unwrap_or_else(|| panic!("no option for {vscode} in {form}"));
+        assert!(option.ends_with(" (being prepared)"), "{option}");
+        assert!(
+            form.contains(r#"<p class="hint preparing" data-type="vscode" hidden>"#),
+            "{form}"
+        );
+    }
+
+    #[test]
     fn the_form_offers_the_catalog_and_only_available_gpus() {
         let mut config = crate::config::default_spawner("registry.local");
-        let form = spawner_form(&config, SavedChoices::default(), None).into_string();
+        let form =
+            spawner_form(&config, SavedChoices::default(), None, &BTreeSet::new()).into_string();
         assert!(
             form.contains(r#"<option value="registry.local/labforge/jupyterlab:latest" selected>"#)
         );
@@ -1297,7 +1374,7 @@ mod tests {
             own: &own,
             shared: std::slice::from_ref(&bobs),
         };
-        let form = spawner_form(&config, choices, None).into_string();
+        let form = spawner_form(&config, choices, None, &BTreeSet::new()).into_string();
         assert!(form.contains(
             r#"<optgroup label="Shared with you"><option value="registry.local/bob/lab:v1">registry.local/bob/lab:v1 — shared by bob</option>"#
         ));
