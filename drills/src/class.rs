@@ -62,12 +62,13 @@ async fn drill(labforge: &Path, size: usize) -> anyhow::Result<String> {
         answered_in < Duration::from_secs(10),
         "the creates took {answered_in:.1?} to answer"
     );
-    // Every accepted notebook is watched at once, each from its own request; labforge's memory
-    // and descriptors are sampled meanwhile.
+    // Every accepted notebook is watched at once, each through its user's live list (the event
+    // stream the notebooks page follows); labforge's memory and descriptors are sampled meanwhile.
     let waits = futures::future::join_all(accepted.iter().map(|(user, asked)| async move {
-        user.wait_for("lab", "ready", Duration::from_secs(900))
+        tokio::time::timeout(Duration::from_secs(900), watch_until_ready(user, "lab"))
             .await
-            .map(|_| asked.elapsed())
+            .map_err(|_| anyhow::anyhow!("{}/lab not ready after 900 s", user.user))?
+            .map(|()| asked.elapsed())
     }));
     let (mut peak_rss, mut peak_fds) = (lab.resident_mib(), lab.open_fds());
     let mut waits = std::pin::pin!(waits);
@@ -93,4 +94,39 @@ async fn drill(labforge: &Path, size: usize) -> anyhow::Result<String> {
         percentile(&mut to_ready, 0.95),
         percentile(&mut to_ready, 1.0),
     ))
+}
+
+/// Follows `user`'s namespace's event stream until notebook `name` is ready.
+async fn watch_until_ready(user: &Session, name: &str) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let response = user
+        .http
+        .get(format!("{}/api/namespaces/{}/watch", user.base, user.user))
+        .header("cookie", &user.cookie)
+        // The stream lasts as long as the start: the client's per-request limit is not for it.
+        .timeout(Duration::from_secs(900))
+        .send()
+        .await?
+        .error_for_status()?;
+    let mut stream = response.bytes_stream();
+    let mut pending = String::new();
+    while let Some(chunk) = stream.next().await {
+        pending.push_str(&String::from_utf8_lossy(&chunk?));
+        // Events end with a blank line; only whole ones are read.
+        while let Some(end) = pending.find("\n\n") {
+            let event: String = pending.drain(..end + 2).collect();
+            for data in event.lines().filter_map(|line| line.strip_prefix("data:")) {
+                let list: serde_json::Value = serde_json::from_str(data.trim())?;
+                let ready = list["notebooks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|nb| nb["name"] == name && nb["state"] == "ready");
+                if ready {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    anyhow::bail!("{}'s event stream ended before {name} was ready", user.user)
 }
