@@ -81,6 +81,16 @@ impl StartQueue {
         }
     }
 
+    /// `key`'s place when it waits in line and its turn has not come; `None` when it is not in
+    /// line, is starting, or may start now. Asks nothing of it: it does not join the line.
+    pub fn waiting_place(&self, key: &NotebookKey) -> Option<usize> {
+        let mut starts = self.lock();
+        starts.let_overdue_go(self.hold);
+        let free = self.limit.saturating_sub(starts.starting.len());
+        let index = starts.waiting.iter().position(|k| k == key)?;
+        (index >= free).then(|| index - free + 1)
+    }
+
     /// `key`'s start is over, or it no longer wants one (stopped, deleted, failed). Returns
     /// whether anything changed: the notebooks in line may then move up.
     pub fn finish(&self, key: &NotebookKey) -> bool {
@@ -173,9 +183,13 @@ mod tests {
                 waiting: vec![(key("d"), 1)]
             }
         );
+        assert_eq!(queue.waiting_place(&key("d")), Some(1));
+        assert_eq!(queue.waiting_place(&key("c")), None, "its turn came");
         assert_eq!(queue.admit(&key("d")), Admission::InLine(1));
         assert_eq!(queue.admit(&key("c")), Admission::Start);
         assert_eq!(queue.admit(&key("d")), Admission::InLine(1));
+        assert_eq!(queue.waiting_place(&key("e")), None, "not in line");
+        assert_eq!(queue.waiting_place(&key("c")), None, "starting");
     }
 
     #[test]

@@ -660,6 +660,12 @@ impl Runtime {
     ) -> Result<Option<u16>, (&'static str, EngineError)> {
         let ns = notebook.metadata.namespace.as_deref().unwrap_or_default();
         let name = notebook.metadata.name.as_deref().unwrap_or_default();
+        // Still in line: nothing is asked of the engine (every resync passes each waiting one
+        // here, and a class's worth of podman calls every few seconds slows those starting).
+        if let Some(place) = self.starts.waiting_place(&key_of(notebook)) {
+            self.set_status(notebook, in_line_status(place));
+            return Ok(None);
+        }
         if !self.engine.image_present(&plan.image).await {
             self.set_status(
                 notebook,
