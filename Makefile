@@ -13,9 +13,11 @@ help:
 	@echo "make up    - set up this machine, build, start labforge"
 	@echo "make test  - set up this machine, build, run every check and test"
 
-## Set up, build and start the product.
-up: setup images build
-	scripts/up
+## Set up, build and start the product: the binary builds while the notebook images build, and
+## labforge serves once JupyterLab's image is there (code-server's joins in the background).
+up:
+	scripts/setup --product
+	EXTRA_CA="$(EXTRA_CA)" CARGO="$(CARGO)" scripts/up
 
 ## Everything CI runs: setup, images, lints, the whole suite.
 test: setup images lint agent
