@@ -278,6 +278,9 @@ pub(crate) struct SpawnerConfig {
     saved_images: Vec<SavedImage>,
     /// Images other namespaces saved and shared with the user's: choices for them too.
     shared_images: Vec<SavedImage>,
+    /// Catalog images not ready to run here yet (embedded mode: not yet pulled, or not yet in
+    /// the registry); a notebook of one starts once it is.
+    images_being_prepared: Vec<String>,
     /// Choices only Kubeflow's form makes: affinityConfigs, defaultAffinityConfig,
     /// tolerationGroups, defaultTolerationGroup, configurations, readOnly, cpuLimitFactor,
     /// memoryLimitFactor.
