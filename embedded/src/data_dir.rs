@@ -274,6 +274,9 @@ pub fn check_restorable(dir: &Path) -> Result<(), DataDirError> {
 /// The local registry's storage in the data dir.
 pub const REGISTRY_DIR: &str = "registry";
 
+/// The audit trail's files in the data dir ([`labforge_web::audit::AuditFiles`]).
+pub const AUDIT_DIR: &str = "audit";
+
 /// Moves what a restore staged in `staging` (the state's files and the registry) into data dir
 /// `dir`, the format last, so that a restore cut short is not taken for a complete data dir;
 /// on failure what was placed goes back, so that the restore can be run again.

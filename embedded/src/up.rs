@@ -531,6 +531,9 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             &opened.registry,
         )),
         preparing,
+        audit: Arc::new(labforge_web::audit::AuditFiles::new(
+            opened.dir.join(crate::data_dir::AUDIT_DIR),
+        )),
     };
     let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
     let mut tasks = vec![

@@ -80,6 +80,8 @@ pub struct ApiState {
     pub saves_registry: Option<crate::image_access::SavesRegistry>,
     /// The catalog's images not ready to run here yet.
     pub preparing: Arc<crate::preparing::ImagesBeingPrepared>,
+    /// Where every change and notebook sign-in is recorded ([`crate::audit`]).
+    pub audit: Arc<dyn crate::audit::AuditSink>,
 }
 
 /// Images shared with a namespace, as its users see them: whom else each is shared with is its
@@ -375,6 +377,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/whoami", get(whoami))
         .route("/api/config", get(config))
         .route("/api/admin/notebooks", get(admin_notebooks))
+        .route("/api/admin/audit", get(admin_audit))
         .route(
             "/api/namespaces/{ns}/notebooks",
             get(list_notebooks).post(create_notebook),
@@ -461,6 +464,13 @@ async fn login(
     body: Result<Json<Login>, JsonRejection>,
 ) -> Result<Response, Response> {
     let Json(login) = body.map_err(|e| Failure::from(e).into_response())?;
+    // Whatever name was typed, up to a length a name can have: the trail is not for storing
+    // what a client sends.
+    let attempt = crate::audit::SignInAttempt(login.username.chars().take(128).collect());
+    let with_attempt = |mut response: Response| {
+        response.extensions_mut().insert(attempt.clone());
+        response
+    };
     let (Some(auth), Some(sign_in)) = (&state.local_users, &state.sign_in) else {
         return Err(Failure::new(
             StatusCode::NOT_FOUND,
@@ -476,13 +486,13 @@ async fn login(
             client_address(&headers),
         )
         .await
-        .map_err(sign_in_failure)?;
+        .map_err(|e| with_attempt(sign_in_failure(e)))?;
     let token = auth.sessions.sign_in(&user).map_err(|e| {
         Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
     })?;
     let mut response = Json(whoami_body(&user)).into_response();
     set_session_cookie(&mut response, &state, auth, token, None);
-    Ok(response)
+    Ok(with_attempt(response))
 }
 
 /// Sets the session cookie to `token` (`HttpOnly`, `SameSite=Lax`, `Secure` over TLS, the app's
@@ -538,7 +548,7 @@ async fn logout(State(state): State<ApiState>, headers: HeaderMap) -> Response {
 
 /// The client's address as the proxy in front saw it: the last `X-Forwarded-For` entry, which
 /// is the proxy's own (the embedded web app listens on loopback behind it).
-fn client_address(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn client_address(headers: &HeaderMap) -> Option<&str> {
     headers
         .get_all("x-forwarded-for")
         .iter()
@@ -1539,6 +1549,43 @@ fn idle_holding_gpus(view: &NotebookView, idle_after: std::time::Duration) -> bo
     let idle =
         since.is_none_or(|t| jiff::Timestamp::now().duration_since(t).unsigned_abs() >= idle_after);
     holds && view.state == NotebookState::Ready && idle
+}
+
+/// How many records one audit answer holds at most: the newest.
+const AUDIT_ANSWER_LIMIT: usize = 1000;
+
+/// The audit trail, newest last (admins only).
+#[utoipa::path(
+    get, path = "/api/admin/audit", summary = "The audit trail: every change and notebook sign-in, oldest first, the newest 1000 the filter keeps (admins only)", params(crate::audit::AuditFilter),
+    responses(
+        (status = 200, description = "the records", body = inline(crate::openapi::AuditAnswer)),
+        (status = 400, description = "a filter that does not parse (since)", body = crate::openapi::ApiErrorBody),
+        (status = 501, description = "the trail goes to the log here (a cluster)", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
+async fn admin_audit(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    query: Result<Query<crate::audit::AuditFilter>, QueryRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    if !state.access.may(&user.0, Verb::List, None).await {
+        return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
+    }
+    let Query(filter) = query?;
+    if let Err(problem) = filter.since() {
+        return Err(Failure::new(StatusCode::BAD_REQUEST, problem));
+    }
+    let records = state
+        .audit
+        .read(&filter, AUDIT_ANSWER_LIMIT)
+        .ok_or_else(|| {
+            Failure::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "the audit trail goes to the web app's log here, target \"audit\"",
+            )
+        })?;
+    Ok(Json(serde_json::json!({ "records": records })))
 }
 
 /// Every user's notebooks in one answer (Kubeflow's web app asks namespace by namespace).

@@ -80,6 +80,7 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
         base_path: base_path.clone(),
         saves_registry,
         preparing: Arc::default(),
+        audit: Arc::new(crate::audit::AuditToLog),
     };
     let app = crate::ui::app(state);
     let app = if base_path.is_root() {

@@ -10,6 +10,7 @@
 //! job, with its cookies and its sign-in route.
 
 pub mod api;
+pub mod audit;
 pub mod backend;
 pub mod base_path;
 pub mod cluster;

@@ -45,6 +45,7 @@ pub static DOCUMENT: LazyLock<String> =
         crate::api::whoami,
         crate::api::config,
         crate::api::admin_notebooks,
+        crate::api::admin_audit,
         crate::api::list_notebooks,
         crate::api::create_notebook,
         crate::api::watch_namespace,
@@ -529,6 +530,12 @@ pub(crate) struct Totals {
     gpus: f64,
     cpu_used: f64,
     memory_bytes_used: f64,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct AuditAnswer {
+    records: Vec<crate::audit::AuditRecord>,
 }
 
 #[derive(ToSchema)]

@@ -1088,6 +1088,31 @@ fn admin_main() -> Markup {
             }
         }
         p.empty #empty hidden { "No notebook matches." }
+        h2 { "Audit trail" }
+        p.hint #audit-hint { "Every change and notebook sign-in, newest first (the newest 200; " code { "labforge audit" } " reads them all)." }
+        form.inline #audit-filters {
+            div {
+                label for="a-user" { "Who" }
+                input #a-user name="user";
+            }
+            div {
+                label for="a-namespace" { "In namespace" }
+                input #a-namespace name="namespace";
+            }
+        }
+        div.table-wrap {
+            table #audit {
+                thead {
+                    tr {
+                        @for heading in ["When", "Who", "From", "What", "On", "Result"] {
+                            th scope="col" { (heading) }
+                        }
+                    }
+                }
+                tbody {}
+            }
+        }
+        p.empty #audit-empty hidden { "Nothing recorded yet." }
     }
 }
 
@@ -1135,9 +1160,14 @@ async fn not_found(State(state): State<ApiState>, headers: HeaderMap) -> Respons
 /// The whole web app, as both modes serve it: the API and the pages.
 pub fn app(state: ApiState) -> Router {
     crate::api::router(state.clone())
-        .merge(router(state))
+        .merge(router(state.clone()))
         .layer(axum::middleware::from_fn(
             crate::same_origin::refuse_other_origins,
+        ))
+        // Around the origin check: a change refused as cross-origin is recorded too.
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::audit::record_requests,
         ))
         .layer(axum::middleware::from_fn(
             crate::keep_alive::close_if_body_unread,
