@@ -121,6 +121,31 @@ pub enum Command {
     /// labforge data yet, and its volumes into the engine; then `labforge up` starts every
     /// notebook on it.
     Restore(RestoreArgs),
+    /// The embedded mode's audit trail: every change and notebook sign-in (when, who, from where,
+    /// what, on which object, the result), oldest first.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+    pub data_dir: PathBuf,
+    /// Only what this user did (or tried to sign in as).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Only what was done in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only since this time: RFC 3339 (2026-01-31T09:00:00Z) or a span back from now (90m, 2h,
+    /// 7d).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// At most the newest N records.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    /// One JSON object per line, as stored.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -1092,6 +1117,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Restore(args) => restore(&args).await,
+        Command::Audit(args) => audit(&args),
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
         Command::Crds => {
@@ -2319,4 +2345,59 @@ mod tests {
             "{err}"
         );
     }
+}
+
+/// `--since` as `labforge audit` takes it: an RFC 3339 time, or a span back from now.
+fn audit_since(since: &str) -> anyhow::Result<String> {
+    if since.parse::<jiff::Timestamp>().is_ok() {
+        return Ok(since.to_owned());
+    }
+    let span: jiff::Span = since.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--since {since:?}: give an RFC 3339 time (2026-01-31T09:00:00Z) or a span back from now (90m, 2h, 7d)"
+        )
+    })?;
+    let now = jiff::Zoned::now().with_time_zone(jiff::tz::TimeZone::UTC);
+    Ok(now
+        .checked_sub(span)
+        .with_context(|| format!("--since {since:?}: too far back"))?
+        .timestamp()
+        .to_string())
+}
+
+fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.data_dir.join(labforge_embedded::data_dir::AUDIT_DIR);
+    let filter = labforge_web::audit::AuditFilter {
+        user: args.user.clone(),
+        namespace: args.namespace.clone(),
+        since: args.since.as_deref().map(audit_since).transpose()?,
+    };
+    let records = labforge_web::audit::read_dir(&dir, &filter, args.limit)
+        .with_context(|| format!("reading the audit trail in {}", dir.display()))?;
+    for record in records {
+        if args.json {
+            println!("{}", serde_json::to_string(&record)?);
+        } else {
+            let on = match (record.namespace.as_str(), record.object.as_str()) {
+                ("", _) => String::new(),
+                (ns, "") => format!(" in {ns}"),
+                (ns, object) => format!(" on {ns}/{object}"),
+            };
+            let who = if record.user.is_empty() {
+                "(nobody)"
+            } else {
+                &record.user
+            };
+            let from = if record.from.is_empty() {
+                "?"
+            } else {
+                &record.from
+            };
+            println!(
+                "{}  {who} from {from}: {}{on} → {} {}",
+                record.time, record.action, record.status, record.result
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
