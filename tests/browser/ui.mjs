@@ -347,6 +347,13 @@ try {
   seen.bulkStopped = true;
   seen.ticksAfterBulkStop = await page.locator('#all input[type=checkbox]:checked, #select-all:checked').count();
   await shot(page, 'admin-filtered');
+  // The audit trail names who stopped bob's notebook, newest first.
+  await page.getByLabel('Who', { exact: true }).fill(config.admin[0]);
+  const stopRow = page.locator('#audit tbody tr', { hasText: `PATCH /api/namespaces/${config.bob[0]}/notebooks/` }).first();
+  await stopRow.waitFor({ timeout: 15_000 });
+  seen.auditStop = (await stopRow.innerText()).replace(/\s+/g, ' ').trim();
+  await stopRow.scrollIntoViewIfNeeded();
+  await shot(page, 'admin-audit');
   await admin.close();
 
   seen.slowRequests = network.slow;

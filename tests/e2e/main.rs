@@ -4,6 +4,7 @@
 // Test helpers panic on purpose: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod audit;
 mod auto_save;
 mod backups;
 mod change_summary;

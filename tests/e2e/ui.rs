@@ -229,6 +229,14 @@ async fn users_work_through_the_web_ui_in_a_browser() {
     assert_eq!(seen["bobNotebookPage"], 403);
     assert_eq!(seen["bobProxy"], 403);
     assert_eq!(seen["adminOwners"], json!([alice, bob]));
+    // Who stopped bob's notebook, in the admin's audit trail: the admin, from loopback, done.
+    let audit_stop = seen["auditStop"].as_str().unwrap_or_default();
+    assert!(
+        audit_stop.contains(&format!(
+            "admin 127.0.0.1 PATCH /api/namespaces/{bob}/notebooks/"
+        )) && audit_stop.ends_with("200 ok"),
+        "{audit_stop}"
+    );
 
     // Each notebook on its own host: JupyterLab ran a cell there.
     let port = up.url.rsplit(':').next().unwrap();

@@ -78,5 +78,30 @@ bulk.addEventListener('click', async () => {
   document.getElementById('select-all').checked = false;
   load();
 });
+// The audit trail: exact user and namespace, as recorded.
+const auditFilters = document.getElementById('audit-filters');
+async function loadAudit() {
+  const query = new URLSearchParams([...new FormData(auditFilters)].filter(([, v]) => v !== ''));
+  const { status, body: answer } = await api('GET', `api/admin/audit?${query}`);
+  const hint = document.getElementById('audit-hint');
+  if (status !== 200) {
+    hint.textContent = answer?.error || `The audit trail cannot be read here (HTTP ${status}).`;
+    return;
+  }
+  const records = answer.records.slice(-200).reverse();
+  document.getElementById('audit-empty').hidden = records.length > 0;
+  document.querySelector('#audit tbody').replaceChildren(...records.map((r) =>
+    el('tr', { class: r.result === 'ok' ? null : 'refused' },
+      el('td', { title: r.time }, ago(r.time)),
+      el('td', {}, r.user || '(nobody)'),
+      el('td', {}, r.from),
+      el('td', { class: 'wrap' }, breakable(r.action)),
+      el('td', {}, r.namespace ? `${r.namespace}${r.object ? `/${r.object}` : ''}` : ''),
+      el('td', {}, `${r.status} ${r.result}`))));
+}
+auditFilters.addEventListener('input', loadAudit);
+auditFilters.addEventListener('submit', (event) => event.preventDefault());
+
 load();
-setInterval(load, 5000);
+loadAudit();
+setInterval(() => { load(); loadAudit(); }, 5000);
