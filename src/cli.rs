@@ -2004,6 +2004,61 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--since` as `labforge audit` takes it: an RFC 3339 time, or a span back from now.
+fn audit_since(since: &str) -> anyhow::Result<String> {
+    if since.parse::<jiff::Timestamp>().is_ok() {
+        return Ok(since.to_owned());
+    }
+    let span: jiff::Span = since.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--since {since:?}: give an RFC 3339 time (2026-01-31T09:00:00Z) or a span back from now (90m, 2h, 7d)"
+        )
+    })?;
+    let now = jiff::Zoned::now().with_time_zone(jiff::tz::TimeZone::UTC);
+    Ok(now
+        .checked_sub(span)
+        .with_context(|| format!("--since {since:?}: too far back"))?
+        .timestamp()
+        .to_string())
+}
+
+fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.data_dir.join(labforge_embedded::data_dir::AUDIT_DIR);
+    let filter = labforge_web::audit::AuditFilter {
+        user: args.user.clone(),
+        namespace: args.namespace.clone(),
+        since: args.since.as_deref().map(audit_since).transpose()?,
+    };
+    let records = labforge_web::audit::read_dir(&dir, &filter, args.limit)
+        .with_context(|| format!("reading the audit trail in {}", dir.display()))?;
+    for record in records {
+        if args.json {
+            println!("{}", serde_json::to_string(&record)?);
+        } else {
+            let on = match (record.namespace.as_str(), record.object.as_str()) {
+                ("", _) => String::new(),
+                (ns, "") => format!(" in {ns}"),
+                (ns, object) => format!(" on {ns}/{object}"),
+            };
+            let who = if record.user.is_empty() {
+                "(nobody)"
+            } else {
+                &record.user
+            };
+            let from = if record.from.is_empty() {
+                "?"
+            } else {
+                &record.from
+            };
+            println!(
+                "{}  {who} from {from}: {}{on} → {} {}",
+                record.time, record.action, record.status, record.result
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2345,59 +2400,4 @@ mod tests {
             "{err}"
         );
     }
-}
-
-/// `--since` as `labforge audit` takes it: an RFC 3339 time, or a span back from now.
-fn audit_since(since: &str) -> anyhow::Result<String> {
-    if since.parse::<jiff::Timestamp>().is_ok() {
-        return Ok(since.to_owned());
-    }
-    let span: jiff::Span = since.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "--since {since:?}: give an RFC 3339 time (2026-01-31T09:00:00Z) or a span back from now (90m, 2h, 7d)"
-        )
-    })?;
-    let now = jiff::Zoned::now().with_time_zone(jiff::tz::TimeZone::UTC);
-    Ok(now
-        .checked_sub(span)
-        .with_context(|| format!("--since {since:?}: too far back"))?
-        .timestamp()
-        .to_string())
-}
-
-fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
-    let dir = args.data_dir.join(labforge_embedded::data_dir::AUDIT_DIR);
-    let filter = labforge_web::audit::AuditFilter {
-        user: args.user.clone(),
-        namespace: args.namespace.clone(),
-        since: args.since.as_deref().map(audit_since).transpose()?,
-    };
-    let records = labforge_web::audit::read_dir(&dir, &filter, args.limit)
-        .with_context(|| format!("reading the audit trail in {}", dir.display()))?;
-    for record in records {
-        if args.json {
-            println!("{}", serde_json::to_string(&record)?);
-        } else {
-            let on = match (record.namespace.as_str(), record.object.as_str()) {
-                ("", _) => String::new(),
-                (ns, "") => format!(" in {ns}"),
-                (ns, object) => format!(" on {ns}/{object}"),
-            };
-            let who = if record.user.is_empty() {
-                "(nobody)"
-            } else {
-                &record.user
-            };
-            let from = if record.from.is_empty() {
-                "?"
-            } else {
-                &record.from
-            };
-            println!(
-                "{}  {who} from {from}: {}{on} → {} {}",
-                record.time, record.action, record.status, record.result
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
