@@ -46,6 +46,8 @@ pub static DOCUMENT: LazyLock<String> =
         crate::api::config,
         crate::api::admin_notebooks,
         crate::api::admin_audit,
+        crate::api::get_quota,
+        crate::api::put_quota,
         crate::api::list_notebooks,
         crate::api::create_notebook,
         crate::api::watch_namespace,
@@ -533,6 +535,14 @@ pub(crate) struct Totals {
 }
 
 #[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub(crate) struct QuotaAnswer {
+    quota: Option<crate::quota::Quota>,
+    in_use: crate::quota::Held,
+}
+
+#[derive(ToSchema)]
 #[allow(dead_code)]
 pub(crate) struct AuditAnswer {
     records: Vec<crate::audit::AuditRecord>,
@@ -915,7 +925,17 @@ mod tests {
             .values()
             .map(|path| path.as_object().map_or(0, |methods| methods.len()))
             .sum();
-        assert_eq!(operations, 31);
+        assert_eq!(operations, 34);
+        for (path, method) in [
+            ("/api/admin/audit", "get"),
+            ("/api/namespaces/{ns}/quota", "get"),
+            ("/api/namespaces/{ns}/quota", "put"),
+        ] {
+            assert!(
+                document["paths"][path][method].is_object(),
+                "{method} {path}"
+            );
+        }
         assert!(document["components"]["parameters"]["ns"].is_object());
         assert!(document["components"]["responses"]["BadRequest"].is_object());
     }
