@@ -435,6 +435,43 @@ impl Store {
     }
 }
 
+/// Where namespace `namespace`'s quota is kept in the store at `store_dir`. Read at every check,
+/// so that `labforge namespace quota` takes effect on a running labforge at once.
+fn quota_path(store_dir: &Path, namespace: &str) -> PathBuf {
+    store_dir.join("quotas").join(format!("{namespace}.json"))
+}
+
+/// Namespace `namespace`'s quota in the store at `store_dir`, when one is set.
+pub fn read_quota(
+    store_dir: &Path,
+    namespace: &str,
+) -> Result<Option<labforge_web::quota::Quota>, StoreError> {
+    let path = quota_path(store_dir, namespace);
+    match read_json(&path) {
+        Ok(quota) => Ok(Some(quota)),
+        Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Sets namespace `namespace`'s quota in the store at `store_dir`, or with `None` removes it.
+pub fn write_quota(
+    store_dir: &Path,
+    namespace: &str,
+    quota: Option<&labforge_web::quota::Quota>,
+) -> Result<(), StoreError> {
+    let path = quota_path(store_dir, namespace);
+    match quota {
+        Some(quota) => {
+            write_atomically(&path, &serde_json::to_vec_pretty(quota).unwrap_or_default())
+        }
+        None => match std::fs::remove_file(&path) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(io_error(&path)(err)),
+            _ => Ok(()),
+        },
+    }
+}
+
 impl From<StoreError> for BackendError {
     fn from(err: StoreError) -> Self {
         match err {
@@ -501,6 +538,21 @@ impl Backend for Store {
     }
     async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
         Ok(Store::images_shared_with(self, namespace))
+    }
+
+    async fn quota(
+        &self,
+        namespace: &str,
+    ) -> Result<Option<labforge_web::quota::Quota>, BackendError> {
+        Ok(read_quota(&self.dir, namespace)?)
+    }
+
+    async fn set_quota(
+        &self,
+        namespace: &str,
+        quota: Option<labforge_web::quota::Quota>,
+    ) -> Result<(), BackendError> {
+        Ok(write_quota(&self.dir, namespace, quota.as_ref())?)
     }
     async fn saved_image_namespaces_with_digest(
         &self,

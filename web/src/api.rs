@@ -405,6 +405,7 @@ pub fn router(state: ApiState) -> Router {
             axum::routing::put(share_saved_image),
         )
         .route("/api/namespaces/{ns}/volumes", get(list_volumes))
+        .route("/api/namespaces/{ns}/quota", get(get_quota).put(put_quota))
         .route(
             "/api/namespaces/{ns}/volumes/{name}",
             axum::routing::delete(delete_volume),
@@ -889,6 +890,9 @@ async fn create_notebook(
         _ => return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors)),
     };
     kubeflow::apply_extras(&mut notebook, extras);
+    if !notebook.is_stopped() {
+        admitted_by_quota(&state, &ns, &notebook).await?;
+    }
     let created = state.backend.create(notebook).await?;
     state
         .backend
@@ -906,6 +910,79 @@ async fn create_notebook(
         StatusCode::CREATED,
         Json(kubeflow::envelope(&user.0, StatusCode::CREATED, answer)),
     ))
+}
+
+/// Whether `notebook` may run beside namespace `ns`'s running notebooks under its quota: the one
+/// check every create and start goes through. A refusal is a 403, as Kubernetes refuses a pod
+/// over its namespace's ResourceQuota, naming the quota, what is in use and what was asked.
+async fn admitted_by_quota(state: &ApiState, ns: &str, notebook: &Notebook) -> ApiResult<()> {
+    let Some(quota) = state.backend.quota(ns).await? else {
+        return Ok(());
+    };
+    let running = state.backend.list(Some(ns)).await?;
+    let name = notebook.metadata.name.as_deref().unwrap_or_default();
+    quota
+        .admits(
+            ns,
+            crate::quota::Held::running(&running, name),
+            crate::quota::Held::of(notebook),
+        )
+        .map_err(|exceeded| Failure::new(StatusCode::FORBIDDEN, exceeded.to_string()))
+}
+
+/// A namespace's quota and what its running notebooks hold: for its members and admins.
+#[utoipa::path(
+    get, path = "/api/namespaces/{ns}/quota", summary = "The namespace's quota (null: none) and what its running notebooks hold", params(("ns" = String, Path)),
+    responses((status = 200, description = "quota and use", body = inline(crate::openapi::QuotaAnswer)), crate::openapi::PlatformErrors)
+)]
+async fn get_quota(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    Path(ns): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    user.may(&state, Verb::List, &ns).await?;
+    let quota = state.backend.quota(&ns).await?;
+    let running = state.backend.list(Some(&ns)).await?;
+    Ok(Json(serde_json::json!({
+        "quota": quota,
+        "inUse": crate::quota::Held::running(&running, ""),
+    })))
+}
+
+/// Sets a namespace's quota (admins only); `null` removes it.
+#[utoipa::path(
+    put, path = "/api/namespaces/{ns}/quota", summary = "Set the namespace's quota: cpu, memory (quantities), gpus, notebooks running at once; null removes it (admins only)", params(("ns" = String, Path)),
+    request_body = Option<crate::quota::Quota>,
+    responses(
+        (status = 200, description = "the quota set", body = inline(crate::openapi::QuotaAnswer)),
+        (status = 422, description = "a field that is not a quantity, or a namespace that is not a name", body = crate::openapi::ApiErrorBody),
+        crate::openapi::PlatformErrors,
+    )
+)]
+async fn put_quota(
+    user: SignedIn,
+    State(state): State<ApiState>,
+    Path(ns): Path<String>,
+    body: Result<Json<Option<crate::quota::Quota>>, JsonRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    if !state.access.may(&user.0, Verb::List, None).await {
+        return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
+    }
+    crate::validate::dns_label("namespace", &ns)
+        .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+    let Json(quota) = body?;
+    if let Some(quota) = &quota {
+        let problems = quota.problems();
+        if !problems.is_empty() {
+            let mut errors = FieldErrors::default();
+            for problem in problems {
+                errors.push(problem);
+            }
+            return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors));
+        }
+    }
+    state.backend.set_quota(&ns, quota).await?;
+    get_quota(user, State(state), Path(ns)).await
 }
 
 pub(crate) async fn find(state: &ApiState, ns: &str, name: &str) -> ApiResult<Notebook> {
@@ -973,7 +1050,10 @@ async fn patch_notebook(
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::Update, &ns).await?;
     let Json(mut patch) = body?;
-    find(&state, &ns, &name).await?;
+    let current = find(&state, &ns, &name).await?;
+    if patch.stopped == Some(false) && current.is_stopped() {
+        admitted_by_quota(&state, &ns, &current).await?;
+    }
     if let Some(image) = &mut patch.image {
         image_reference("image", image)
             .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;

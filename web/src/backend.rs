@@ -111,6 +111,21 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<String>, BackendError>;
     /// Announces changed notebooks (for the live views).
     fn changes(&self) -> broadcast::Receiver<Change>;
+    /// The namespace's quota, when an admin set one here (a cluster's ResourceQuotas are the API
+    /// server's to enforce).
+    async fn quota(&self, _namespace: &str) -> Result<Option<crate::quota::Quota>, BackendError> {
+        Ok(None)
+    }
+    /// Sets the namespace's quota, or with `None` removes it.
+    async fn set_quota(
+        &self,
+        _namespace: &str,
+        _quota: Option<crate::quota::Quota>,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Invalid(
+            "quotas here are the cluster's ResourceQuotas: set them with kubectl".into(),
+        ))
+    }
 }
 
 /// What a request may do.

@@ -26,6 +26,7 @@ pub mod notebook_secret;
 pub mod notebook_sign_in;
 mod openapi;
 pub mod preparing;
+pub mod quota;
 pub mod same_origin;
 pub mod saves;
 pub mod sign_in;
