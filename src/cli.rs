@@ -124,6 +124,38 @@ pub enum Command {
     /// The embedded mode's audit trail: every change and notebook sign-in (when, who, from where,
     /// what, on which object, the result), oldest first.
     Audit(AuditArgs),
+    /// Namespaces of the embedded mode.
+    #[command(subcommand)]
+    Namespace(NamespaceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NamespaceCommand {
+    /// Show or set what a namespace's running notebooks may hold at once; a running labforge
+    /// applies it at the next create or start. Without limits, shows the quota.
+    Quota(QuotaArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct QuotaArgs {
+    /// The namespace (a user's is named after them).
+    pub namespace: String,
+    #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+    pub data_dir: PathBuf,
+    /// CPU cores, e.g. 4 or 500m.
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// Memory, e.g. 16Gi.
+    #[arg(long)]
+    pub memory: Option<String>,
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// Notebooks running at once.
+    #[arg(long)]
+    pub notebooks: Option<u32>,
+    /// Remove the quota: the namespace's notebooks are limited only by the catalog.
+    #[arg(long, conflicts_with_all = ["cpu", "memory", "gpus", "notebooks"])]
+    pub clear: bool,
 }
 
 #[derive(Debug, Args)]
@@ -1118,6 +1150,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Restore(args) => restore(&args).await,
         Command::Audit(args) => audit(&args),
+        Command::Namespace(NamespaceCommand::Quota(args)) => namespace_quota(&args),
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
         Command::Crds => {
@@ -2001,6 +2034,49 @@ async fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     stop_signal().await;
     tracing::info!("stopping");
     drop(running);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn namespace_quota(args: &QuotaArgs) -> anyhow::Result<ExitCode> {
+    let ns = &args.namespace;
+    labforge_web::validate::dns_label("namespace", ns).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let store = args.data_dir.join("store");
+    let set = args.cpu.is_some()
+        || args.memory.is_some()
+        || args.gpus.is_some()
+        || args.notebooks.is_some();
+    if args.clear {
+        labforge_embedded::store::write_quota(&store, ns, None)?;
+    } else if set {
+        let quota = labforge_web::quota::Quota {
+            cpu: args.cpu.clone(),
+            memory: args.memory.clone(),
+            gpus: args.gpus,
+            notebooks: args.notebooks,
+        };
+        if let Some(problem) = quota.problems().first() {
+            anyhow::bail!("--{}: {}", problem.field, problem.message);
+        }
+        labforge_embedded::store::write_quota(&store, ns, Some(&quota))?;
+    }
+    match labforge_embedded::store::read_quota(&store, ns)? {
+        None => println!("{ns}: no quota"),
+        Some(quota) => {
+            let parts: Vec<String> = [
+                quota.cpu.as_ref().map(|cpu| format!("cpu {cpu}")),
+                quota
+                    .memory
+                    .as_ref()
+                    .map(|memory| format!("memory {memory}")),
+                quota.gpus.map(|gpus| format!("gpus {gpus}")),
+                quota.notebooks.map(|n| format!("{n} running notebooks")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            println!("{ns}: {}", parts.join(", "));
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -26,6 +26,7 @@ mod memory_soak;
 mod messages;
 mod notebook_image;
 mod proxy;
+mod quota;
 mod s3_cache;
 mod save;
 mod team_server;
