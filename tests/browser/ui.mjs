@@ -352,7 +352,6 @@ try {
   const stopRow = page.locator('#audit tbody tr', { hasText: `PATCH /api/namespaces/${config.bob[0]}/notebooks/` }).first();
   await stopRow.waitFor({ timeout: 15_000 });
   seen.auditStop = (await stopRow.innerText()).replace(/\s+/g, ' ').trim();
-  await stopRow.scrollIntoViewIfNeeded();
   await shot(page, 'admin-audit');
   await admin.close();
 

@@ -195,7 +195,9 @@ impl AuditSink for AuditFiles {
 }
 
 /// The records in `dir` that `filter` keeps, oldest first, at most the newest `limit`. Lines
-/// that do not read as records (a file cut short by a crash) are skipped.
+/// that do not read as records (a file cut short by a crash) are skipped. Files are read newest
+/// first and older ones only while fewer than `limit` were found: the usual read is the current
+/// file alone.
 pub fn read_dir(
     dir: &Path,
     filter: &AuditFilter,
@@ -204,26 +206,30 @@ pub fn read_dir(
     let since = filter
         .since()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut records = std::collections::VecDeque::new();
-    for generation in (0..=AuditFiles::KEEP).rev() {
+    let mut records: Vec<AuditRecord> = Vec::new();
+    for generation in 0..=AuditFiles::KEEP {
+        if records.len() >= limit {
+            break;
+        }
         let file = match std::fs::File::open(path_of(dir, generation)) {
             Ok(file) => file,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
             Err(err) => return Err(err),
         };
+        let mut older = Vec::new();
         for line in std::io::BufReader::new(file).lines() {
-            let Ok(record) = serde_json::from_str::<AuditRecord>(&line?) else {
-                continue;
-            };
-            if filter.keeps(&record, since) {
-                records.push_back(record);
-                if records.len() > limit {
-                    records.pop_front();
-                }
+            if let Ok(record) = serde_json::from_str::<AuditRecord>(&line?)
+                && filter.keeps(&record, since)
+            {
+                older.push(record);
             }
         }
+        older.append(&mut records);
+        records = older;
     }
-    Ok(records.into())
+    let surplus = records.len().saturating_sub(limit);
+    records.drain(..surplus);
+    Ok(records)
 }
 
 /// Records every request that can change something (any method but GET, HEAD and OPTIONS) and

@@ -104,4 +104,6 @@ auditFilters.addEventListener('submit', (event) => event.preventDefault());
 
 load();
 loadAudit();
-setInterval(() => { load(); loadAudit(); }, 5000);
+setInterval(load, 5000);
+// The trail is read from files: less often than the notebooks' live state.
+setInterval(loadAudit, 15000);
