@@ -2054,7 +2054,7 @@ fn namespace_quota(args: &QuotaArgs) -> anyhow::Result<ExitCode> {
             gpus: args.gpus,
             notebooks: args.notebooks,
         };
-        if let Some(problem) = quota.problems().first() {
+        if let Some(problem) = quota.problems().as_slice().first() {
             anyhow::bail!("--{}: {}", problem.field, problem.message);
         }
         labforge_embedded::store::write_quota(&store, ns, Some(&quota))?;

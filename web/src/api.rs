@@ -366,6 +366,15 @@ impl SignedIn {
             ))
         }
     }
+
+    /// Admins only: whoever may list notebooks in every namespace.
+    pub(crate) async fn must_be_admin(&self, state: &ApiState) -> ApiResult<()> {
+        if state.access.may(&self.0, Verb::List, None).await {
+            Ok(())
+        } else {
+            Err(Failure::new(StatusCode::FORBIDDEN, "admins only"))
+        }
+    }
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -965,20 +974,14 @@ async fn put_quota(
     Path(ns): Path<String>,
     body: Result<Json<Option<crate::quota::Quota>>, JsonRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if !state.access.may(&user.0, Verb::List, None).await {
-        return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
-    }
+    user.must_be_admin(&state).await?;
     crate::validate::dns_label("namespace", &ns)
         .map_err(|e| Failure::field(StatusCode::UNPROCESSABLE_ENTITY, e))?;
     let Json(quota) = body?;
     if let Some(quota) = &quota {
         let problems = quota.problems();
         if !problems.is_empty() {
-            let mut errors = FieldErrors::default();
-            for problem in problems {
-                errors.push(problem);
-            }
-            return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors));
+            return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &problems));
         }
     }
     state.backend.set_quota(&ns, quota).await?;
@@ -1649,9 +1652,7 @@ async fn admin_audit(
     State(state): State<ApiState>,
     query: Result<Query<crate::audit::AuditFilter>, QueryRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if !state.access.may(&user.0, Verb::List, None).await {
-        return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
-    }
+    user.must_be_admin(&state).await?;
     let Query(filter) = query?;
     if let Err(problem) = filter.since() {
         return Err(Failure::new(StatusCode::BAD_REQUEST, problem));
@@ -1678,9 +1679,7 @@ async fn admin_notebooks(
     State(state): State<ApiState>,
     query: Result<Query<AdminQuery>, QueryRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if !state.access.may(&user.0, Verb::List, None).await {
-        return Err(Failure::new(StatusCode::FORBIDDEN, "admins only"));
-    }
+    user.must_be_admin(&state).await?;
     let Query(query) = query?;
     let notebooks: Vec<NotebookView> = state
         .backend

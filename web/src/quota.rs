@@ -150,11 +150,17 @@ impl Quota {
     }
 
     /// What is wrong with this quota as an admin wrote it, field by field.
-    pub fn problems(&self) -> Vec<crate::validate::FieldError> {
-        [("cpu", &self.cpu), ("memory", &self.memory)]
-            .into_iter()
-            .filter_map(|(field, value)| crate::validate::quantity(field, value.as_deref()?).err())
-            .collect()
+    pub fn problems(&self) -> crate::validate::FieldErrors {
+        let mut problems = crate::validate::FieldErrors::default();
+        for (field, value) in [("cpu", &self.cpu), ("memory", &self.memory)] {
+            if let Some(Err(problem)) = value
+                .as_deref()
+                .map(|v| crate::validate::quantity(field, v))
+            {
+                problems.push(problem);
+            }
+        }
+        problems
     }
 }
 
@@ -225,6 +231,6 @@ mod tests {
             cpu: Some("lots".into()),
             ..Default::default()
         };
-        assert_eq!(quota.problems()[0].field, "cpu");
+        assert_eq!(quota.problems().as_slice()[0].field, "cpu");
     }
 }
