@@ -54,23 +54,17 @@ impl StartQueue {
         self.limit
     }
 
-    /// How long a start may hold its place.
-    pub fn hold(&self) -> Duration {
-        self.hold
-    }
-
     /// Whether `key` may start now; if not, it joins the line (once) and learns its place.
     /// Asking again while admitted answers [`Admission::Start`] again.
     pub fn admit(&self, key: &NotebookKey) -> Admission {
         let mut starts = self.lock();
-        starts.let_overdue_go(self.hold);
+        let free = starts.free(self.limit, self.hold);
         if starts.starting.contains_key(key) {
             return Admission::Start;
         }
         if !starts.waiting.contains(key) {
             starts.waiting.push_back(key.clone());
         }
-        let free = self.limit.saturating_sub(starts.starting.len());
         let place = starts.waiting.iter().position(|k| k == key).unwrap_or(0);
         if place < free {
             starts.waiting.retain(|k| k != key);
@@ -85,8 +79,7 @@ impl StartQueue {
     /// line, is starting, or may start now. Asks nothing of it: it does not join the line.
     pub fn waiting_place(&self, key: &NotebookKey) -> Option<usize> {
         let mut starts = self.lock();
-        starts.let_overdue_go(self.hold);
-        let free = self.limit.saturating_sub(starts.starting.len());
+        let free = starts.free(self.limit, self.hold);
         let index = starts.waiting.iter().position(|k| k == key)?;
         (index >= free).then(|| index - free + 1)
     }
@@ -105,8 +98,7 @@ impl StartQueue {
     /// ones at the front that may start now (they are not admitted until they ask).
     pub fn line(&self) -> Line {
         let mut starts = self.lock();
-        starts.let_overdue_go(self.hold);
-        let free = self.limit.saturating_sub(starts.starting.len());
+        let free = starts.free(self.limit, self.hold);
         let mut line = Line::default();
         for (index, key) in starts.waiting.iter().enumerate() {
             if index < free {
@@ -133,6 +125,12 @@ pub struct Line {
 }
 
 impl Starts {
+    /// Places free for starts under a `limit`, once starts held longer than `hold` let theirs go.
+    fn free(&mut self, limit: usize, hold: Duration) -> usize {
+        self.let_overdue_go(hold);
+        limit.saturating_sub(self.starting.len())
+    }
+
     fn let_overdue_go(&mut self, hold: Duration) {
         self.starting.retain(|key, since| {
             let keep = since.elapsed() < hold;

@@ -114,11 +114,6 @@ impl Runtime {
         self
     }
 
-    /// How many notebooks start at once.
-    pub fn concurrent_starts(&self) -> usize {
-        self.starts.limit()
-    }
-
     /// Where `namespace/name` is published on loopback, while it runs.
     pub fn port_of(&self, namespace: &str, name: &str) -> Option<u16> {
         let ports = self.ports.lock().ok()?;
