@@ -6,7 +6,6 @@ use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::{Value, json};
-use std::process::Command;
 use std::time::Duration;
 
 #[tokio::test]
@@ -141,9 +140,8 @@ async fn changes_and_sign_ins_are_recorded_and_read_back_by_admins_and_the_cli()
     assert_eq!(status, 403, "admins only");
 
     // On the machine: the same lines, filtered, as a person reads them and as JSON.
-    let labforge = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
     let cli = |args: &[&str]| {
-        let out = Command::new(labforge)
+        let out = crate::labforge()
             .args(["audit", "--data-dir", &data.to_string_lossy()])
             .args(args)
             .output()
@@ -169,7 +167,7 @@ async fn changes_and_sign_ins_are_recorded_and_read_back_by_admins_and_the_cli()
         "{text}"
     );
     assert!(!text.contains(&bob), "only alice's: {text}");
-    let bad = Command::new(labforge)
+    let bad = crate::labforge()
         .args([
             "audit",
             "--data-dir",

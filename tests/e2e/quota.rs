@@ -6,7 +6,6 @@ use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
-use std::process::Command;
 
 #[tokio::test]
 async fn a_namespace_quota_refuses_creates_and_starts_beyond_it_and_says_why() {
@@ -23,9 +22,8 @@ async fn a_namespace_quota_refuses_creates_and_starts_beyond_it_and_says_why() {
     let alice_password = need(up.add_user(&alice));
     let admin = Session::sign_in(&up, "admin", &admin_password).await;
     let session = Session::sign_in(&up, &alice, &alice_password).await;
-    let labforge = std::path::Path::new(env!("CARGO_BIN_EXE_labforge"));
     let quota_cli = |args: &[&str]| {
-        Command::new(labforge)
+        crate::labforge()
             .args([
                 "namespace",
                 "quota",
