@@ -111,8 +111,16 @@ try {
   seen.signOutForm = { status: signOut?.status(), body: (await signOut?.text())?.slice(0, 300) };
   await go(bobs, `${url}/notebook/${bobNs}/bobs/lab`);
   seen.blindSignOut = await bobs.evaluate(async (action) => {
-    const response = await fetch(action, { method: 'POST', mode: 'no-cors', credentials: 'include' });
-    return response.type;
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        const response = await fetch(action, { method: 'POST', mode: 'no-cors', credentials: 'include' });
+        return response.type;
+      } catch (error) {
+        // A request cut by a change of the machine's network interfaces (see go) is sent again.
+        if (attempt >= 5) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+    }
   }, `${url}/api/logout`);
   seen.afterSignOut = await whoami();
 
