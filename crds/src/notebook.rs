@@ -24,6 +24,10 @@ pub const CREATOR_ANNOTATION: &str = "notebooks.kubeflow.org/creator";
 pub const SERVER_TYPE_ANNOTATION: &str = "notebooks.kubeflow.org/server-type";
 /// [`SERVER_TYPE_ANNOTATION`]'s value for VSCode (code-server), Kubeflow's `group-one`.
 pub const VSCODE_SERVER_TYPE: &str = "group-one";
+/// The users a notebook is shared with, comma-separated: each may see and open that notebook
+/// (and works as its owner there). Only those who may update the Notebook can set it; the
+/// notebook's VirtualService carries it for the proxy.
+pub const SHARED_WITH_ANNOTATION: &str = "labforge.dev/shared-with";
 /// Label Kubeflow puts on a notebook's pods.
 pub const NOTEBOOK_NAME_LABEL: &str = "notebook-name";
 /// Label selecting a notebook's StatefulSet pods.
@@ -117,6 +121,21 @@ impl Notebook {
             .and_then(|a| a.get(key))
             .map(String::as_str)
     }
+
+    /// The users the notebook is shared with ([`SHARED_WITH_ANNOTATION`]), in order.
+    pub fn shared_with(&self) -> Vec<&str> {
+        shared_with(self.annotation(SHARED_WITH_ANNOTATION))
+    }
+}
+
+/// The user names in a [`SHARED_WITH_ANNOTATION`] value.
+pub fn shared_with(annotation: Option<&str>) -> Vec<&str> {
+    annotation
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|user| !user.is_empty())
+        .collect()
 }
 
 /// The Notebook CRD: v1 (storage), v1beta1 and v1alpha1 served with the same schema.

@@ -37,7 +37,7 @@ use labforge_web::saves::Saves;
 use labforge_web::sign_in::SignIn;
 use labforge_web::ui;
 use labforge_web::usage::{UsageBoard, serve_metrics};
-use labforge_web::users::{LocalAuth, UserError, Users};
+use labforge_web::users::{LocalAuth, UserError};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -620,10 +620,10 @@ async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
     )?;
     let (dir, lock, found) = open_data_dir(options)?;
     let (self_signed, tls) = tls_files(options, &dir)?;
-    let auth = Arc::new(LocalAuth::new(
-        Users::open(&dir)?,
+    let auth = Arc::new(LocalAuth::open(
+        &dir,
         labforge_web::users::session_cookie_name(tls.is_some(), options.app_host()),
-    ));
+    )?);
     let store = Arc::new(Store::open(&dir.join("store"))?);
     let secrets = Arc::new(
         NotebookSecrets::open(&dir).map_err(|source| UpError::DataDir {

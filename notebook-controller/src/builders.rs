@@ -22,7 +22,7 @@ use labforge_crds::istio::{
 use labforge_crds::notebook::{
     HEADERS_REQUEST_SET_ANNOTATION, NOTEBOOK_NAME_LABEL, REWRITE_URI_ANNOTATION, STATEFULSET_LABEL,
 };
-use labforge_crds::notebook::{SERVER_TYPE_ANNOTATION, VSCODE_SERVER_TYPE};
+use labforge_crds::notebook::{SERVER_TYPE_ANNOTATION, SHARED_WITH_ANNOTATION, VSCODE_SERVER_TYPE};
 use labforge_crds::{Notebook, VirtualService};
 use std::collections::BTreeMap;
 
@@ -594,6 +594,15 @@ pub fn virtual_service(
         },
     );
     vs.metadata = child_meta(&id, virtual_service_name(id.namespace, id.name));
+    // The proxy lets the users a notebook is shared with in by its route.
+    if !notebook.shared_with().is_empty()
+        && let Some(shared) = notebook.annotation(SHARED_WITH_ANNOTATION)
+    {
+        vs.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(SHARED_WITH_ANNOTATION.into(), shared.into());
+    }
     Ok(vs)
 }
 
@@ -1001,6 +1010,17 @@ mod tests {
             request_set(&vs)["X-RStudio-Root-Path"],
             "/notebook/alice/code/"
         );
+    }
+
+    #[test]
+    fn a_notebooks_shares_ride_on_its_virtual_service_for_the_proxy() {
+        let nb = Notebook::test("alice", "lab").annotated(SHARED_WITH_ANNOTATION, "bob, carol");
+        let vs = virtual_service(&nb, &BuilderConfig::default()).unwrap();
+        let annotations = vs.metadata.annotations.unwrap();
+        assert_eq!(annotations[SHARED_WITH_ANNOTATION], "bob, carol");
+        let unshared = Notebook::test("alice", "lab").annotated(SHARED_WITH_ANNOTATION, " ");
+        let vs = virtual_service(&unshared, &BuilderConfig::default()).unwrap();
+        assert!(vs.metadata.annotations.is_none());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// An authenticated user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +92,15 @@ impl IdentitySource for TrustedHeader {
 pub trait NamespaceAccess: Send + Sync {
     /// Whether `user` may reach routes into `namespace`: its members and admins may.
     fn may_use(&self, user: &str, namespace: &str) -> Answer;
+    /// Whether `user` may open a notebook of `namespace` that its owners shared with the users
+    /// `shared_with` (the `labforge.dev/shared-with` annotation its VirtualService carries).
+    fn may_open(&self, user: &str, namespace: &str, shared_with: &[Arc<str>]) -> Answer {
+        if shared_with.iter().any(|u| **u == *user) {
+            Answer::Now(true)
+        } else {
+            self.may_use(user, namespace)
+        }
+    }
     /// Routes into this namespace are open to every authenticated user.
     fn is_shared(&self, namespace: &str) -> bool;
 }
@@ -188,18 +198,39 @@ pub enum Decision {
     Unknown,
 }
 
+/// The question asked of `access` for one of a route's namespaces: the first is the
+/// VirtualService's own, whose notebook may be shared with some users; the others are its
+/// destinations'.
+fn ask(
+    access: &dyn NamespaceAccess,
+    user: &str,
+    position: usize,
+    namespace: &str,
+    shared_with: &[Arc<str>],
+) -> Answer {
+    if position == 0 {
+        access.may_open(user, namespace, shared_with)
+    } else {
+        access.may_use(user, namespace)
+    }
+}
+
 /// What [`authorize`] decides, when every answer it needs is known now (a static map, cached
 /// reviews); `None` when one must be waited for. The proxy decides most requests this way, with
 /// the user's name borrowed from the request.
 pub fn authorize_now<'n>(
     user: &str,
     namespaces: impl IntoIterator<Item = &'n str>,
+    shared_with: &[Arc<str>],
     access: &dyn NamespaceAccess,
 ) -> Option<Decision> {
-    for namespace in namespaces.into_iter().filter(|ns| !access.is_shared(ns)) {
+    for (position, namespace) in namespaces.into_iter().enumerate() {
+        if access.is_shared(namespace) {
+            continue;
+        }
         // A pending answer is dropped unawaited: asked again, the source joins the same
         // question (a review in flight stays in its cache).
-        match access.may_use(user, namespace) {
+        match ask(access, user, position, namespace, shared_with) {
             Answer::Now(true) => {}
             Answer::Now(false) => return Some(Decision::Forbidden),
             Answer::Later(_) => return None,
@@ -209,17 +240,24 @@ pub fn authorize_now<'n>(
 }
 
 /// Whether `identity` may use a route guarded by `namespaces`: only if it may use every one of
-/// them that is not shared.
+/// them that is not shared; the first one's notebook is shared with `shared_with`.
 pub async fn authorize<'n>(
     identity: Option<&Identity>,
     namespaces: impl IntoIterator<Item = &'n str>,
+    shared_with: &[Arc<str>],
     access: &dyn NamespaceAccess,
 ) -> Decision {
     let Some(identity) = identity else {
         return Decision::Unauthenticated;
     };
-    for namespace in namespaces.into_iter().filter(|ns| !access.is_shared(ns)) {
-        match access.may_use(&identity.user, namespace).resolve().await {
+    for (position, namespace) in namespaces.into_iter().enumerate() {
+        if access.is_shared(namespace) {
+            continue;
+        }
+        match ask(access, &identity.user, position, namespace, shared_with)
+            .resolve()
+            .await
+        {
             Ok(true) => {}
             Ok(false) => return Decision::Forbidden,
             Err(AccessUnknown) => return Decision::Unknown,
@@ -252,7 +290,7 @@ mod tests {
         let decide = |who: Option<&str>, ns: &'static [&'static str]| {
             let who = who.map(user);
             let access = &access;
-            async move { authorize(who.as_ref(), ns.iter().copied(), access).await }
+            async move { authorize(who.as_ref(), ns.iter().copied(), &[], access).await }
         };
         assert_eq!(
             decide(Some("alice@example.com"), &["alice"]).await,
@@ -311,7 +349,7 @@ mod tests {
     #[tokio::test]
     async fn decided_now_where_the_answers_are_known_and_left_to_wait_for_otherwise() {
         let now = |who: &str, ns: &'static [&'static str]| {
-            authorize_now(who, ns.iter().copied(), &AliceKnown)
+            authorize_now(who, ns.iter().copied(), &[], &AliceKnown)
         };
         assert_eq!(now("alice@example.com", &["alice"]), Some(Decision::Allow));
         assert_eq!(
@@ -331,10 +369,26 @@ mod tests {
             authorize(
                 Some(&user("alice@example.com")),
                 ["alice", "bob"],
+                &[],
                 &AliceKnown
             )
             .await,
             Decision::Allow
+        );
+        // A notebook shared with bob: its own namespace's route opens to him, and only that
+        // one (a route from another namespace to it still needs that namespace).
+        let shared: &[Arc<str>] = &["bob@example.com".into()];
+        assert_eq!(
+            authorize_now("bob@example.com", ["alice"], shared, &AliceKnown),
+            Some(Decision::Allow)
+        );
+        assert_eq!(
+            authorize_now("carol@example.com", ["alice"], shared, &AliceKnown),
+            Some(Decision::Forbidden)
+        );
+        assert_eq!(
+            authorize_now("bob@example.com", ["carol", "alice"], shared, &AliceKnown),
+            Some(Decision::Forbidden)
         );
     }
 

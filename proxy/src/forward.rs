@@ -455,7 +455,12 @@ impl Forwarder {
         };
         // Decided here while the name is borrowed from the request; copied only when an answer
         // must be waited for.
-        let admission = match authorize_now(&user, found.rule.namespaces(), self.access.as_ref()) {
+        let admission = match authorize_now(
+            &user,
+            found.rule.namespaces(),
+            &found.rule.owner.shared_with,
+            self.access.as_ref(),
+        ) {
             Some(decision) => Admission::Decided(decision),
             None => Admission::Pending(Identity {
                 user: user.into_owned(),
@@ -475,7 +480,13 @@ impl Forwarder {
         let decision = match admission {
             Admission::Decided(decision) => *decision,
             Admission::Pending(identity) => {
-                authorize(Some(identity), rule.namespaces(), self.access.as_ref()).await
+                authorize(
+                    Some(identity),
+                    rule.namespaces(),
+                    &rule.owner.shared_with,
+                    self.access.as_ref(),
+                )
+                .await
             }
         };
         match decision {

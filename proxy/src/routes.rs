@@ -79,6 +79,9 @@ pub struct RouteOwner {
     pub activity_key: Arc<str>,
     /// Last activity of this route, shared with the activity endpoint.
     pub activity: Arc<ActivityCell>,
+    /// Users the notebook behind it is shared with (the VirtualService's
+    /// `labforge.dev/shared-with`, copied from its Notebook): they may open it.
+    pub shared_with: Box<[Arc<str>]>,
     /// Creation time of the VirtualService, for merging several for one host.
     created: Option<jiff::Timestamp>,
     /// The paths a confined VirtualService's rules may serve (`/notebook/<ns>/` for each tenant
@@ -1199,6 +1202,16 @@ fn route_owner(
         activity,
         namespace: names.intern(namespace),
         virtual_service: name.into(),
+        shared_with: labforge_crds::notebook::shared_with(
+            vs.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(labforge_crds::notebook::SHARED_WITH_ANNOTATION))
+                .map(String::as_str),
+        )
+        .into_iter()
+        .map(Arc::from)
+        .collect(),
         created: vs.metadata.creation_timestamp.as_ref().map(|t| t.0),
         allowed_paths: confinement
             .map(|c| c.allowed_paths(namespace, names))

@@ -1715,6 +1715,7 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 authorize(
                     Some(&anyone),
                     namespaces.iter().map(String::as_str),
+                    &[],
                     &access
                 )
                 .await,
@@ -1722,7 +1723,7 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
                 "{path}"
             );
             assert_eq!(
-                authorize(None, namespaces.iter().map(String::as_str), &access).await,
+                authorize(None, namespaces.iter().map(String::as_str), &[], &access).await,
                 Decision::Unauthenticated
             );
         }
@@ -1733,7 +1734,13 @@ async fn the_proxy_serves_notebooks_first_and_the_web_app_at_root() {
         };
         assert_eq!(namespaces, ["alice"]);
         assert_eq!(
-            authorize(Some(&alice), namespaces.iter().map(String::as_str), &access).await,
+            authorize(
+                Some(&alice),
+                namespaces.iter().map(String::as_str),
+                &[],
+                &access
+            )
+            .await,
             Decision::Forbidden,
             "a notebook's namespace is not shared"
         );

@@ -2409,13 +2409,10 @@ async fn a_trickled_body_is_cut_and_connections_over_the_cap_get_503() {
 
 #[tokio::test]
 async fn a_websocket_tunnel_closes_when_its_session_ends() {
-    use labforge_web::users::{LocalAuth, SESSION_COOKIE, Users};
+    use labforge_web::users::{LocalAuth, SESSION_COOKIE};
     let echo = EchoServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let auth = Arc::new(LocalAuth::new(
-        Users::open(dir.path()).unwrap(),
-        SESSION_COOKIE,
-    ));
+    let auth = Arc::new(LocalAuth::open(dir.path(), SESSION_COOKIE).unwrap());
     auth.users.add("alice", false).unwrap();
     let proxy = proxy_for_alice_lab(echo.addr, |options| ProxyOptions {
         identity: auth.clone(),
@@ -2462,7 +2459,7 @@ async fn a_websocket_tunnel_closes_when_its_session_ends() {
     // `labforge user reset` from another process, noticed by the session check.
     let token = auth.sessions.start("alice").unwrap();
     let ws = open(token).await;
-    Users::open(dir.path())
+    labforge_web::users::Users::open(dir.path())
         .unwrap()
         .reset_password("alice")
         .unwrap();

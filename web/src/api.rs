@@ -16,6 +16,7 @@ use crate::model::{
     AUTO_SAVE_ANNOTATION, ApiError, FieldMessage, GpuView, NotebookPatch, NotebookRequest,
     NotebookState, NotebookView, SERVER_TYPE_ANNOTATION, ServerType, WorkspaceRequest,
 };
+use crate::namespaces::Action;
 use crate::saves::{Saves, StartSaveError};
 use crate::sign_in::{SignIn, SignInError};
 use crate::users::{LocalAuth, SessionCookie, User};
@@ -356,14 +357,41 @@ impl SignedIn {
         if state.access.may(&self.0, verb, Some(namespace)).await {
             Ok(())
         } else {
-            Err(Failure::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "{} may not {} notebooks in namespace {namespace}",
-                    self.0.name,
-                    verb.as_str()
-                ),
-            ))
+            Err(self.refused(verb, namespace))
+        }
+    }
+
+    fn refused(&self, verb: Verb, namespace: &str) -> Failure {
+        Failure::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} may not {} notebooks in namespace {namespace}",
+                self.0.name,
+                verb.as_str()
+            ),
+        )
+    }
+
+    /// Notebook `namespace/name`, if the user may do `action` to it: by their role in its
+    /// namespace, or because it is shared with them. Who may not learns nothing of whether it
+    /// exists.
+    pub(crate) async fn notebook(
+        &self,
+        state: &ApiState,
+        action: Action,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<Notebook> {
+        let verb = match action {
+            Action::View | Action::Open => Verb::Get,
+            Action::Change | Action::Manage => Verb::Update,
+        };
+        if state.access.may(&self.0, verb, Some(namespace)).await {
+            return find(state, namespace, name).await;
+        }
+        match state.backend.get(namespace, name).await? {
+            Some(notebook) if state.access.may_on(&self.0, action, &notebook).await => Ok(notebook),
+            _ => Err(self.refused(verb, namespace)),
         }
     }
 
@@ -1011,8 +1039,7 @@ async fn get_notebook(
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    user.may(&state, Verb::Get, &ns).await?;
-    let notebook = find(&state, &ns, &name).await?;
+    let notebook = user.notebook(&state, Action::View, &ns, &name).await?;
     // Kubeflow's client reads the object itself and its `processed_status`; labforge's view of
     // it is beside them, under names the object does not use.
     let view = view(&notebook, &state);
@@ -1177,8 +1204,7 @@ async fn events(
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    user.may(&state, Verb::Get, &ns).await?;
-    find(&state, &ns, &name).await?;
+    user.notebook(&state, Action::View, &ns, &name).await?;
     let events: Vec<serde_json::Value> = state
         .backend
         .events(&ns, &name)
@@ -1222,8 +1248,7 @@ async fn logs(
     Path((ns, name)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<LogQuery>,
 ) -> ApiResult<Response> {
-    user.may(&state, Verb::Get, &ns).await?;
-    let notebook = find(&state, &ns, &name).await?;
+    let notebook = user.notebook(&state, Action::View, &ns, &name).await?;
     if notebook.is_stopped() {
         return Err(Failure::new(
             StatusCode::CONFLICT,

@@ -9,6 +9,7 @@
 //!   one source of truth.
 
 use crate::model::{NotebookEvent, SavedImage};
+use crate::namespaces::{Action, allows};
 use crate::users::{LocalAuth, User};
 use crate::validate::VOLUME_SIZES_ANNOTATION;
 use futures::StreamExt;
@@ -139,6 +140,14 @@ pub enum Verb {
 }
 
 impl Verb {
+    /// What the verb does to a namespace's notebooks, as [`allows`] judges it.
+    pub fn action(self) -> Action {
+        match self {
+            Self::List | Self::Get => Action::View,
+            Self::Create | Self::Update | Self::Delete => Action::Change,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::List => "list",
@@ -156,6 +165,18 @@ pub trait Access: Send + Sync {
     async fn identify(&self, headers: &HeaderMap) -> Option<User>;
     /// Whether `user` may `verb` notebooks in `namespace` (`None`: in every namespace).
     async fn may(&self, user: &User, verb: Verb, namespace: Option<&str>) -> bool;
+    /// Whether `user` may do `action` to `notebook`, its shares counted: a user it is shared
+    /// with sees and opens it.
+    async fn may_on(&self, user: &User, action: Action, notebook: &Notebook) -> bool {
+        let namespace = notebook.metadata.namespace.as_deref();
+        let shared = notebook.shared_with().contains(&user.name.as_str());
+        match action {
+            Action::View | Action::Open if shared => true,
+            Action::View | Action::Open => self.may(user, Verb::Get, namespace).await,
+            Action::Change => self.may(user, Verb::Update, namespace).await,
+            Action::Manage => self.may(user, Verb::List, None).await,
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -163,8 +184,20 @@ impl Access for LocalAuth {
     async fn identify(&self, headers: &HeaderMap) -> Option<User> {
         self.user_of(headers)
     }
-    async fn may(&self, user: &User, _verb: Verb, namespace: Option<&str>) -> bool {
-        user.admin || namespace == Some(user.namespace.as_str())
+    async fn may(&self, user: &User, verb: Verb, namespace: Option<&str>) -> bool {
+        match namespace {
+            None => user.admin,
+            Some(ns) => allows(user.admin, self.role_of(user, ns), false, verb.action()),
+        }
+    }
+    async fn may_on(&self, user: &User, action: Action, notebook: &Notebook) -> bool {
+        let role = notebook
+            .metadata
+            .namespace
+            .as_deref()
+            .and_then(|ns| self.role_of(user, ns));
+        let shared = notebook.shared_with().contains(&user.name.as_str());
+        allows(user.admin, role, shared, action)
     }
 }
 

@@ -48,7 +48,13 @@ pub struct NotebookSignIn {
     auth: Arc<LocalAuth>,
     code_lifetime: Duration,
     codes: Mutex<HashMap<String, Code>>,
-    grants: RwLock<HashMap<String, Grant>>,
+    grants: RwLock<HashMap<String, HeldGrant>>,
+}
+
+/// A grant given: dropping it (its `ended` sender) closes the websockets opened with it.
+struct HeldGrant {
+    grant: Grant,
+    ended: tokio::sync::watch::Sender<()>,
 }
 
 struct Code {
@@ -130,6 +136,17 @@ impl NotebookSignIn {
         Ok(code)
     }
 
+    /// Ends the grants for which `ends(user, namespace, notebook)` holds (a share revoked, a
+    /// member removed): their visitors must sign in to the notebook again, and the websockets
+    /// they opened close now. Returns how many ended.
+    pub fn end_grants(&self, ends: impl Fn(&str, &str, &str) -> bool) -> usize {
+        let mut grants = self.grants.write().unwrap_or_else(|e| e.into_inner());
+        let before = grants.len();
+        grants
+            .retain(|_, HeldGrant { grant, .. }| !ends(&grant.user, &grant.namespace, &grant.name));
+        before - grants.len()
+    }
+
     /// Grants held now.
     #[cfg(test)]
     fn grants(&self) -> usize {
@@ -158,13 +175,19 @@ impl HostSignIn for NotebookSignIn {
         let mut grants = self.grants.write().unwrap_or_else(|e| e.into_inner());
         // One grant per session and notebook; those of ended sessions go.
         let sessions = &self.auth.sessions;
-        grants.retain(|_, grant| {
+        grants.retain(|_, HeldGrant { grant, .. }| {
             sessions.user(&grant.session).is_some()
                 && !(grant.session == issued.grant.session
                     && grant.namespace == issued.grant.namespace
                     && grant.name == issued.grant.name)
         });
-        grants.insert(token.clone(), issued.grant);
+        grants.insert(
+            token.clone(),
+            HeldGrant {
+                grant: issued.grant,
+                ended: tokio::sync::watch::Sender::new(()),
+            },
+        );
         Ok(Redeemed {
             grant: token,
             return_to: issued.return_to,
@@ -174,7 +197,7 @@ impl HostSignIn for NotebookSignIn {
     fn user(&self, grant: &str, namespace: &str, name: &str) -> Option<String> {
         let grant = {
             let grants = self.grants.read().ok()?;
-            let grant = grants.get(grant)?;
+            let grant = &grants.get(grant)?.grant;
             if grant.namespace != namespace || grant.name != name {
                 return None;
             }
@@ -184,24 +207,31 @@ impl HostSignIn for NotebookSignIn {
         (user.name == grant.user).then_some(user.name)
     }
 
+    /// The end of the grant's session, or of the grant itself ([`NotebookSignIn::end_grants`]).
     fn revocation(&self, grant: &str) -> Option<Revocation> {
         let grants = self.grants.read().ok()?;
-        let session = &grants.get(grant)?.session;
-        Some(Box::pin(self.auth.sessions.ended(session)))
+        let held = grants.get(grant)?;
+        let session_ended = Box::pin(self.auth.sessions.ended(&held.grant.session));
+        let mut watching = held.ended.subscribe();
+        let grant_ended = Box::pin(async move {
+            // Nothing is ever sent: an error means the grant, and its sender, is gone.
+            while watching.changed().await.is_ok() {}
+        });
+        Some(Box::pin(async move {
+            futures::future::select(session_ended, grant_ended).await;
+        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::users::Users;
 
     fn sign_in(lifetime: Duration) -> (NotebookSignIn, Arc<LocalAuth>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let users = Users::open(dir.path()).unwrap();
-        users.add("alice", false).unwrap();
-        users.add("bob", false).unwrap();
-        let auth = Arc::new(LocalAuth::new(users, crate::users::SESSION_COOKIE));
+        let auth = Arc::new(LocalAuth::open(dir.path(), crate::users::SESSION_COOKIE).unwrap());
+        auth.users.add("alice", false).unwrap();
+        auth.users.add("bob", false).unwrap();
         (
             NotebookSignIn::with_code_lifetime(auth.clone(), lifetime),
             auth,
@@ -301,6 +331,35 @@ mod tests {
         let grant = grant_of(&session);
         auth.users.remove("alice").unwrap();
         assert_eq!(sign_in.user(&grant, "alice", "lab"), None, "user removed");
+    }
+
+    #[tokio::test]
+    async fn ending_a_users_grants_to_one_notebook_leaves_their_session_and_other_grants() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let session = auth.sessions.start("bob").unwrap();
+        let grant_to = |name: &str| {
+            let code = sign_in
+                .issue(&session, "bob", "alice", name, "s", RETURN)
+                .unwrap();
+            sign_in
+                .redeem(&code, &format!("{name}--alice"), "s")
+                .unwrap()
+                .grant
+        };
+        let (lab, other) = (grant_to("lab"), grant_to("other"));
+        let ended = sign_in.revocation(&lab).unwrap();
+        let ended_count =
+            sign_in.end_grants(|user, ns, name| (user, ns, name) == ("bob", "alice", "lab"));
+        assert_eq!(ended_count, 1);
+        tokio::time::timeout(Duration::from_secs(1), ended)
+            .await
+            .expect("the websockets opened with the grant close");
+        assert_eq!(sign_in.user(&lab, "alice", "lab"), None);
+        assert_eq!(
+            sign_in.user(&other, "alice", "other").as_deref(),
+            Some("bob")
+        );
+        assert_eq!(auth.sessions.user(&session).as_deref(), Some("bob"));
     }
 
     #[test]

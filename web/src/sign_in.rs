@@ -213,12 +213,8 @@ impl SignIn {
         let decoy = crate::users::hash_password(&random_token(15)?)?;
         // That hash's block, freed on this thread, is not reused by the checks' threads.
         labforge_heap::release_free_memory();
-        let checks = PasswordChecks::start(threads, waiting).map_err(|source| {
-            crate::users::UserError::Io {
-                path: "password-check threads".into(),
-                source,
-            }
-        })?;
+        let checks =
+            PasswordChecks::start(threads, waiting).map_err(crate::users::UserError::Threads)?;
         Ok(Self {
             checks,
             throttle: Throttle::default(),

@@ -5,15 +5,18 @@
 //! users and the catalog are escaped wherever they land, with nothing to remember per field.
 
 use crate::api::ApiState;
+use crate::backend::Verb;
 use crate::base_path::BasePath;
 use crate::config::SpawnerConfig;
 use crate::model::{SavedImage, ServerType};
+use crate::namespaces::Action;
 use crate::users::User;
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
+use labforge_crds::notebook::Notebook;
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 use std::collections::BTreeSet;
@@ -316,37 +319,11 @@ async fn notebook_sign_in(
             Some(&user),
         );
     }
-    if !state
-        .access
-        .may(&user, crate::backend::Verb::Get, Some(&query.namespace))
-        .await
-    {
-        return error_page(
-            &state.base_path,
-            StatusCode::FORBIDDEN,
-            "Not yours",
-            &format!(
-                "{} may not open notebooks in namespace {}.",
-                user.name, query.namespace
-            ),
-            Some(&user),
-        );
-    }
     // Codes only for notebooks that exist: each grant is one per session and notebook.
-    if !matches!(
-        state.backend.get(&query.namespace, &query.name).await,
-        Ok(Some(_))
-    ) {
-        return error_page(
-            &state.base_path,
-            StatusCode::NOT_FOUND,
-            "No such notebook",
-            &format!(
-                "There is no notebook {} in namespace {}.",
-                query.name, query.namespace
-            ),
-            Some(&user),
-        );
+    if let Err(refused) =
+        notebook_for_page(&state, &user, Action::Open, &query.namespace, &query.name).await
+    {
+        return refused;
     }
     let code = match sign_in.issue(
         session,
@@ -887,27 +864,8 @@ async fn notebook_page(
     let Some(user) = state.access.identify(&headers).await else {
         return to_login(&state.base_path);
     };
-    if !state
-        .access
-        .may(&user, crate::backend::Verb::Get, Some(&ns))
-        .await
-    {
-        return error_page(
-            &state.base_path,
-            StatusCode::FORBIDDEN,
-            "Not yours",
-            &format!("{} may not open notebooks in namespace {ns}.", user.name),
-            Some(&user),
-        );
-    }
-    if !matches!(state.backend.get(&ns, &name).await, Ok(Some(_))) {
-        return error_page(
-            &state.base_path,
-            StatusCode::NOT_FOUND,
-            "No such notebook",
-            &format!("There is no notebook {name} in namespace {ns}."),
-            Some(&user),
-        );
+    if let Err(refused) = notebook_for_page(&state, &user, Action::View, &ns, &name).await {
+        return refused;
     }
     let connect = notebook_url(&state, &headers, &ns, &name);
     page(
@@ -921,6 +879,47 @@ async fn notebook_page(
         Some("notebook.js"),
     )
     .into_response()
+}
+
+/// Notebook `ns/name`, if `user` may do `action` to it (by their role in its namespace, or a
+/// share), or the page that says why not. Who may not learns nothing of whether it exists.
+async fn notebook_for_page(
+    state: &ApiState,
+    user: &User,
+    action: Action,
+    ns: &str,
+    name: &str,
+) -> Result<Notebook, Response> {
+    let notebook = state.backend.get(ns, name).await.ok().flatten();
+    let allowed = match &notebook {
+        Some(notebook) => state.access.may_on(user, action, notebook).await,
+        None => state.access.may(user, Verb::Get, Some(ns)).await,
+    };
+    let refusal = |status, title, message: String| {
+        error_page(&state.base_path, status, title, &message, Some(user))
+    };
+    match notebook {
+        _ if !allowed => Err(refusal(
+            StatusCode::FORBIDDEN,
+            "Not yours",
+            match action {
+                Action::Open => format!(
+                    "{} may not open notebook {name} in namespace {ns}.",
+                    user.name
+                ),
+                _ => format!(
+                    "{} may not see notebook {name} in namespace {ns}.",
+                    user.name
+                ),
+            },
+        )),
+        None => Err(refusal(
+            StatusCode::NOT_FOUND,
+            "No such notebook",
+            format!("There is no notebook {name} in namespace {ns}."),
+        )),
+        Some(notebook) => Ok(notebook),
+    }
 }
 
 /// A notebook's page: its state and actions, saving its environment, status, events and logs.

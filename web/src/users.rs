@@ -7,15 +7,18 @@
 //! The same sessions identify requests in the proxy ([`IdentitySource`]), so the web app and
 //! notebooks share one login.
 
+use crate::json_file::{FileError, JsonFile};
+use crate::namespaces::{Action, Namespaces, Role, allows};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use base64::Engine as _;
 use http::HeaderMap;
 use labforge_proxy::authz::{Answer, Identity, IdentitySource, NamespaceAccess, Revocation};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::{OnceLock, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// The session cookie's name where the browser would not keep a `__Host-` cookie: plain HTTP
 /// on a host other than `localhost`'s own family.
@@ -40,18 +43,10 @@ pub enum UserError {
     Exists(String),
     #[error("no user {0}")]
     NotFound(String),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Corrupt {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("starting the password-check threads: {0}")]
+    Threads(#[source] std::io::Error),
     #[error("hashing the password: {0}")]
     Hash(String),
     #[error("no randomness: {0}")]
@@ -94,101 +89,41 @@ pub(crate) fn password_matches(password: &str, hash: &str) -> bool {
     })
 }
 
-/// Inode and mtime of the users file.
-type FileStamp = (u64, SystemTime);
-
 /// The users file, re-read when it changes on disk.
 pub struct Users {
-    path: PathBuf,
-    /// The file's identity when read (it is replaced by rename on every write), and its users.
-    cache: RwLock<(Option<FileStamp>, Vec<User>)>,
+    file: JsonFile<Vec<User>>,
 }
 
 impl Users {
     pub fn open(data_dir: &Path) -> Result<Self, UserError> {
-        let users = Self {
-            path: data_dir.join("users.json"),
-            cache: RwLock::new((None, Vec::new())),
-        };
-        users.refresh()?;
-        Ok(users)
+        Ok(Self {
+            file: JsonFile::open(data_dir.join("users.json"))?,
+        })
     }
 
-    fn modified(&self) -> Option<FileStamp> {
-        use std::os::unix::fs::MetadataExt as _;
-        let meta = std::fs::metadata(&self.path).ok()?;
-        // The inode changes with every rename-replace, even within one mtime tick.
-        Some((meta.ino(), meta.modified().ok()?))
+    /// The data dir the users file is in.
+    pub fn data_dir(&self) -> &Path {
+        self.file.path().parent().unwrap_or(Path::new("."))
     }
 
     /// Re-reads the file if it changed since the last read.
     pub fn refresh(&self) -> Result<(), UserError> {
-        let modified = self.modified();
-        if self
-            .cache
-            .read()
-            .map(|c| c.0 == modified && modified.is_some())
-            .unwrap_or(false)
-        {
-            return Ok(());
-        }
-        let users = match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| UserError::Corrupt {
-                path: self.path.clone(),
-                source,
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(source) => {
-                return Err(UserError::Io {
-                    path: self.path.clone(),
-                    source,
-                });
-            }
-        };
-        if let Ok(mut cache) = self.cache.write() {
-            *cache = (modified, users);
-        }
-        Ok(())
+        Ok(self.file.refresh()?)
     }
 
     pub fn list(&self) -> Vec<User> {
-        self.cache.read().map(|c| c.1.clone()).unwrap_or_default()
+        self.file.get()
     }
 
     /// One user (the proxy asks on every request: only the match is copied).
     pub fn get(&self, name: &str) -> Option<User> {
-        let cache = self.cache.read().ok()?;
-        cache.1.iter().find(|u| u.name == name).cloned()
+        self.file
+            .read(|users| users.iter().find(|u| u.name == name).cloned())
+            .flatten()
     }
 
     fn write(&self, users: &[User]) -> Result<(), UserError> {
-        let io = |source| UserError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        let temporary = self.path.with_extension("json.tmp");
-        let bytes = serde_json::to_vec_pretty(users).unwrap_or_default();
-        {
-            use std::io::Write as _;
-            use std::os::unix::fs::OpenOptionsExt as _;
-            // Only the server's user reads the hashes.
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&temporary)
-                .map_err(io)?;
-            file.write_all(&bytes).map_err(io)?;
-        }
-        std::fs::rename(&temporary, &self.path).map_err(io)?;
-        if let Ok(mut cache) = self.cache.write() {
-            *cache = (self.modified(), users.to_vec());
-        }
-        Ok(())
+        Ok(self.file.write(&users.to_vec())?)
     }
 
     /// Adds a user with a new random password, which is returned (and stored only hashed).
@@ -204,6 +139,11 @@ impl Users {
         let mut users = self.list();
         if users.iter().any(|u| u.name == name) {
             return Err(UserError::Exists(name.to_owned()));
+        }
+        if Namespaces::open(self.data_dir())?.is_team_namespace(name) {
+            return Err(UserError::InvalidName(format!(
+                "{name} is a team namespace: a user's namespace is named after them"
+            )));
         }
         let password = random_token(15)?;
         users.push(User {
@@ -398,19 +338,27 @@ pub enum SessionCookie<'h> {
 /// Local users and sessions, as the proxy and the API see them.
 pub struct LocalAuth {
     pub users: Users,
+    /// Team namespaces and members ([`crate::namespaces`]).
+    pub namespaces: Namespaces,
     pub sessions: Sessions,
     /// The session cookie's name ([`SESSION_COOKIE`] or [`HOST_SESSION_COOKIE`]).
     pub cookie: &'static str,
 }
 
 impl LocalAuth {
-    /// Users and sessions whose cookie is named `cookie`.
-    pub fn new(users: Users, cookie: &'static str) -> Self {
-        Self {
-            users,
+    /// The users and namespaces of `data_dir`, with sessions whose cookie is named `cookie`.
+    pub fn open(data_dir: &Path, cookie: &'static str) -> Result<Self, UserError> {
+        Ok(Self {
+            users: Users::open(data_dir)?,
+            namespaces: Namespaces::open(data_dir)?,
             sessions: Sessions::default(),
             cookie,
-        }
+        })
+    }
+
+    /// What `user` is to `namespace`, and so what they may do there ([`crate::namespaces::allows`]).
+    pub fn role_of(&self, user: &User, namespace: &str) -> Option<Role> {
+        self.namespaces.role_of(user, namespace)
     }
 
     /// The session value the request carries under this instance's cookie name.
@@ -498,12 +446,17 @@ impl IdentitySource for LocalAuth {
 }
 
 impl NamespaceAccess for LocalAuth {
-    /// A user's own namespace, or any for an admin.
+    /// Whether the user may open notebooks of `namespace`: its owner, `edit` members, admins.
     fn may_use(&self, user: &str, namespace: &str) -> Answer {
+        self.may_open(user, namespace, &[])
+    }
+
+    fn may_open(&self, user: &str, namespace: &str, shared_with: &[Arc<str>]) -> Answer {
+        let shared = shared_with.iter().any(|u| **u == *user);
         Answer::Now(
-            self.users
-                .get(user)
-                .is_some_and(|u| u.admin || u.namespace == namespace),
+            self.users.get(user).is_some_and(|u| {
+                allows(u.admin, self.role_of(&u, namespace), shared, Action::Open)
+            }),
         )
     }
     fn is_shared(&self, _namespace: &str) -> bool {
@@ -544,7 +497,7 @@ mod tests {
     #[test]
     fn the_session_cookie_identifies_the_user() {
         let dir = tempfile::tempdir().unwrap();
-        let auth = LocalAuth::new(Users::open(dir.path()).unwrap(), SESSION_COOKIE);
+        let auth = LocalAuth::open(dir.path(), SESSION_COOKIE).unwrap();
         auth.users.add("alice", false).unwrap();
         let token = auth.sessions.start("alice").unwrap();
         let mut headers = HeaderMap::new();
@@ -582,7 +535,7 @@ mod tests {
         }
         // Only this instance's cookie name counts: an unprefixed value beside the `__Host-` one
         // is someone else's cookie.
-        let host_auth = LocalAuth::new(Users::open(dir.path()).unwrap(), HOST_SESSION_COOKIE);
+        let host_auth = LocalAuth::open(dir.path(), HOST_SESSION_COOKIE).unwrap();
         let host_token = host_auth.sessions.start("alice").unwrap();
         let mut both = HeaderMap::new();
         both.insert(
@@ -615,7 +568,7 @@ mod tests {
     async fn a_sessions_end_is_signalled_on_sign_out_removal_and_reset() {
         use futures::FutureExt as _;
         let dir = tempfile::tempdir().unwrap();
-        let auth = LocalAuth::new(Users::open(dir.path()).unwrap(), SESSION_COOKIE);
+        let auth = LocalAuth::open(dir.path(), SESSION_COOKIE).unwrap();
         auth.users.add("alice", false).unwrap();
         auth.users.add("bob", false).unwrap();
         let headers = |token: &str| {
