@@ -134,6 +134,44 @@ pub enum NamespaceCommand {
     /// Show or set what a namespace's running notebooks may hold at once; a running labforge
     /// applies it at the next create or start. Without limits, shows the quota.
     Quota(QuotaArgs),
+    /// Add a team namespace owned by a user, who manages its members.
+    Add {
+        name: String,
+        /// The user who owns it.
+        #[arg(long)]
+        owner: String,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+    },
+    /// List every namespace with its owner and members.
+    List {
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+    },
+    /// Add or remove a namespace's members; a running labforge applies it at once.
+    #[command(subcommand)]
+    Member(MemberCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemberCommand {
+    /// Let a user into a namespace: `edit` creates, starts, stops, deletes, saves and opens its
+    /// notebooks; `view` lists them, their status, events and logs, and opens nothing.
+    Add {
+        namespace: String,
+        user: String,
+        #[arg(long, value_parser = ["edit", "view"])]
+        role: String,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+    },
+    /// Take a user out of a namespace.
+    Remove {
+        namespace: String,
+        user: String,
+        #[arg(long, env = "LABFORGE_DATA", default_value = "/var/lib/labforge")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -1150,7 +1188,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Restore(args) => restore(&args).await,
         Command::Audit(args) => audit(&args),
-        Command::Namespace(NamespaceCommand::Quota(args)) => namespace_quota(&args),
+        Command::Namespace(command) => namespace(command),
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
         Command::Crds => {
@@ -1603,6 +1641,62 @@ fn user(command: UserCommand) -> anyhow::Result<ExitCode> {
         UserCommand::Remove { name, data_dir } => {
             Users::open(&data_dir)?.remove(&name)?;
             println!("user {name} removed");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn namespace(command: NamespaceCommand) -> anyhow::Result<ExitCode> {
+    use labforge_web::namespaces::Namespaces;
+    use labforge_web::users::Users;
+    let open = |dir: &std::path::Path| -> anyhow::Result<(Users, Namespaces)> {
+        Ok((Users::open(dir)?, Namespaces::open(dir)?))
+    };
+    match command {
+        NamespaceCommand::Quota(args) => return namespace_quota(&args),
+        NamespaceCommand::Add {
+            name,
+            owner,
+            data_dir,
+        } => {
+            let (users, namespaces) = open(&data_dir)?;
+            namespaces.add(&name, &owner, &users)?;
+            println!("namespace {name} added, owned by {owner}");
+        }
+        NamespaceCommand::List { data_dir } => {
+            let (users, namespaces) = open(&data_dir)?;
+            for ns in namespaces.list(&users) {
+                let members: Vec<String> = ns
+                    .members
+                    .iter()
+                    .map(|(user, role)| format!("{user} ({})", role.as_str()))
+                    .collect();
+                let members = if members.is_empty() {
+                    "no members".to_owned()
+                } else {
+                    members.join(", ")
+                };
+                println!("{}\towner {}\t{members}", ns.name, ns.owner);
+            }
+        }
+        NamespaceCommand::Member(MemberCommand::Add {
+            namespace,
+            user,
+            role,
+            data_dir,
+        }) => {
+            let (users, namespaces) = open(&data_dir)?;
+            namespaces.set_member(&namespace, &user, role.parse()?, &users)?;
+            println!("{user} is a member of {namespace} as {role}");
+        }
+        NamespaceCommand::Member(MemberCommand::Remove {
+            namespace,
+            user,
+            data_dir,
+        }) => {
+            let (_, namespaces) = open(&data_dir)?;
+            namespaces.remove_member(&namespace, &user)?;
+            println!("{user} is no longer a member of {namespace}");
         }
     }
     Ok(ExitCode::SUCCESS)

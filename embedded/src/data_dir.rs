@@ -4,7 +4,8 @@
 //! dir at start and then records its own format; an older labforge refuses a newer data dir
 //! rather than misread it. Data dirs from before the file existed are format 0.
 //!
-//! The state a backup keeps ([`read_state`]) is what cannot be made again: users, the store
+//! The state a backup keeps ([`read_state`]) is what cannot be made again: users, namespaces and
+//! their members, the audit trail, the store
 //! (notebooks, events, saved-image records), the instance id (so running notebooks are adopted
 //! after a restore), the notebook secrets' key, the TLS certificate labforge made, and the
 //! format. The backup also keeps the local registry (`registry/`) and the notebooks' volumes
@@ -26,6 +27,8 @@ const FORMAT_FILE: &str = "format.json";
 const KEPT: &[&str] = &[
     FORMAT_FILE,
     "users.json",
+    "namespaces.json",
+    AUDIT_DIR,
     "instance-id",
     "notebook-secrets.key",
     "store",
@@ -444,14 +447,27 @@ mod tests {
         let error = check_restorable(dir.path()).unwrap_err().to_string();
         assert!(error.contains("already holds labforge data"), "{error}");
         let staging = tempfile::tempdir().unwrap();
-        for path in ["users.json", "format.json", "registry/docker/x", "cache/y"] {
+        for path in [
+            "users.json",
+            "namespaces.json",
+            "audit/trail.jsonl",
+            "format.json",
+            "registry/docker/x",
+            "cache/y",
+        ] {
             let path = staging.path().join(path);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, "{}").unwrap();
         }
         let target = tempfile::tempdir().unwrap();
         place_restored(staging.path(), target.path()).unwrap();
-        for kept in ["users.json", "format.json", "registry/docker/x"] {
+        for kept in [
+            "users.json",
+            "namespaces.json",
+            "audit/trail.jsonl",
+            "format.json",
+            "registry/docker/x",
+        ] {
             assert!(target.path().join(kept).exists(), "{kept}");
         }
         assert!(

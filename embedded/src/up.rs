@@ -538,6 +538,11 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
     let mut tasks = vec![
         session_watch,
+        tokio::spawn(end_grants_no_longer_allowed(
+            opened.auth.clone(),
+            opened.notebook_sign_in.clone(),
+            opened.store.clone(),
+        )),
         prepull,
         tokio::spawn(async move {
             if let Err(err) = axum::serve(web_listener, api).await {
@@ -682,6 +687,35 @@ async fn open(options: &mut UpOptions) -> Result<Opened, UpError> {
         save_options,
         lock,
     })
+}
+
+/// Every [`labforge_web::users::SESSION_CHECK_PERIOD`], ends the notebook sign-ins whose user may
+/// no longer open that notebook (a member taken out or made `view` by the CLI, a share
+/// revoked): the proxy refuses their next request anyway, and this closes their websockets.
+async fn end_grants_no_longer_allowed(
+    auth: Arc<LocalAuth>,
+    sign_in: Arc<labforge_web::notebook_sign_in::NotebookSignIn>,
+    store: Arc<Store>,
+) {
+    use labforge_web::namespaces::{Action, allows};
+    let mut every = tokio::time::interval(labforge_web::users::SESSION_CHECK_PERIOD);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let ended = sign_in.end_grants(|user, namespace, name| {
+            let Some(user) = auth.users.get(user) else {
+                return true;
+            };
+            let shared = store
+                .get(namespace, name)
+                .is_some_and(|nb| nb.shared_with().contains(&user.name.as_str()));
+            let role = auth.role_of(&user, namespace);
+            !allows(user.admin, role, shared, Action::Open)
+        });
+        if ended > 0 {
+            tracing::info!(ended, "notebook sign-ins ended: access taken away");
+        }
+    }
 }
 
 /// Adopts the notebooks' containers still running from an earlier `up`.

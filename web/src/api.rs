@@ -229,6 +229,10 @@ impl Failure {
             },
         )
     }
+    /// An error about one field of the request.
+    pub(crate) fn for_field(status: StatusCode, field: &str, message: String) -> Self {
+        Self::field(status, FieldError::new(field, message))
+    }
     fn field(status: StatusCode, error: FieldError) -> Self {
         Self::fields(status, &FieldErrors::from(error))
     }
@@ -323,7 +327,7 @@ impl From<WorkloadError> for Failure {
     }
 }
 
-type ApiResult<T> = Result<T, Failure>;
+pub(crate) type ApiResult<T> = Result<T, Failure>;
 
 /// The signed-in user of a request.
 pub struct SignedIn(pub User);
@@ -448,6 +452,7 @@ pub fn router(state: ApiState) -> Router {
             axum::routing::delete(delete_volume),
         )
         .merge(crate::kubeflow_api::routes())
+        .merge(crate::team_api::routes())
         .route(
             "/api/{*rest}",
             axum::routing::any(|| async {
@@ -779,6 +784,11 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             .as_ref()
             .map(|links| labforge_crds::host::notebook_host(&namespace, &name, &links.domain)),
         auto_save: notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true"),
+        shared_with: notebook
+            .shared_with()
+            .into_iter()
+            .map(String::from)
+            .collect(),
         resource_version: notebook
             .metadata
             .resource_version

@@ -59,13 +59,20 @@ async fn gpu_vendors(user: SignedIn, State(state): State<ApiState>) -> Answer {
     answer(&user, json!({ "vendors": vendors }))
 }
 
-/// The namespaces the user works in: their own, and for admins every namespace with notebooks.
+/// The namespaces the user works in: their own, those they are a member of, and for admins
+/// every namespace with notebooks; with the members of each where labforge keeps them.
 #[utoipa::path(
-    get, path = "/api/namespaces", summary = "the user's namespace; for admins, every namespace with notebooks",
-    responses((status = 200, description = "the user's namespace; for admins, every namespace with notebooks", body = inline(crate::openapi::NamespacesAnswer)), crate::openapi::PlatformErrors)
+    get, path = "/api/namespaces", summary = "the user's namespaces (their own, those they are a member of; for admins, every one), with roles and members",
+    responses((status = 200, description = "the user's namespaces (their own, those they are a member of; for admins, every one), with roles and members", body = inline(crate::openapi::NamespacesAnswer)), crate::openapi::PlatformErrors)
 )]
 async fn namespaces(user: SignedIn, State(state): State<ApiState>) -> Answer {
+    let memberships = state
+        .local_users
+        .as_ref()
+        .map(|auth| auth.namespaces.of(&user.0, &auth.users))
+        .unwrap_or_default();
     let mut namespaces = vec![user.0.namespace.clone()];
+    namespaces.extend(memberships.iter().map(|ns| ns.name.clone()));
     if state.access.may(&user.0, Verb::List, None).await {
         for notebook in state.backend.list(None).await? {
             if let Some(ns) = notebook.metadata.namespace {
@@ -75,7 +82,10 @@ async fn namespaces(user: SignedIn, State(state): State<ApiState>) -> Answer {
     }
     namespaces.sort();
     namespaces.dedup();
-    answer(&user, json!({ "namespaces": namespaces }))
+    answer(
+        &user,
+        json!({ "namespaces": namespaces, "memberships": memberships }),
+    )
 }
 
 #[utoipa::path(

@@ -32,6 +32,7 @@ pub mod quota;
 pub mod same_origin;
 pub mod saves;
 pub mod sign_in;
+pub mod team_api;
 pub mod ui;
 pub mod usage;
 pub mod users;

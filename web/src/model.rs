@@ -201,6 +201,9 @@ pub struct NotebookView {
     pub resource_version: String,
     /// Saved before every stop.
     pub auto_save: bool,
+    /// Users it is shared with: each may see and open it.
+    #[serde(default)]
+    pub shared_with: Vec<String>,
     /// What it uses now, while it runs and where it is measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(inline, nullable = false)]

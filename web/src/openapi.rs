@@ -72,6 +72,13 @@ pub static DOCUMENT: LazyLock<String> =
         crate::kubeflow_api::pod_defaults,
         crate::kubeflow_api::pod,
         crate::kubeflow_api::pod_logs,
+        crate::team_api::add_namespace,
+        crate::team_api::members,
+        crate::team_api::set_member,
+        crate::team_api::remove_member,
+        crate::team_api::share,
+        crate::team_api::unshare,
+        crate::team_api::shared_with_me,
     ),
     components(
         schemas(
@@ -654,6 +661,15 @@ pub(crate) struct NamespacesAnswer {
     #[serde(flatten)]
     envelope: Envelope,
     namespaces: Vec<String>,
+    /// The namespaces the user is in, with their role and the members (embedded mode).
+    memberships: Vec<crate::namespaces::NamespaceView>,
+}
+
+/// The notebooks shared with the caller.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct SharedAnswer {
+    notebooks: Vec<NotebookView>,
 }
 
 #[derive(ToSchema)]
@@ -925,9 +941,17 @@ mod tests {
             .values()
             .map(|path| path.as_object().map_or(0, |methods| methods.len()))
             .sum();
-        assert_eq!(operations, 34);
+        assert_eq!(operations, 41);
         for (path, method) in [
             ("/api/admin/audit", "get"),
+            ("/api/namespaces", "post"),
+            ("/api/namespaces/{ns}/members/{user}", "put"),
+            ("/api/namespaces/{ns}/notebooks/{name}/shares", "post"),
+            (
+                "/api/namespaces/{ns}/notebooks/{name}/shares/{user}",
+                "delete",
+            ),
+            ("/api/shared", "get"),
             ("/api/namespaces/{ns}/quota", "get"),
             ("/api/namespaces/{ns}/quota", "put"),
         ] {
