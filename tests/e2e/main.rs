@@ -30,6 +30,7 @@ mod quota;
 mod s3_cache;
 mod save;
 mod team_server;
+mod teams;
 mod ui;
 mod usage;
 mod vscode;

@@ -15,6 +15,14 @@ pub struct JupyterClient {
     certificate: Option<Vec<u8>>,
 }
 
+/// A websocket to a notebook server, over TLS or not.
+pub type KernelSocket = tokio_tungstenite::WebSocketStream<
+    tokio_util::either::Either<
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+        tokio::net::TcpStream,
+    >,
+>;
+
 impl JupyterClient {
     pub async fn connect(base: &str) -> Result<Self, SupportError> {
         Self::connect_with_headers(base, reqwest::header::HeaderMap::new()).await
@@ -93,11 +101,9 @@ impl JupyterClient {
         }
     }
 
-    /// Runs `code` in a new kernel over its websocket (as JupyterLab does) and returns what it
-    /// printed; an error names the exception the code raised.
-    pub async fn run_code(&self, code: &str) -> Result<String, SupportError> {
-        use futures::{SinkExt, StreamExt};
-        use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    /// A new kernel's channels websocket, opened as JupyterLab opens it.
+    pub async fn kernel_channels(&self) -> Result<KernelSocket, SupportError> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let kernel = self
             .post("/api/kernels", &serde_json::json!({"name": "python3"}))
             .await?;
@@ -124,10 +130,21 @@ impl JupyterClient {
         request.headers_mut().insert("cookie", cookie);
         let xsrf = self.xsrf.parse().map_err(|_| failed("xsrf".into()))?;
         request.headers_mut().insert("x-xsrftoken", xsrf);
-        let mut socket = self
-            .websocket(request)
+        self.websocket(request)
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    /// Runs `code` in a new kernel over its websocket (as JupyterLab does) and returns what it
+    /// printed; an error names the exception the code raised.
+    pub async fn run_code(&self, code: &str) -> Result<String, SupportError> {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let mut socket = self.kernel_channels().await?;
+        let failed = |detail: String| SupportError::Command {
+            command: format!("running code in a kernel at {}", self.base),
+            detail,
+        };
         let msg_id = format!("labforge-{}", jiff::Timestamp::now().as_nanosecond());
         let execute = serde_json::json!({
             "header": {"msg_id": msg_id, "username": "labforge", "session": "labforge-tests",
@@ -176,15 +193,7 @@ impl JupyterClient {
     async fn websocket(
         &self,
         request: tokio_tungstenite::tungstenite::handshake::client::Request,
-    ) -> Result<
-        tokio_tungstenite::WebSocketStream<
-            tokio_util::either::Either<
-                tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-                tokio::net::TcpStream,
-            >,
-        >,
-        Box<dyn std::error::Error + Send + Sync>,
-    > {
+    ) -> Result<KernelSocket, Box<dyn std::error::Error + Send + Sync>> {
         use rustls::pki_types::pem::PemObject;
         use tokio_util::either::Either;
         let uri = request.uri().clone();
