@@ -37,9 +37,11 @@ async fn members_and_shares_decide_who_sees_opens_and_changes_a_teams_notebook()
     let data = dir.path().join("data");
     let up = up_with_jupyterlab(&data, &[]).await;
     let admin = Session::sign_in(&up, "admin", up.admin_password.as_deref().unwrap()).await;
-    let mut sessions = Vec::new();
+    let (mut sessions, mut passwords) = (Vec::new(), Vec::new());
     for user in [&alice, &bob, &carol, &dave] {
-        sessions.push(Session::sign_in(&up, user, &need(up.add_user(user))).await);
+        let password = need(up.add_user(user));
+        sessions.push(Session::sign_in(&up, user, &password).await);
+        passwords.push(password);
     }
     let [alice_s, bob_s, carol_s, dave_s] = <[Session; 4]>::try_from(sessions).ok().unwrap();
     let cli = |args: &[&str]| {
@@ -131,6 +133,80 @@ async fn members_and_shares_decide_who_sees_opens_and_changes_a_teams_notebook()
     assert_eq!(status, 403, "no member, no share: nothing to see");
     let bobs = bob_s.jupyter(&team, "lab").await;
     assert_eq!(need(bobs.run_code("print(6 * 7)").await).trim(), "42");
+
+    // The same in a browser, one person per browser.
+    let config = dir.path().join("teams.json");
+    let names = [&alice, &bob, &carol, &dave];
+    let person = |i: usize| json!([names[i], passwords[i]]);
+    std::fs::write(
+        &config,
+        json!({
+            "url": up.url, "team": team, "notebook": "lab",
+            "owner": person(0), "editor": person(1), "viewer": person(2), "sharee": person(3),
+            "admin": ["admin", up.admin_password],
+            "newMember": dave,
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("teams.mjs", &[&config.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: serde_json::Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    assert!(
+        seen["warning"]
+            .as_str()
+            .unwrap()
+            .contains("opens it as you"),
+        "{seen}"
+    );
+    assert!(
+        seen["unknownUser"]
+            .as_str()
+            .unwrap()
+            .ends_with("no user \"nobody-at-all\""),
+        "{seen}"
+    );
+    assert!(
+        seen["shares"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("Shared with {dave}")),
+        "{seen}"
+    );
+    assert!(
+        seen["sharedRow"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("lab {team} ready")),
+        "{seen}"
+    );
+    assert!(
+        seen["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m.as_str().unwrap().starts_with(&format!("{dave} (view)"))),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["ownerLine"],
+        format!("Owner: {alice}. You: owner."),
+        "{seen}"
+    );
+    assert_eq!(seen["viewerForm"], false, "{seen}");
+    assert_eq!(
+        seen["viewerLine"],
+        format!("Owner: {alice}. You: view."),
+        "{seen}"
+    );
+    assert!(
+        seen["adminRow"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{team} {alice} {bob} (edit)")),
+        "{seen}"
+    );
 
     // Members through the API: only the owner (or an admin) manages them.
     let member = |user: &str| format!("/api/namespaces/{team}/members/{user}");

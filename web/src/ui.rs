@@ -153,7 +153,11 @@ fn navigation(&Viewer { user, namespace }: &Viewer<'_>) -> Markup {
             summary aria-label="User menu" { (user.name) }
             div {
                 p {
-                    "Namespace " code { (namespace) }
+                    label for="namespace-picker" { "Namespace " }
+                    // The namespaces the user is in fill it (common.js); choosing one shows it.
+                    select #namespace-picker {
+                        option value=(namespace) selected { (namespace) }
+                    }
                     @if user.admin { " · admin" }
                 }
                 button #logout type="button" { "Sign out" }
@@ -512,6 +516,30 @@ fn notebooks_main(namespace: &str, query: &str) -> Markup {
             }
         }
         p.empty #volumes-empty hidden { "No volumes." }
+        h2 { "Shared with me" }
+        div.table-wrap {
+            table #shared {
+                (column_headings(&["Name", "Namespace", "State", "Actions"]))
+                tbody {}
+            }
+        }
+        p.empty #shared-empty hidden { "No one has shared a notebook with you." }
+        section #members-section hidden {
+            h2 { "Members of " code { (namespace) } }
+            p.hint #members-owner {}
+            ul #members {}
+            form.inline #add-member novalidate hidden {
+                label for="member-user" { "User" }
+                input #member-user name="user" autocomplete="off";
+                label for="member-role" { "Role" }
+                select #member-role name="role" {
+                    option value="edit" { "edit: create, start, stop, save and open" }
+                    option value="view" { "view: see status, events and logs" }
+                }
+                button type="submit" { "Add member" }
+            }
+            p.error data-error-for="member" {}
+        }
     }
 }
 
@@ -968,6 +996,20 @@ fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
             }
             p.empty #images-empty { "No saved images yet." }
         }
+        section.card #sharing {
+            h2 { "Share" }
+            p.warning {
+                "Whoever you share this notebook with opens it as you: they work as its owner, "
+                "with its environment variables, secrets and files, and can do all you can there."
+            }
+            form.inline #share novalidate {
+                label for="share-user" { "User" }
+                input #share-user name="user" autocomplete="off";
+                button #share-button type="submit" { "Share" }
+            }
+            p.error data-error-for="user" {}
+            ul #shares {}
+        }
         section.card {
             h2 { "Status" }
             dl #details {}
@@ -1087,6 +1129,23 @@ fn admin_main() -> Markup {
             }
         }
         p.empty #empty hidden { "No notebook matches." }
+        section #namespaces-section hidden {
+            h2 { "Namespaces" }
+            div.table-wrap {
+                table #namespaces {
+                    (column_headings(&["Namespace", "Owner", "Members"]))
+                    tbody {}
+                }
+            }
+            form.inline #add-namespace novalidate {
+                label for="ns-name" { "Team namespace" }
+                input #ns-name name="name" autocomplete="off";
+                label for="ns-owner" { "Owner" }
+                input #ns-owner name="owner" autocomplete="off";
+                button type="submit" { "Add namespace" }
+            }
+            p.error #namespace-error role="alert" {}
+        }
         h2 { "Audit trail" }
         p.hint #audit-hint { "Every change and notebook sign-in, newest first (the newest 200; " code { "labforge audit" } " reads them all)." }
         form.inline #audit-filters {

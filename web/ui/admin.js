@@ -107,3 +107,27 @@ loadAudit();
 setInterval(load, 5000);
 // The trail is read from files: less often than the notebooks' live state.
 setInterval(loadAudit, 15000);
+
+// Every namespace with its owner and members; admins add team namespaces here.
+async function namespaces() {
+  const { status, body: answer } = await api('GET', 'api/namespaces');
+  // A cluster's namespaces are Kubeflow's Profiles: nothing of them is kept here.
+  const section = document.getElementById('namespaces-section');
+  section.hidden = status !== 200 || !answer.memberships?.length;
+  if (section.hidden) return;
+  document.querySelector('#namespaces tbody').replaceChildren(...answer.memberships.map((ns) =>
+    el('tr', { 'data-name': ns.name },
+      el('td', {}, ns.name),
+      el('td', {}, ns.owner),
+      el('td', {}, Object.entries(ns.members).map(([user, role]) => `${user} (${role})`).join(', ') || '—'))));
+}
+document.getElementById('add-namespace').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const form = event.target;
+  const answer = await api('POST', 'api/namespaces', { name: document.getElementById('ns-name').value.trim(), owner: document.getElementById('ns-owner').value.trim() });
+  document.getElementById('namespace-error').textContent =
+    answer.status >= 400 ? (answer.body?.error || `failed (HTTP ${answer.status})`) : '';
+  if (answer.status < 400) form.reset();
+  namespaces();
+});
+namespaces();

@@ -206,3 +206,21 @@ function followDashboardNamespace() {
   window.parent.postMessage({ type: 'iframe-connected' }, location.origin);
 }
 followDashboardNamespace();
+
+/** The user menu's namespace picker: every namespace the user is in; choosing one shows its
+ * notebooks (or its spawner form, from the form). */
+async function fillNamespacePicker() {
+  const picker = document.getElementById('namespace-picker');
+  if (!picker) return;
+  const { status, body } = await api('GET', 'api/namespaces');
+  if (status !== 200) return;
+  const current = document.body.dataset.namespace;
+  const roles = new Map((body.memberships || []).map((ns) => [ns.name, ns.role]));
+  picker.replaceChildren(...body.namespaces.map((name) => el('option',
+    { value: name, selected: name === current ? '' : null },
+    roles.has(name) ? `${name} (${roles.get(name)})` : name)));
+  picker.addEventListener('change', () => {
+    location.href = pageLink(document.body.dataset.page === 'new' ? 'new' : './', picker.value);
+  });
+}
+fillNamespacePicker();

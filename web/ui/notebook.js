@@ -31,6 +31,7 @@ async function refresh() {
     ['GPU', el('span', { id: 'gpu-use' })], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
   showUsage(nb);
+  showShares(nb.sharedWith || []);
   const conditions = nb.status?.conditions || [];
   document.getElementById('conditions').replaceChildren(...(conditions.length
     ? conditions.map((c) => el('li', {}, `${c.type}: ${c.status}${c.reason ? ` (${c.reason})` : ''}${c.message ? ` — ${c.message}` : ''}`))
@@ -63,6 +64,29 @@ function summaryText(image) {
   parts.push(`files: ${s.files.added} added, ${s.files.changed} changed, ${s.files.deleted} deleted`);
   return parts.join(' · ');
 }
+
+/** Whom the notebook is shared with, each with a button that stops it. */
+function showShares(users) {
+  document.getElementById('shares').replaceChildren(...(users.length ? users.map((user) =>
+    el('li', { 'data-user': user }, `Shared with ${user} `,
+      el('button', { type: 'button', class: 'secondary', onclick: async () => {
+        const answer = await api('DELETE', `${path}/shares/${encodeURIComponent(user)}`);
+        if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
+        refresh();
+      } }, 'Stop sharing')))
+    : [el('li', { class: 'hint' }, 'Not shared with anyone.')]));
+}
+
+document.getElementById('share').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const form = event.target;
+  const answer = await api('POST', `${path}/shares`, { user: form.user.value.trim() });
+  const error = document.querySelector('#sharing [data-error-for="user"]');
+  error.textContent = answer.status >= 400 ? (answer.body?.error || `failed (HTTP ${answer.status})`) : '';
+  if (answer.status >= 400) return;
+  form.user.value = '';
+  refresh();
+});
 
 document.getElementById('auto-save').addEventListener('change', async (event) => {
   const answer = await api('PATCH', path, { autoSave: event.target.checked });

@@ -97,3 +97,54 @@ function connect() {
   events.onerror = () => { live.textContent = 'Reconnecting…'; };
 }
 connect();
+
+// Notebooks others shared with this user, wherever they are.
+async function shared() {
+  const { status, body: answer } = await api('GET', 'api/shared');
+  if (status !== 200) return;
+  document.getElementById('shared-empty').hidden = answer.notebooks.length > 0;
+  document.getElementById('shared').hidden = answer.notebooks.length === 0;
+  document.querySelector('#shared tbody').replaceChildren(...answer.notebooks.map((nb) =>
+    el('tr', { 'data-name': nb.name },
+      el('td', {}, el('a', { href: `notebooks/${nb.namespace}/${nb.name}` }, nb.name)),
+      el('td', {}, nb.namespace),
+      stateCell(nb),
+      el('td', {}, nb.state === 'ready'
+        ? el('a', { class: 'button', href: notebookUrl(nb), target: '_blank', rel: 'noopener' }, 'Connect')
+        : null))));
+}
+shared();
+setInterval(shared, 15_000);
+
+// The namespace's owner and members; its owner (or an admin) adds and removes them.
+async function members() {
+  const { status, body: team } = await api('GET', `api/namespaces/${ns}/members`);
+  const section = document.getElementById('members-section');
+  // A cluster's members are Kubeflow's (501), and a namespace one is not in has none to show.
+  section.hidden = status !== 200;
+  if (status !== 200) return;
+  const manages = team.role === 'owner';
+  document.getElementById('members-owner').textContent =
+    `Owner: ${team.owner}. You: ${team.role}.`;
+  const entries = Object.entries(team.members);
+  document.getElementById('members').replaceChildren(...(entries.length ? entries.map(([user, role]) =>
+    el('li', { 'data-user': user }, `${user} (${role}) `,
+      manages ? el('button', { type: 'button', class: 'secondary', onclick: async () => {
+        const removed = await api('DELETE', `api/namespaces/${ns}/members/${encodeURIComponent(user)}`);
+        if (removed.status >= 400) alert(removed.body?.error || `failed (HTTP ${removed.status})`);
+        members();
+      } }, 'Remove') : null))
+    : [el('li', { class: 'hint' }, 'No members besides the owner.')]));
+  document.getElementById('add-member').hidden = !manages;
+}
+document.getElementById('add-member').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const form = event.target;
+  const user = form.user.value.trim();
+  const answer = await api('PUT', `api/namespaces/${ns}/members/${encodeURIComponent(user)}`, { role: form.role.value });
+  const error = document.querySelector('[data-error-for="member"]');
+  error.textContent = answer.status >= 400 ? (answer.body?.error || `failed (HTTP ${answer.status})`) : '';
+  if (answer.status < 400) form.user.value = '';
+  members();
+});
+members();
