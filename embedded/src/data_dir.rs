@@ -5,7 +5,7 @@
 //! rather than misread it. Data dirs from before the file existed are format 0.
 //!
 //! The state a backup keeps ([`read_state`]) is what cannot be made again: users, namespaces and
-//! their members, the audit trail, the store
+//! their members, the store
 //! (notebooks, events, saved-image records), the instance id (so running notebooks are adopted
 //! after a restore), the notebook secrets' key, the TLS certificate labforge made, and the
 //! format. The backup also keeps the local registry (`registry/`) and the notebooks' volumes
@@ -28,7 +28,6 @@ const KEPT: &[&str] = &[
     FORMAT_FILE,
     "users.json",
     "namespaces.json",
-    AUDIT_DIR,
     "instance-id",
     "notebook-secrets.key",
     "store",
@@ -450,7 +449,6 @@ mod tests {
         for path in [
             "users.json",
             "namespaces.json",
-            "audit/trail.jsonl",
             "format.json",
             "registry/docker/x",
             "cache/y",
@@ -464,7 +462,6 @@ mod tests {
         for kept in [
             "users.json",
             "namespaces.json",
-            "audit/trail.jsonl",
             "format.json",
             "registry/docker/x",
         ] {
