@@ -147,11 +147,16 @@ impl Namespaces {
         })
     }
 
-    fn entries(&self) -> Vec<Entry> {
+    /// Reads the file again if it changed. The last good read stands on an error: a file being
+    /// fixed by hand locks nobody out.
+    fn refresh(&self) {
         if let Err(err) = self.file.refresh() {
-            // The last good read stands: a file being fixed by hand locks nobody out.
             tracing::warn!(error = %err, "re-reading the namespaces file");
         }
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        self.refresh();
         self.file.get()
     }
 
@@ -168,7 +173,7 @@ impl Namespaces {
         if user.namespace == namespace {
             return Some(Role::Owner);
         }
-        self.file.refresh().ok();
+        self.refresh();
         self.file
             .read(|entries| {
                 let entry = entries.iter().find(|e| e.name == namespace)?;
