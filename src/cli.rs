@@ -191,8 +191,12 @@ pub struct QuotaArgs {
     /// Notebooks running at once.
     #[arg(long)]
     pub notebooks: Option<u32>,
+    /// Workspace and data volumes together, e.g. 100Gi: counted by the size each was made
+    /// with, deleted notebooks' kept volumes included.
+    #[arg(long)]
+    pub storage: Option<String>,
     /// Remove the quota: the namespace's notebooks are limited only by the catalog.
-    #[arg(long, conflicts_with_all = ["cpu", "memory", "gpus", "notebooks"])]
+    #[arg(long, conflicts_with_all = ["cpu", "memory", "gpus", "notebooks", "storage"])]
     pub clear: bool,
 }
 
@@ -2138,7 +2142,8 @@ fn namespace_quota(args: &QuotaArgs) -> anyhow::Result<ExitCode> {
     let set = args.cpu.is_some()
         || args.memory.is_some()
         || args.gpus.is_some()
-        || args.notebooks.is_some();
+        || args.notebooks.is_some()
+        || args.storage.is_some();
     if args.clear {
         labforge_embedded::store::write_quota(&store, ns, None)?;
     } else if set {
@@ -2147,6 +2152,7 @@ fn namespace_quota(args: &QuotaArgs) -> anyhow::Result<ExitCode> {
             memory: args.memory.clone(),
             gpus: args.gpus,
             notebooks: args.notebooks,
+            storage: args.storage.clone(),
         };
         if let Some(problem) = quota.problems().as_slice().first() {
             anyhow::bail!("--{}: {}", problem.field, problem.message);
@@ -2164,6 +2170,10 @@ fn namespace_quota(args: &QuotaArgs) -> anyhow::Result<ExitCode> {
                     .map(|memory| format!("memory {memory}")),
                 quota.gpus.map(|gpus| format!("gpus {gpus}")),
                 quota.notebooks.map(|n| format!("{n} running notebooks")),
+                quota
+                    .storage
+                    .as_ref()
+                    .map(|storage| format!("storage {storage}")),
             ]
             .into_iter()
             .flatten()

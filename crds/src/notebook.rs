@@ -28,6 +28,9 @@ pub const VSCODE_SERVER_TYPE: &str = "group-one";
 /// (and works as its owner there). Only those who may update the Notebook can set it; the
 /// notebook's VirtualService carries it for the proxy.
 pub const SHARED_WITH_ANNOTATION: &str = "labforge.dev/shared-with";
+/// The sizes asked for each new volume, as JSON (claim name → quantity). In a cluster the web
+/// app makes PVCs of these sizes; embedded, each podman volume is labelled with its size.
+pub const VOLUME_SIZES_ANNOTATION: &str = "labforge.dev/volume-sizes";
 /// Label Kubeflow puts on a notebook's pods.
 pub const NOTEBOOK_NAME_LABEL: &str = "notebook-name";
 /// Label selecting a notebook's StatefulSet pods.
@@ -125,6 +128,14 @@ impl Notebook {
     /// The users the notebook is shared with ([`SHARED_WITH_ANNOTATION`]), in order.
     pub fn shared_with(&self) -> Vec<&str> {
         shared_with(self.annotation(SHARED_WITH_ANNOTATION))
+    }
+
+    /// The sizes its new volumes were asked with ([`VOLUME_SIZES_ANNOTATION`]); empty when
+    /// the annotation is absent or not such a map.
+    pub fn volume_sizes(&self) -> std::collections::BTreeMap<String, String> {
+        self.annotation(VOLUME_SIZES_ANNOTATION)
+            .and_then(|json| serde_json::from_str(json).ok())
+            .unwrap_or_default()
     }
 }
 

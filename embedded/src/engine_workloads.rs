@@ -64,7 +64,8 @@ impl Workloads for EngineWorkloads {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Engine volumes have no size of their own; one container mounts them at a time.
+    /// Engine volumes have no size of their own: each has the one it was asked with as a label
+    /// (none for volumes made before). One container mounts them at a time.
     async fn claims(&self, ns: &str) -> Result<Vec<Claim>, WorkloadError> {
         let names =
             self.engine.claims(ns).await.map_err(|e| {
@@ -72,9 +73,9 @@ impl Workloads for EngineWorkloads {
             })?;
         Ok(names
             .into_iter()
-            .map(|name| Claim {
+            .map(|(name, size)| Claim {
                 name,
-                size: String::new(),
+                size,
                 mode: "ReadWriteOnce".into(),
             })
             .collect())

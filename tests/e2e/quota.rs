@@ -1,14 +1,15 @@
 //! Quotas per namespace in `labforge up`: set from the machine (`labforge namespace quota`) or by
-//! an admin (API), applied at every create and start, each refusal naming the quota, what is in
-//! use and what was asked.
+//! an admin (API), applied at every create, start and resize, and to the storage new volumes
+//! ask for, each refusal naming the quota, what is in use and what was asked.
 
-use crate::embedded::{Session, up_with_jupyterlab};
+use crate::embedded::{Session, container_id, up_with_jupyterlab};
 use crate::need;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
+use std::time::Duration;
 
 #[tokio::test]
-async fn a_namespace_quota_refuses_creates_and_starts_beyond_it_and_says_why() {
+async fn a_namespace_quota_refuses_creates_starts_resizes_and_storage_beyond_it_and_says_why() {
     crate::init_crypto();
     let alice = format!("quota-alice-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
@@ -145,6 +146,73 @@ async fn a_namespace_quota_refuses_creates_and_starts_beyond_it_and_says_why() {
         .await;
     assert_eq!(status, 422, "{body}");
     assert!(body.to_string().contains("cpu"), "{body}");
+
+    // Resizing a running notebook is checked like a start, against what the others hold.
+    let two = format!("/api/namespaces/{alice}/notebooks/two");
+    let (status, body) = session.patch(&two, json!({"cpu": "0.75"})).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        body["error"],
+        format!(
+            "namespace {alice}'s quota for cpu is 1: 0.5 in use, 0.75 asked; stop a notebook or ask an admin for more"
+        )
+    );
+    let (status, body) = session.patch(&two, json!({"cpu": "4000"})).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["field"], "cpu", "{body}");
+    session
+        .wait_state(&alice, "two", "ready", Duration::from_secs(120))
+        .await;
+    let before = container_id(&format!("labforge-{alice}_two"));
+    let (status, body) = session
+        .patch(&two, json!({"cpu": "250m", "memory": "256Mi"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cpuLimit"], "250m", "{body}");
+    // The container is replaced with the new limits; nothing else changed.
+    let container = format!("labforge-{alice}_two");
+    crate::controller::eventually("the resized container", Duration::from_secs(60), || {
+        let container = &container;
+        let before = &before;
+        async move {
+            let inspect = std::process::Command::new("podman")
+                .args([
+                    "inspect",
+                    "--format",
+                    "{{.Id}} {{.HostConfig.NanoCpus}} {{.HostConfig.Memory}}",
+                    container,
+                ])
+                .output()
+                .ok()?;
+            let out = String::from_utf8_lossy(&inspect.stdout).trim().to_owned();
+            let replaced = !out.starts_with(before.as_str());
+            (replaced && out.ends_with(&format!(" 250000000 {}", 256 << 20))).then_some(())
+        }
+    })
+    .await;
+    let (_, events) = session.get(&format!("{two}/events")).await;
+    assert!(
+        events
+            .to_string()
+            .contains("resized to 250m CPU, 256Mi memory"),
+        "{events}"
+    );
+    // A stopped notebook resizes freely: it holds nothing until it starts.
+    let one = format!("/api/namespaces/{alice}/notebooks/one");
+    let (status, body) = session.patch(&one, json!({"stopped": true})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = session.patch(&one, json!({"cpu": "1"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = session.patch(&one, json!({"stopped": false})).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("0.25 in use, 1 asked"),
+        "{body}"
+    );
+
     // Removed, nothing holds creates back.
     let cleared = quota_cli(&["--clear"]);
     assert_eq!(
@@ -152,5 +220,60 @@ async fn a_namespace_quota_refuses_creates_and_starts_beyond_it_and_says_why() {
         format!("{alice}: no quota")
     );
     let (status, body) = create("three", "250m").await;
+    assert_eq!(status, 201, "{body}");
+
+    // Storage: every volume asked for counts, made yet or not, running or stopped.
+    let set = quota_cli(&["--storage", "3Gi"]);
+    assert_eq!(
+        String::from_utf8_lossy(&set.stdout).trim(),
+        format!("{alice}: storage 3Gi"),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let with_workspace = |name: &str, size: &str| {
+        let session = &session;
+        let path = format!("/api/namespaces/{alice}/notebooks");
+        let body = json!({"name": name, "cpu": "0.1", "workspace": {"new": {"size": size}}});
+        async move { session.post(&path, body).await }
+    };
+    let (status, body) = with_workspace("four", "2Gi").await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = with_workspace("five", "1536Mi").await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        body["error"],
+        format!(
+            "namespace {alice}'s quota for storage is 3Gi: 2.00Gi in use, 1.50Gi asked; delete a volume or ask an admin for more"
+        )
+    );
+    // The volume, once made, keeps the size it was asked with: the volume list shows it, and
+    // it still counts after its notebook is deleted.
+    crate::controller::eventually("the sized volume", Duration::from_secs(60), || {
+        let session = &session;
+        let path = format!("/api/namespaces/{alice}/pvcs");
+        async move {
+            let (_, body) = session.get(&path).await;
+            body["pvcs"]
+                .as_array()?
+                .iter()
+                .any(|pvc| pvc["name"] == "four-workspace" && pvc["size"] == "2Gi")
+                .then_some(())
+        }
+    })
+    .await;
+    let (status, _) = session
+        .delete(&format!("/api/namespaces/{alice}/notebooks/four"))
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = session.get(&format!("/api/namespaces/{alice}/quota")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["inUse"]["storageBytes"],
+        2.0 * f64::from(1u32 << 30),
+        "{body}"
+    );
+    let (status, body) = with_workspace("five", "1536Mi").await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = with_workspace("five", "1Gi").await;
     assert_eq!(status, 201, "{body}");
 }

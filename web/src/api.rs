@@ -937,9 +937,7 @@ async fn create_notebook(
         _ => return Err(Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors)),
     };
     kubeflow::apply_extras(&mut notebook, extras);
-    if !notebook.is_stopped() {
-        admitted_by_quota(&state, &ns, &notebook).await?;
-    }
+    admitted_by_quota(&state, &ns, &notebook, QuotaAsk::Create).await?;
     let created = state.backend.create(notebook).await?;
     state
         .backend
@@ -959,21 +957,43 @@ async fn create_notebook(
     ))
 }
 
-/// Whether `notebook` may run beside namespace `ns`'s running notebooks under its quota: the one
-/// check every create and start goes through. A refusal is a 403, as Kubernetes refuses a pod
-/// over its namespace's ResourceQuota, naming the quota, what is in use and what was asked.
-async fn admitted_by_quota(state: &ApiState, ns: &str, notebook: &Notebook) -> ApiResult<()> {
+/// What a change to a notebook asks of its namespace's quota.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QuotaAsk {
+    /// A new notebook: its new volumes, and what it holds if it is to run.
+    Create,
+    /// A start, or a resize of a notebook that runs: what it holds while it runs.
+    Run,
+}
+
+/// Whether `notebook` (as it is to be) fits in namespace `ns`'s quota beside the rest of the
+/// namespace: the one check every create, start and resize goes through. A refusal is a 403, as
+/// Kubernetes refuses a pod over its namespace's ResourceQuota, naming the quota, what is in use
+/// and what was asked.
+async fn admitted_by_quota(
+    state: &ApiState,
+    ns: &str,
+    notebook: &Notebook,
+    ask: QuotaAsk,
+) -> ApiResult<()> {
     let Some(quota) = state.backend.quota(ns).await? else {
         return Ok(());
     };
-    let running = state.backend.list(Some(ns)).await?;
+    let notebooks = state.backend.list(Some(ns)).await?;
     let name = notebook.metadata.name.as_deref().unwrap_or_default();
+    let mut in_use = crate::quota::Held::running(&notebooks, name);
+    let mut asked = if ask == QuotaAsk::Run || !notebook.is_stopped() {
+        crate::quota::Held::of(notebook)
+    } else {
+        crate::quota::Held::default()
+    };
+    if ask == QuotaAsk::Create && quota.storage.is_some() {
+        let claims = state.workloads.claims(ns).await?;
+        in_use = in_use + crate::quota::Held::claims(&claims, &notebooks);
+        asked = asked + crate::quota::Held::new_volumes(notebook, &claims);
+    }
     quota
-        .admits(
-            ns,
-            crate::quota::Held::running(&running, name),
-            crate::quota::Held::of(notebook),
-        )
+        .admits(ns, in_use, asked)
         .map_err(|exceeded| Failure::new(StatusCode::FORBIDDEN, exceeded.to_string()))
 }
 
@@ -989,10 +1009,12 @@ async fn get_quota(
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
     let quota = state.backend.quota(&ns).await?;
-    let running = state.backend.list(Some(&ns)).await?;
+    let notebooks = state.backend.list(Some(&ns)).await?;
+    let claims = state.workloads.claims(&ns).await?;
     Ok(Json(serde_json::json!({
         "quota": quota,
-        "inUse": crate::quota::Held::running(&running, ""),
+        "inUse": crate::quota::Held::running(&notebooks, "")
+            + crate::quota::Held::claims(&claims, &notebooks),
     })))
 }
 
@@ -1091,8 +1113,22 @@ async fn patch_notebook(
     user.may(&state, Verb::Update, &ns).await?;
     let Json(mut patch) = body?;
     let current = find(&state, &ns, &name).await?;
-    if patch.stopped == Some(false) && current.is_stopped() {
-        admitted_by_quota(&state, &ns, &current).await?;
+    let resources = if patch.resizes() {
+        Some(
+            crate::validate::resized(&current, &patch, &state.config)
+                .map_err(|errors| Failure::fields(StatusCode::UNPROCESSABLE_ENTITY, &errors))?,
+        )
+    } else {
+        None
+    };
+    let starts = patch.stopped == Some(false) && current.is_stopped();
+    let runs = starts || (!current.is_stopped() && patch.stopped != Some(true));
+    if runs && (starts || resources.is_some()) {
+        let mut to_be = current.clone();
+        if let (Some(resources), Some(container)) = (&resources, to_be.container_mut()) {
+            container.resources = Some(resources.clone());
+        }
+        admitted_by_quota(&state, &ns, &to_be, QuotaAsk::Run).await?;
     }
     if let Some(image) = &mut patch.image {
         image_reference("image", image)
@@ -1132,6 +1168,9 @@ async fn patch_notebook(
             {
                 container.image = Some(image.clone());
             }
+            if let (Some(resources), Some(container)) = (&resources, nb.container_mut()) {
+                container.resources = Some(resources.clone());
+            }
             let annotations = nb.metadata.annotations.get_or_insert_with(Default::default);
             if let Some(auto_save) = patch.auto_save {
                 annotations.insert(AUTO_SAVE_ANNOTATION.to_owned(), auto_save.to_string());
@@ -1155,11 +1194,26 @@ async fn patch_notebook(
         })
         .await?;
     let change = match patch.stopped {
-        Some(true) => Some(("Stopping", "stopped")),
-        Some(false) => Some(("Starting", "started")),
+        Some(true) => Some(("Stopping", "stopped".to_owned())),
+        Some(false) => Some(("Starting", "started".to_owned())),
         None => None,
     };
-    if let Some((reason, done)) = change {
+    let resize = resources.as_ref().map(|resources| {
+        let of = |key: &str| {
+            resources
+                .limits
+                .as_ref()
+                .and_then(|limits| limits.get(key))
+                .map(|q| q.0.as_str())
+                .unwrap_or("?")
+                .to_owned()
+        };
+        (
+            "Resized",
+            format!("resized to {} CPU, {} memory", of("cpu"), of("memory")),
+        )
+    });
+    for (reason, done) in change.into_iter().chain(resize) {
         state
             .backend
             .record_event(

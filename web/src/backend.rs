@@ -11,7 +11,6 @@
 use crate::model::{NotebookEvent, SavedImage};
 use crate::namespaces::{Action, allows};
 use crate::users::{LocalAuth, User};
-use crate::validate::VOLUME_SIZES_ANNOTATION;
 use futures::StreamExt;
 use http::HeaderMap;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -280,14 +279,11 @@ fn kube_error(namespace: &str, name: &str, err: kube::Error) -> BackendError {
 const DEFAULT_EDITOR: &str = "default-editor";
 
 /// The claims a new notebook asks for: each volume with a size in its
-/// [`VOLUME_SIZES_ANNOTATION`] (volumes without one name existing claims), `ReadWriteOnce` on
+/// [`crate::validate::VOLUME_SIZES_ANNOTATION`] (volumes without one name existing claims), `ReadWriteOnce` on
 /// the cluster's default storage class, as Kubeflow's web app makes them.
 fn new_claims(notebook: &Notebook) -> Vec<PersistentVolumeClaim> {
-    let sizes: BTreeMap<String, String> = notebook
-        .annotation(VOLUME_SIZES_ANNOTATION)
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or_default();
-    sizes
+    notebook
+        .volume_sizes()
         .into_iter()
         .map(|(claim, size)| PersistentVolumeClaim {
             metadata: ObjectMeta {

@@ -145,7 +145,8 @@ pub struct DataVolumeRequest {
     pub mount_path: String,
 }
 
-/// A change to a notebook: stop or start it, or move it to another image.
+/// A change to a notebook: stop or start it, move it to another image, or resize it (a running
+/// notebook restarts with its new CPU and memory; its workspace stays).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NotebookPatch {
@@ -158,6 +159,30 @@ pub struct NotebookPatch {
     #[serde(default)]
     #[schema(nullable = false)]
     pub auto_save: Option<bool>,
+    /// The CPU request, as a quantity; a limit that was equal to it follows.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub cpu: Option<String>,
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub cpu_limit: Option<String>,
+    /// The memory request, as a quantity; a limit that was equal to it follows.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub memory: Option<String>,
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub memory_limit: Option<String>,
+}
+
+impl NotebookPatch {
+    /// Whether the patch changes CPU or memory.
+    pub fn resizes(&self) -> bool {
+        self.cpu.is_some()
+            || self.cpu_limit.is_some()
+            || self.memory.is_some()
+            || self.memory_limit.is_some()
+    }
 }
 
 /// Whom a saved image is shared with: `PUT /api/namespaces/<ns>/images/sharing`.

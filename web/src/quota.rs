@@ -1,11 +1,13 @@
 //! Quotas per namespace: how much CPU, memory and how many GPUs and running notebooks one
-//! namespace's notebooks may hold at once, as an admin sets them (Kubeflow gives each profile a
-//! ResourceQuota). Checked when a notebook is created to run and when one is started; a refusal
-//! names the quota, what is in use and what was asked.
+//! namespace's notebooks may hold at once, and how much workspace storage its volumes may ask
+//! for, as an admin sets them (Kubeflow gives each profile a ResourceQuota). Checked when a
+//! notebook is created, started or resized; a refusal names the quota, what is in use and what
+//! was asked.
 //!
-//! What counts is what running notebooks hold: their limits (the request where no limit is
-//! set), as a ResourceQuota counts `limits.cpu` and `limits.memory`. Stopped notebooks hold
-//! nothing.
+//! CPU, memory and GPUs count what running notebooks hold: their limits (the request where no
+//! limit is set), as a ResourceQuota counts `limits.cpu` and `limits.memory`; stopped notebooks
+//! hold none. Storage counts every volume of the namespace, running or not, deleted notebooks'
+//! kept volumes included, by the size each was asked with, as `requests.storage` does.
 
 use labforge_crds::notebook::Notebook;
 use serde::{Deserialize, Serialize};
@@ -25,9 +27,12 @@ pub struct Quota {
     /// Notebooks running at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notebooks: Option<u32>,
+    /// Workspace and data volumes together, as a quantity (`100Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<String>,
 }
 
-/// What running notebooks hold, or what one asks for.
+/// What a namespace's notebooks and volumes hold, or what one notebook asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Held {
@@ -35,10 +40,26 @@ pub struct Held {
     pub memory_bytes: f64,
     pub gpus: u32,
     pub notebooks: u32,
+    /// The sizes of volumes, whether their notebooks run or not.
+    pub storage_bytes: f64,
+}
+
+impl std::ops::Add for Held {
+    type Output = Held;
+    fn add(self, other: Held) -> Held {
+        Held {
+            cpu: self.cpu + other.cpu,
+            memory_bytes: self.memory_bytes + other.memory_bytes,
+            gpus: self.gpus + other.gpus,
+            notebooks: self.notebooks + other.notebooks,
+            storage_bytes: self.storage_bytes + other.storage_bytes,
+        }
+    }
 }
 
 impl Held {
-    /// What `notebook` holds while it runs.
+    /// What `notebook` holds while it runs (its volumes are counted apart: they stay when it
+    /// stops).
     pub fn of(notebook: &Notebook) -> Self {
         let resources = notebook.container().and_then(|c| c.resources.as_ref());
         let amount = |key: &str| -> f64 {
@@ -62,6 +83,48 @@ impl Held {
             memory_bytes: amount("memory"),
             gpus,
             notebooks: 1,
+            storage_bytes: 0.0,
+        }
+    }
+
+    /// The storage a new notebook asks for: the sizes of the volumes it makes, leaving out
+    /// those of `claims` (which exist already: a deleted notebook's kept workspace is taken
+    /// over by a new one of its name).
+    pub fn new_volumes(notebook: &Notebook, claims: &[crate::workloads::Claim]) -> Self {
+        Held {
+            storage_bytes: notebook
+                .volume_sizes()
+                .iter()
+                .filter(|(name, _)| !claims.iter().any(|claim| &claim.name == *name))
+                .filter_map(|(_, size)| crate::validate::quantity("storage", size).ok())
+                .sum(),
+            ..Held::default()
+        }
+    }
+
+    /// The storage a namespace holds: each of its `claims`, and each volume one of its
+    /// `notebooks` asked for that is not made yet (a notebook made stopped, or still starting).
+    /// A claim counts the size it has; one whose platform keeps none (a podman volume made
+    /// before sizes were labelled) counts the size a notebook asked it with, or nothing.
+    pub fn claims<'a>(
+        claims: &[crate::workloads::Claim],
+        notebooks: impl IntoIterator<Item = &'a Notebook>,
+    ) -> Self {
+        let mut sizes: std::collections::BTreeMap<String, String> = notebooks
+            .into_iter()
+            .flat_map(Notebook::volume_sizes)
+            .collect();
+        for claim in claims {
+            if !claim.size.is_empty() || !sizes.contains_key(&claim.name) {
+                sizes.insert(claim.name.clone(), claim.size.clone());
+            }
+        }
+        Held {
+            storage_bytes: sizes
+                .values()
+                .filter_map(|size| crate::validate::quantity("storage", size).ok())
+                .sum(),
+            ..Held::default()
         }
     }
 
@@ -71,23 +134,19 @@ impl Held {
             .into_iter()
             .filter(|nb| !nb.is_stopped() && nb.metadata.name.as_deref() != Some(except))
             .map(Held::of)
-            .fold(Held::default(), |sum, held| Held {
-                cpu: sum.cpu + held.cpu,
-                memory_bytes: sum.memory_bytes + held.memory_bytes,
-                gpus: sum.gpus + held.gpus,
-                notebooks: sum.notebooks + held.notebooks,
-            })
+            .fold(Held::default(), |sum, held| sum + held)
     }
 }
 
 /// Why a notebook may not run: the first quota it would exceed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
-    "namespace {namespace}'s quota for {resource} is {quota}: {in_use} in use, {asked} asked; stop a notebook or ask an admin for more"
+    "namespace {namespace}'s quota for {resource} is {quota}: {in_use} in use, {asked} asked; {} or ask an admin for more",
+    if *.resource == "storage" { "delete a volume" } else { "stop a notebook" }
 )]
 pub struct QuotaExceeded {
     pub namespace: String,
-    /// `cpu`, `memory`, `gpus` or `notebooks`.
+    /// `cpu`, `memory`, `gpus`, `running notebooks` or `storage`.
     pub resource: &'static str,
     pub quota: String,
     pub in_use: String,
@@ -146,13 +205,29 @@ impl Quota {
                 asked.gpus.to_string(),
             ));
         }
+        if let Some(quota) = &self.storage
+            && let Ok(max) = crate::validate::quantity("storage", quota)
+            && asked.storage_bytes > 0.0
+            && in_use.storage_bytes + asked.storage_bytes > max
+        {
+            return Err(exceeded(
+                "storage",
+                quota.clone(),
+                gibibytes(in_use.storage_bytes),
+                gibibytes(asked.storage_bytes),
+            ));
+        }
         Ok(())
     }
 
     /// What is wrong with this quota as an admin wrote it, field by field.
     pub fn problems(&self) -> crate::validate::FieldErrors {
         let mut problems = crate::validate::FieldErrors::default();
-        for (field, value) in [("cpu", &self.cpu), ("memory", &self.memory)] {
+        for (field, value) in [
+            ("cpu", &self.cpu),
+            ("memory", &self.memory),
+            ("storage", &self.storage),
+        ] {
             if let Some(Err(problem)) = value
                 .as_deref()
                 .map(|v| crate::validate::quantity(field, v))
@@ -176,12 +251,22 @@ fn gibibytes(bytes: f64) -> String {
 mod tests {
     use super::*;
 
+    const GIB: f64 = (1u64 << 30) as f64;
+
     fn held(cpu: f64, gib: f64, gpus: u32, notebooks: u32) -> Held {
         Held {
             cpu,
-            memory_bytes: gib * f64::from(1u32 << 30),
+            memory_bytes: gib * GIB,
             gpus,
             notebooks,
+            storage_bytes: 0.0,
+        }
+    }
+
+    fn storage(gib: f64) -> Held {
+        Held {
+            storage_bytes: gib * GIB,
+            ..Held::default()
         }
     }
 
@@ -192,6 +277,7 @@ mod tests {
             memory: Some("4Gi".into()),
             gpus: Some(1),
             notebooks: Some(3),
+            storage: None,
         };
         assert_eq!(
             quota.admits("alice", held(1.5, 3.0, 1, 2), held(0.5, 1.0, 0, 1)),
@@ -221,6 +307,57 @@ mod tests {
         assert_eq!(gpus.resource, "gpus");
         assert_eq!(
             Quota::default().admits("alice", held(64.0, 512.0, 8, 50), held(16.0, 64.0, 8, 1)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn storage_counts_every_claim_and_only_new_volumes_ask_for_more() {
+        let quota = Quota {
+            storage: Some("10Gi".into()),
+            ..Quota::default()
+        };
+        let claim = |name: &str, size: &str| crate::workloads::Claim {
+            name: name.into(),
+            size: size.into(),
+            mode: "ReadWriteOnce".into(),
+        };
+        let mut notebook = Notebook::new("lab", Default::default());
+        notebook.metadata.annotations = Some(
+            [(
+                crate::validate::VOLUME_SIZES_ANNOTATION.to_owned(),
+                r#"{"lab-workspace":"3Gi","data":"2Gi"}"#.to_owned(),
+            )]
+            .into(),
+        );
+        // A claim without a size of its own counts what its notebook asked; one nobody asked
+        // for counts nothing; a volume asked for and not made yet counts what was asked.
+        let in_use = Held::claims(
+            &[
+                claim("kept", "4Gi"),
+                claim("lab-workspace", ""),
+                claim("unknown", ""),
+            ],
+            [&notebook],
+        );
+        assert_eq!(in_use.storage_bytes, 9.0 * GIB);
+        let in_use = Held::claims(&[claim("kept", "4Gi"), claim("data", "2Gi")], [&notebook]);
+        assert_eq!(in_use.storage_bytes, 9.0 * GIB);
+        let in_use = Held::claims(&[claim("kept", "4Gi")], []);
+        assert_eq!(Held::new_volumes(&notebook, &[]).storage_bytes, 5.0 * GIB);
+        assert_eq!(
+            Held::new_volumes(&notebook, &[claim("lab-workspace", "")]).storage_bytes,
+            2.0 * GIB
+        );
+        assert_eq!(quota.admits("alice", in_use, storage(6.0)), Ok(()));
+        let refused = quota.admits("alice", in_use, storage(6.5)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "namespace alice's quota for storage is 10Gi: 4.00Gi in use, 6.50Gi asked; delete a volume or ask an admin for more"
+        );
+        // Starting a notebook asks for no storage, even in a namespace already over its quota.
+        assert_eq!(
+            quota.admits("alice", storage(12.0), held(1.0, 1.0, 0, 1)),
             Ok(())
         );
     }

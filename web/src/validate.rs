@@ -289,47 +289,19 @@ fn resources(
     errors: &mut FieldErrors,
 ) -> Resources {
     let defaults = &config.defaults;
-    let mut resources = Resources::default();
-    for (kind, [request_field, limit_field], [asked, asked_limit], [default, max], min) in [
-        (
-            "cpu",
-            ["cpu", "cpuLimit"],
+    let mut resources = cpu_and_memory(
+        [
             [&request.cpu, &request.cpu_limit],
-            [&defaults.cpu, &defaults.max_cpu],
-            (MIN_CPU, MIN_CPU_TEXT),
-        ),
-        (
-            "memory",
-            ["memory", "memoryLimit"],
             [&request.memory, &request.memory_limit],
-            [&defaults.memory, &defaults.max_memory],
-            (MIN_MEMORY, MIN_MEMORY_TEXT),
-        ),
-    ] {
-        let amount = errors.keep(
-            bounded(request_field, asked, default, max)
-                .and_then(|text| at_least(request_field, &text, min.0, min.1).map(|()| text)),
-        );
-        // A limit left empty takes the request's amount.
-        let limit_default = amount.as_deref().unwrap_or(default);
-        let limit = errors.keep(
-            bounded(limit_field, asked_limit, limit_default, max)
-                .and_then(|text| at_least(limit_field, &text, min.0, min.1).map(|()| text)),
-        );
-        if let (Some(amount), Some(limit)) = (amount, limit) {
-            if quantity(limit_field, &limit).ok() < quantity(request_field, &amount).ok() {
-                errors.push(FieldError::new(
-                    limit_field,
-                    format!(
-                        "must not be less than the {} request",
-                        kind.replace("cpu", "CPU")
-                    ),
-                ));
-            }
-            resources.requests.insert(kind.into(), Quantity(amount));
-            resources.limits.insert(kind.into(), Quantity(limit));
-        }
-    }
+        ],
+        [
+            [&defaults.cpu, &defaults.memory],
+            // A limit left empty takes the request's amount.
+            ["", ""],
+        ],
+        defaults,
+        errors,
+    );
     if let Some(gpus) = &request.gpus
         && gpus.count > 0
     {
@@ -364,6 +336,134 @@ fn resources(
         }
     }
     resources
+}
+
+/// CPU and memory requests and limits as asked (`[cpu, cpu limit], [memory, memory limit]`),
+/// each empty one taking its default (`[[cpu, memory], [cpu limit, memory limit]]`; an empty
+/// limit default is the request's amount), checked against the catalog's bounds.
+fn cpu_and_memory(
+    asked: [[&str; 2]; 2],
+    default: [[&str; 2]; 2],
+    defaults: &crate::config::Defaults,
+    errors: &mut FieldErrors,
+) -> Resources {
+    let mut resources = Resources::default();
+    for (i, (kind, [request_field, limit_field], max, min)) in [
+        (
+            "cpu",
+            ["cpu", "cpuLimit"],
+            &defaults.max_cpu,
+            (MIN_CPU, MIN_CPU_TEXT),
+        ),
+        (
+            "memory",
+            ["memory", "memoryLimit"],
+            &defaults.max_memory,
+            (MIN_MEMORY, MIN_MEMORY_TEXT),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let [asked, asked_limit] = asked[i];
+        let amount = errors.keep(
+            bounded(request_field, asked, default[0][i], max)
+                .and_then(|text| at_least(request_field, &text, min.0, min.1).map(|()| text)),
+        );
+        let limit_default = match default[1][i] {
+            "" => amount.as_deref().unwrap_or(default[0][i]),
+            limit => limit,
+        };
+        let limit = errors.keep(
+            bounded(limit_field, asked_limit, limit_default, max)
+                .and_then(|text| at_least(limit_field, &text, min.0, min.1).map(|()| text)),
+        );
+        if let (Some(amount), Some(limit)) = (amount, limit) {
+            if quantity(limit_field, &limit).ok() < quantity(request_field, &amount).ok() {
+                errors.push(FieldError::new(
+                    limit_field,
+                    format!(
+                        "must not be less than the {} request",
+                        kind.replace("cpu", "CPU")
+                    ),
+                ));
+            }
+            resources.requests.insert(kind.into(), Quantity(amount));
+            resources.limits.insert(kind.into(), Quantity(limit));
+        }
+    }
+    resources
+}
+
+/// `notebook`'s container resources with CPU and memory changed as `patch` asks, under the same
+/// bounds as a new notebook's. What the patch leaves out stays, except that a limit that was
+/// equal to its request follows a new request (the form sets them together).
+pub fn resized(
+    notebook: &Notebook,
+    patch: &crate::model::NotebookPatch,
+    config: &SpawnerConfig,
+) -> Result<ResourceRequirements, FieldErrors> {
+    let current = notebook
+        .container()
+        .and_then(|c| c.resources.clone())
+        .unwrap_or_default();
+    let amount = |of: &Option<BTreeMap<String, Quantity>>, key: &str| -> String {
+        of.as_ref()
+            .and_then(|m| m.get(key))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
+    };
+    let [cpu, memory] = ["cpu", "memory"].map(|key| amount(&current.requests, key));
+    let [cpu_limit, memory_limit] = ["cpu", "memory"].map(|key| amount(&current.limits, key));
+    let asked = |value: &Option<String>| value.clone().unwrap_or_default();
+    let (new_cpu, new_memory) = (asked(&patch.cpu), asked(&patch.memory));
+    // An empty default limit follows the request.
+    let limit_default = |limit: &str, request: &str, changed: bool| -> String {
+        if limit.is_empty() || (changed && limit == request) {
+            String::new()
+        } else {
+            limit.to_owned()
+        }
+    };
+    let defaults = &config.defaults;
+    let mut errors = FieldErrors::default();
+    let [cpu_default, memory_default] = [
+        if cpu.is_empty() { &defaults.cpu } else { &cpu },
+        if memory.is_empty() {
+            &defaults.memory
+        } else {
+            &memory
+        },
+    ];
+    let limit_defaults = [
+        limit_default(&cpu_limit, &cpu, patch.cpu.is_some()),
+        limit_default(&memory_limit, &memory, patch.memory.is_some()),
+    ];
+    let changed = cpu_and_memory(
+        [
+            [&new_cpu, &asked(&patch.cpu_limit)],
+            [&new_memory, &asked(&patch.memory_limit)],
+        ],
+        [
+            [cpu_default, memory_default],
+            [&limit_defaults[0], &limit_defaults[1]],
+        ],
+        defaults,
+        &mut errors,
+    );
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut resources = current;
+    resources
+        .requests
+        .get_or_insert_with(Default::default)
+        .extend(changed.requests);
+    resources
+        .limits
+        .get_or_insert_with(Default::default)
+        .extend(changed.limits);
+    Ok(resources)
 }
 
 /// A volume of the notebook: its claim, the size asked for a new one (empty: an existing one),
@@ -618,9 +718,7 @@ fn assemble(
     }
 }
 
-/// The sizes asked for each new volume (claim name → quantity). In a cluster the web app creates
-/// PVCs of these sizes; embedded, podman volumes have no size and this is informational.
-pub const VOLUME_SIZES_ANNOTATION: &str = "labforge.dev/volume-sizes";
+pub use labforge_crds::notebook::VOLUME_SIZES_ANNOTATION;
 
 #[cfg(test)]
 mod tests {
@@ -843,6 +941,48 @@ mod tests {
         // An image the user saved is theirs to use.
         let saved = ["docker.io/library/python:3".to_owned()];
         assert!(notebook_from_request(&r, "alice", "alice", &config, &saved).is_ok());
+    }
+
+    #[test]
+    fn a_resize_keeps_what_it_leaves_out_and_checks_what_it_asks() {
+        let mut r = request("lab");
+        r.cpu = "1".into();
+        r.memory = "2Gi".into();
+        r.memory_limit = "3Gi".into();
+        r.gpus = Some(GpuRequest {
+            vendor: "nvidia.com/gpu".into(),
+            count: 1,
+        });
+        let nb = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap();
+        let amounts = |res: &ResourceRequirements, of: &str| -> Vec<String> {
+            let map = if of == "limits" {
+                &res.limits
+            } else {
+                &res.requests
+            };
+            ["cpu", "memory", "nvidia.com/gpu"]
+                .iter()
+                .map(|key| map.as_ref().unwrap()[*key].0.clone())
+                .collect()
+        };
+        let patch = crate::model::NotebookPatch {
+            cpu: Some("2".into()),
+            memory: Some("1Gi".into()),
+            ..Default::default()
+        };
+        let changed = resized(&nb, &patch, &config()).unwrap();
+        // The CPU limit moved with its request; the memory limit, set apart, stayed; GPUs stay.
+        assert_eq!(amounts(&changed, "requests"), ["2", "1Gi", "1"]);
+        assert_eq!(amounts(&changed, "limits"), ["2", "3Gi", "1"]);
+
+        let too_much = crate::model::NotebookPatch {
+            cpu: Some("1000".into()),
+            memory_limit: Some("1Gi".into()),
+            ..Default::default()
+        };
+        let errors = resized(&nb, &too_much, &config()).unwrap_err();
+        let fields: Vec<&str> = errors.as_slice().iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["cpu", "memoryLimit"]);
     }
 
     #[test]

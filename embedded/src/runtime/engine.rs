@@ -7,7 +7,7 @@ use tokio::process::Command;
 
 use super::plan::{
     ContainerPlan, DEVICES_LABEL, MANAGED_LABEL, NOTEBOOK_LABEL, PLAN_LABEL, PORT_LABEL,
-    PUBLISH_ADDRESS, volume_name,
+    PUBLISH_ADDRESS, SIZE_LABEL, volume_name,
 };
 
 /// A container as `<engine> ps` shows it.
@@ -255,6 +255,9 @@ impl Engine {
 
     pub async fn start(&self, plan: &ContainerPlan, host_port: u16) -> Result<(), EngineError> {
         self.ensure_network(&plan.name).await?;
+        for (volume, size) in &plan.new_volumes {
+            self.ensure_volume(volume, size).await?;
+        }
         let mut args = vec!["run".to_owned(), "--detach".to_owned()];
         args.extend(plan.options.iter().cloned());
         args.extend([
@@ -270,26 +273,57 @@ impl Engine {
         self.run(&args).await.map(|_| ())
     }
 
-    /// The claims (PersistentVolumeClaim names) `namespace`'s volumes stand in for, sorted: the
-    /// workspaces and data volumes its notebooks made, deleted notebooks' included.
-    pub async fn claims(&self, namespace: &str) -> Result<Vec<String>, EngineError> {
+    /// Creates volume `name` labelled with `size` unless it exists (then it is left as it is:
+    /// a workspace kept from a deleted notebook is taken over with its files).
+    async fn ensure_volume(&self, name: &str, size: &str) -> Result<(), EngineError> {
+        if self.volume_exists(name).await {
+            return Ok(());
+        }
+        let create = [
+            "volume".to_owned(),
+            "create".to_owned(),
+            "--label".to_owned(),
+            format!("{MANAGED_LABEL}={}", self.instance),
+            "--label".to_owned(),
+            format!("{SIZE_LABEL}={size}"),
+            name.to_owned(),
+        ];
+        match self.run(&create).await {
+            Ok(_) => Ok(()),
+            Err(_) if self.volume_exists(name).await => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The claims (PersistentVolumeClaim names) `namespace`'s volumes stand in for, sorted, each
+    /// with the size it was asked with (empty when unknown): the workspaces and data volumes
+    /// its notebooks made, deleted notebooks' included.
+    pub async fn claims(&self, namespace: &str) -> Result<Vec<(String, String)>, EngineError> {
         let prefix = volume_name(namespace, "");
         let listed = self
             .run(&[
                 "volume".into(),
                 "ls".into(),
                 "--format".into(),
-                "{{.Name}}".into(),
+                format!("{{{{.Name}}}}\t{{{{index .Labels \"{SIZE_LABEL}\"}}}}"),
             ])
             .await?;
-        let mut claims: Vec<String> = listed
+        let mut claims: Vec<(String, String)> = listed
             .lines()
-            .filter_map(|line| line.trim().strip_prefix(&prefix))
-            .filter(|claim| !claim.is_empty())
-            .map(str::to_owned)
+            .filter_map(|line| {
+                let (name, size) = line.trim().split_once('\t').unwrap_or((line.trim(), ""));
+                let claim = name.strip_prefix(&prefix).filter(|c| !c.is_empty())?;
+                // `index` of a missing label prints `<no value>` (Go templates).
+                let size = if size.starts_with('<') {
+                    ""
+                } else {
+                    size.trim()
+                };
+                Some((claim.to_owned(), size.to_owned()))
+            })
             .collect();
         claims.sort();
-        claims.dedup();
+        claims.dedup_by(|a, b| a.0 == b.0);
         Ok(claims)
     }
 

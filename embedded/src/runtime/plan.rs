@@ -16,6 +16,9 @@ pub const NOTEBOOK_LABEL: &str = "dev.labforge.notebook";
 pub const PLAN_LABEL: &str = "dev.labforge.plan";
 pub const PORT_LABEL: &str = "dev.labforge.port";
 pub const DEVICES_LABEL: &str = "dev.labforge.devices";
+/// The size a volume was asked with (a quantity): podman volumes have no size of their own,
+/// and the namespace's storage quota and volume list read it here.
+pub const SIZE_LABEL: &str = "dev.labforge.size";
 /// Where notebook servers' ports are published: a loopback address of their own. Not
 /// 127.0.0.1, which `localhost` and `*.localhost` (the web app's and the notebooks' hosts)
 /// resolve to: cookies are not kept apart by port, so a notebook's server on `localhost:<port>`
@@ -45,6 +48,9 @@ pub struct ContainerPlan {
     pub container_port: i32,
     /// Digest of all of the above: a container with another digest is replaced.
     pub digest: String,
+    /// The volumes it makes (podman volume name → the size asked), labelled with their size
+    /// when they do not exist yet. Not in the digest: a volume's size never changes.
+    pub new_volumes: Vec<(String, String)>,
 }
 
 /// The container name of a notebook, which is also the name of its network. Namespaces and
@@ -223,6 +229,11 @@ pub fn plan(
         command,
         container_port,
         digest,
+        new_volumes: notebook
+            .volume_sizes()
+            .into_iter()
+            .map(|(claim, size)| (volume_name(&namespace, &claim), size))
+            .collect(),
     })
 }
 
