@@ -1,7 +1,9 @@
 // A team in the browser, one person per browser: a member with `edit` shares the team's notebook
 // from its page (the dialog warns that a share works as the owner), the user it is shared with
 // finds it under "Shared with me", the namespace's owner adds a member on the list page, a
-// viewer sees the members without the form, and the admin sees the namespace on the admin page.
+// viewer sees the members without the form, and the admin sees the namespace on the admin page;
+// the admin sets the namespace's quota there, and the editor's resize past it is refused on the
+// notebook's page with the numbers, one within it is taken.
 // Prints one JSON line with what it saw; exits non-zero when a step fails or a page logs an error.
 //   node teams.mjs CONFIG.json
 // CONFIG: {url, team, notebook, editor: [name, password], sharee: [..], owner: [..], viewer: [..],
@@ -21,8 +23,48 @@ async function as(user) {
 }
 let page = null;
 try {
-  // The editor shares the notebook with the sharee, from its page.
+  // The admin gives the team namespace a quota on the admin page.
+  page = await as(config.admin);
+  await page.goto(`${url}/admin`);
+  await page.locator('#q-namespace').fill(team);
+  await page.locator('#q-cpu').fill('1');
+  await page.locator('#q-notebooks').fill('4');
+  await page.getByRole('button', { name: 'Set quota' }).click();
+  const quotaRow = page.locator(`#quotas tr[data-namespace="${team}"]`);
+  await quotaRow.filter({ hasText: 'of 1' }).waitFor({ timeout: 10_000 });
+  seen.quotaRow = (await quotaRow.innerText()).replace(/\s+/g, ' ').trim();
+  await page.screenshot({ path: `${screenshots}/teams-quotas.png`, fullPage: true });
+
+  // The editor sees the quota on the notebook's page; a resize past it is refused with the
+  // numbers, one within it is taken.
   page = await as(config.editor);
+  await page.goto(`${url}/notebooks/${team}/${notebook}`);
+  const quotaLine = page.locator('#resources #quota-use');
+  await quotaLine.waitFor({ timeout: 10_000 });
+  seen.quotaLine = await quotaLine.innerText();
+  const cpu = await page.locator('#resize-cpu').inputValue();
+  await page.locator('#resize-cpu').fill('2');
+  await page.getByRole('button', { name: 'Resize' }).click();
+  const resizeError = page.locator('#resize-error');
+  await resizeError.filter({ hasText: 'quota' }).waitFor({ timeout: 10_000 });
+  seen.resizeRefused = await resizeError.innerText();
+  await page.locator('#resize-cpu').fill('5000');
+  await page.getByRole('button', { name: 'Resize' }).click();
+  const cpuError = page.locator('#resources [data-error-for="cpu"]');
+  await cpuError.filter({ hasText: 'allowed' }).waitFor({ timeout: 10_000 });
+  seen.resizeTooBig = await cpuError.innerText();
+  // The same amount again: taken, and nothing restarts for it.
+  await page.locator('#resize-cpu').fill(cpu);
+  const [patched] = await Promise.all([
+    page.waitForResponse((r) => r.request().method() === 'PATCH', { timeout: 10_000 }),
+    page.getByRole('button', { name: 'Resize' }).click(),
+  ]);
+  seen.resizeStatus = patched.status();
+  await page.waitForFunction(() => !document.querySelector('#resources [data-error-for="cpu"]').textContent, null, { timeout: 10_000 });
+  seen.resizeError = await resizeError.innerText();
+  await page.screenshot({ path: `${screenshots}/teams-resources.png`, fullPage: true });
+
+  // The editor shares the notebook with the sharee, from its page.
   await page.goto(`${url}/notebooks/${team}/${notebook}`);
   seen.warning = await page.locator('#sharing .warning').innerText();
   await page.getByLabel('User', { exact: true }).fill('nobody-at-all');

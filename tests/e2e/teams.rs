@@ -196,6 +196,32 @@ async fn members_and_shares_decide_who_sees_opens_and_changes_a_teams_notebook()
     );
     assert_eq!(seen["viewerForm"], false, "{seen}");
     assert_eq!(
+        seen["quotaRow"],
+        format!("{team} 0.5 of 1 1.0 GiB (no quota) 0 (no quota) 1 of 4 0 B (no quota)"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["quotaLine"],
+        format!("Quota of {team}, in use: CPU 0.5 of 1 · running notebooks 1 of 4."),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["resizeRefused"],
+        format!(
+            "namespace {team}'s quota for cpu is 1: 0 in use, 2 asked; stop a notebook or ask an admin for more"
+        ),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["resizeTooBig"], "5000 is more than the allowed 16",
+        "{seen}"
+    );
+    assert_eq!(
+        (&seen["resizeStatus"], &seen["resizeError"]),
+        (&json!(200), &json!("")),
+        "{seen}"
+    );
+    assert_eq!(
         seen["viewerLine"],
         format!("Owner: {alice}. You: view."),
         "{seen}"

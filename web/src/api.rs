@@ -418,6 +418,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/whoami", get(whoami))
         .route("/api/config", get(config))
         .route("/api/admin/notebooks", get(admin_notebooks))
+        .route("/api/admin/quotas", get(admin_quotas))
         .route("/api/admin/audit", get(admin_audit))
         .route(
             "/api/namespaces/{ns}/notebooks",
@@ -1008,14 +1009,56 @@ async fn get_quota(
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
-    let quota = state.backend.quota(&ns).await?;
-    let notebooks = state.backend.list(Some(&ns)).await?;
-    let claims = state.workloads.claims(&ns).await?;
-    Ok(Json(serde_json::json!({
+    Ok(Json(quota_and_use(&state, &ns).await?))
+}
+
+/// Namespace `ns`'s quota and what it holds, as `GET …/quota` answers.
+async fn quota_and_use(state: &ApiState, ns: &str) -> ApiResult<serde_json::Value> {
+    let quota = state.backend.quota(ns).await?;
+    let notebooks = state.backend.list(Some(ns)).await?;
+    let claims = state.workloads.claims(ns).await?;
+    Ok(serde_json::json!({
+        "namespace": ns,
         "quota": quota,
         "inUse": crate::quota::Held::running(&notebooks, "")
             + crate::quota::Held::claims(&claims, &notebooks),
-    })))
+    }))
+}
+
+/// Every namespace's quota and use in one answer, for the admin page: each user's namespace,
+/// each team namespace and each namespace with notebooks.
+#[utoipa::path(
+    get, path = "/api/admin/quotas", summary = "Every namespace's quota (null: none) and what it holds (admins only)",
+    responses((status = 200, description = "quota and use per namespace", body = inline(crate::openapi::QuotasAnswer)), crate::openapi::PlatformErrors)
+)]
+async fn admin_quotas(
+    user: SignedIn,
+    State(state): State<ApiState>,
+) -> ApiResult<Json<serde_json::Value>> {
+    user.must_be_admin(&state).await?;
+    let mut namespaces: Vec<String> = state
+        .backend
+        .list(None)
+        .await?
+        .into_iter()
+        .filter_map(|nb| nb.metadata.namespace)
+        .collect();
+    if let Some(auth) = &state.local_users {
+        namespaces.extend(auth.users.list().into_iter().map(|u| u.namespace));
+        namespaces.extend(
+            auth.namespaces
+                .list(&auth.users)
+                .into_iter()
+                .map(|ns| ns.name),
+        );
+    }
+    namespaces.sort();
+    namespaces.dedup();
+    let mut answers = Vec::with_capacity(namespaces.len());
+    for ns in &namespaces {
+        answers.push(quota_and_use(&state, ns).await?);
+    }
+    Ok(Json(serde_json::json!({ "namespaces": answers })))
 }
 
 /// Sets a namespace's quota (admins only); `null` removes it.

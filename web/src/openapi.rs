@@ -48,6 +48,7 @@ pub static DOCUMENT: LazyLock<String> =
         crate::api::admin_audit,
         crate::api::get_quota,
         crate::api::put_quota,
+        crate::api::admin_quotas,
         crate::api::list_notebooks,
         crate::api::create_notebook,
         crate::api::watch_namespace,
@@ -545,8 +546,15 @@ pub(crate) struct Totals {
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)]
 pub(crate) struct QuotaAnswer {
+    namespace: String,
     quota: Option<crate::quota::Quota>,
     in_use: crate::quota::Held,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct QuotasAnswer {
+    namespaces: Vec<QuotaAnswer>,
 }
 
 #[derive(ToSchema)]
@@ -941,7 +949,7 @@ mod tests {
             .values()
             .map(|path| path.as_object().map_or(0, |methods| methods.len()))
             .sum();
-        assert_eq!(operations, 41);
+        assert_eq!(operations, 42);
         for (path, method) in [
             ("/api/admin/audit", "get"),
             ("/api/namespaces", "post"),

@@ -756,6 +756,7 @@ fn resource_fields(config: &SpawnerConfig) -> Markup {
             legend { "Resources" }
             (request_and_limit("cpu", "CPU", &d.cpu))
             (request_and_limit("memory", "Memory", &d.memory))
+            p.hint #quota-use hidden {}
             (gpu_fields(config))
             label for="shmSize" { "Shared memory (/dev/shm)" }
             input #shmSize name="shmSize" value=(d.shm_size);
@@ -996,6 +997,25 @@ fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
             }
             p.empty #images-empty { "No saved images yet." }
         }
+        section.card #resources {
+            h2 { "Resources" }
+            p.hint { "A running notebook restarts with the new amounts; its workspace stays. A limit that was equal to its request follows it." }
+            form.inline #resize novalidate {
+                div {
+                    label for="resize-cpu" { "CPU" }
+                    input #resize-cpu name="cpu" size="6";
+                    p.error data-error-for="cpu" {}
+                }
+                div {
+                    label for="resize-memory" { "Memory" }
+                    input #resize-memory name="memory" size="7";
+                    p.error data-error-for="memory" {}
+                }
+                button #resize-button type="submit" { "Resize" }
+            }
+            p.error #resize-error role="alert" {}
+            p.hint #quota-use hidden {}
+        }
         section.card #sharing {
             h2 { "Share" }
             p.warning {
@@ -1145,6 +1165,47 @@ fn admin_main() -> Markup {
                 button type="submit" { "Add namespace" }
             }
             p.error #namespace-error role="alert" {}
+        }
+        section #quotas-section {
+            h2 { "Quotas" }
+            p.hint { "What each namespace holds against its quota: CPU, memory and GPUs of its running notebooks, and the storage of all its volumes. Creates, starts and resizes past a quota are refused." }
+            div.table-wrap {
+                table #quotas {
+                    (column_headings(&["Namespace", "CPU", "Memory", "GPUs", "Running notebooks", "Storage"]))
+                    tbody {}
+                }
+            }
+            form.inline #set-quota novalidate {
+                div {
+                    label for="q-namespace" { "Namespace" }
+                    input #q-namespace name="namespace" list="quota-namespaces" autocomplete="off" required;
+                    datalist #quota-namespaces {}
+                }
+                div {
+                    label for="q-cpu" { "CPU" }
+                    input #q-cpu name="cpu" placeholder="e.g. 4" size="6";
+                }
+                div {
+                    label for="q-memory" { "Memory" }
+                    input #q-memory name="memory" placeholder="e.g. 16Gi" size="7";
+                }
+                div {
+                    label for="q-gpus" { "GPUs" }
+                    input #q-gpus name="gpus" type="number" min="0" size="4";
+                }
+                div {
+                    label for="q-notebooks" { "Running notebooks" }
+                    input #q-notebooks name="notebooks" type="number" min="0" size="4";
+                }
+                div {
+                    label for="q-storage" { "Storage" }
+                    input #q-storage name="storage" placeholder="e.g. 100Gi" size="7";
+                }
+                button type="submit" { "Set quota" }
+                button.secondary #clear-quota type="button" { "Remove quota" }
+            }
+            p.hint { "Empty fields are unlimited; setting a quota replaces the namespace's whole quota." }
+            p.error #quota-error role="alert" {}
         }
         h2 { "Audit trail" }
         p.hint #audit-hint { "Every change and notebook sign-in, newest first (the newest 200; " code { "labforge audit" } " reads them all)." }

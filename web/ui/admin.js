@@ -131,3 +131,51 @@ document.getElementById('add-namespace').addEventListener('submit', async (event
   namespaces();
 });
 namespaces();
+
+// Use against quota per namespace; admins set and remove quotas here.
+const quotaForm = document.getElementById('set-quota');
+let quotas = [];
+function against(used, limit) {
+  return limit === undefined || limit === null ? `${used} (no quota)` : `${used} of ${limit}`;
+}
+async function loadQuotas() {
+  const { status, body: answer } = await api('GET', 'api/admin/quotas');
+  if (status !== 200) return;
+  quotas = answer.namespaces;
+  document.getElementById('quota-namespaces').replaceChildren(...quotas.map((q) => el('option', { value: q.namespace })));
+  document.querySelector('#quotas tbody').replaceChildren(...quotas.map(({ namespace, quota, inUse }) => {
+    const q = quota || {};
+    return el('tr', { 'data-namespace': namespace, class: quota ? null : 'unlimited' },
+      el('td', {}, namespace),
+      el('td', {}, against(Number(inUse.cpu.toFixed(3)), q.cpu)),
+      el('td', {}, against(bytes(inUse.memoryBytes), q.memory)),
+      el('td', {}, against(inUse.gpus, q.gpus)),
+      el('td', {}, against(inUse.notebooks, q.notebooks)),
+      el('td', {}, against(bytes(inUse.storageBytes), q.storage)));
+  }));
+}
+// Picking a namespace fills the form with its quota, to change one field of it.
+document.getElementById('q-namespace').addEventListener('change', (event) => {
+  const found = quotas.find((q) => q.namespace === event.target.value.trim());
+  for (const field of ['cpu', 'memory', 'gpus', 'notebooks', 'storage']) {
+    quotaForm[field].value = found?.quota?.[field] ?? '';
+  }
+});
+async function setQuota(quota) {
+  const ns = quotaForm.namespace.value.trim();
+  const error = document.getElementById('quota-error');
+  if (!ns) { error.textContent = 'Name the namespace.'; return; }
+  const answer = await api('PUT', `api/namespaces/${encodeURIComponent(ns)}/quota`, quota);
+  error.textContent = answer.status >= 400 ? (answer.body?.error || `failed (HTTP ${answer.status})`) : '';
+  loadQuotas();
+}
+quotaForm.addEventListener('submit', (event) => {
+  event.preventDefault();
+  const quota = {};
+  for (const field of ['cpu', 'memory', 'storage']) if (quotaForm[field].value.trim()) quota[field] = quotaForm[field].value.trim();
+  for (const field of ['gpus', 'notebooks']) if (quotaForm[field].value !== '') quota[field] = Number(quotaForm[field].value);
+  setQuota(quota);
+});
+document.getElementById('clear-quota').addEventListener('click', () => setQuota(null));
+loadQuotas();
+setInterval(loadQuotas, 15000);

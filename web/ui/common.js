@@ -224,3 +224,24 @@ async function fillNamespacePicker() {
   });
 }
 fillNamespacePicker();
+
+/** A namespace's quota answer as one line, each limited resource with what is held of it; ''
+ * when the namespace has no quota. */
+export function quotaSummary({ namespace, quota, inUse }) {
+  if (!quota) return '';
+  const parts = [];
+  if (quota.cpu) parts.push(`CPU ${Number(inUse.cpu.toFixed(3))} of ${quota.cpu}`);
+  if (quota.memory) parts.push(`memory ${bytes(inUse.memoryBytes)} of ${quota.memory}`);
+  if (quota.gpus !== undefined) parts.push(`GPUs ${inUse.gpus} of ${quota.gpus}`);
+  if (quota.notebooks !== undefined) parts.push(`running notebooks ${inUse.notebooks} of ${quota.notebooks}`);
+  if (quota.storage) parts.push(`storage ${bytes(inUse.storageBytes)} of ${quota.storage}`);
+  return `Quota of ${namespace}, in use: ${parts.join(' · ')}.`;
+}
+
+/** Fills `node` with namespace `ns`'s quota line, or hides it when there is none. */
+export async function showQuota(node, ns) {
+  const { status, body } = await api('GET', `api/namespaces/${encodeURIComponent(ns)}/quota`);
+  const text = status === 200 ? quotaSummary(body) : '';
+  node.textContent = text;
+  node.hidden = !text;
+}

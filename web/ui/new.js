@@ -1,6 +1,6 @@
 // The spawner form: validates names as they are typed, sends the request, shows the server's
 // errors next to the field they concern.
-import { api, el, showErrors, pageLink } from './common.js';
+import { api, el, showErrors, pageLink, showQuota } from './common.js';
 
 const form = document.getElementById('spawner');
 const ns = document.body.dataset.namespace;
@@ -29,6 +29,8 @@ for (const radio of form.querySelectorAll('input[name=workspace]')) {
     form.querySelector('label[for=workspaceName]').hidden = kind !== 'existing';
   });
 }
+
+showQuota(document.getElementById('quota-use'), ns);
 
 // The namespace's volumes, offered for an existing workspace.
 api('GET', `api/namespaces/${ns}/volumes`).then(({ status, body }) => {

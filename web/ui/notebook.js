@@ -1,6 +1,6 @@
 // One notebook: live status, events, following logs, and "Save environment as image" with its
 // progress, plus the images saved from it.
-import { api, el, stateBadge, ago, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse, pageLink, serverName } from './common.js';
+import { api, el, stateBadge, ago, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse, pageLink, serverName, showQuota } from './common.js';
 
 const root = document.getElementById('notebook');
 const { ns, name } = root.dataset;
@@ -32,6 +32,12 @@ async function refresh() {
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
   showUsage(nb);
   showShares(nb.sharedWith || []);
+  const resize = document.getElementById('resize');
+  // What is being typed stays; the fields follow the notebook otherwise.
+  if (!resize.contains(document.activeElement)) {
+    resize.cpu.value = nb.cpu;
+    resize.memory.value = nb.memory;
+  }
   const conditions = nb.status?.conditions || [];
   document.getElementById('conditions').replaceChildren(...(conditions.length
     ? conditions.map((c) => el('li', {}, `${c.type}: ${c.status}${c.reason ? ` (${c.reason})` : ''}${c.message ? ` — ${c.message}` : ''}`))
@@ -87,6 +93,24 @@ document.getElementById('share').addEventListener('submit', async (event) => {
   form.user.value = '';
   refresh();
 });
+
+document.getElementById('resize').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const form = event.target;
+  const answer = await api('PATCH', path, { cpu: form.cpu.value.trim(), memory: form.memory.value.trim() });
+  const error = document.getElementById('resize-error');
+  if (answer.status >= 400) {
+    showErrors(form, answer.body, error);
+    return;
+  }
+  for (const node of form.querySelectorAll('[data-error-for]')) node.textContent = '';
+  for (const node of form.querySelectorAll('[aria-invalid]')) node.removeAttribute('aria-invalid');
+  error.textContent = '';
+  document.activeElement?.blur();
+  refresh();
+  showQuota(document.getElementById('quota-use'), ns);
+});
+showQuota(document.getElementById('quota-use'), ns);
 
 document.getElementById('auto-save').addEventListener('change', async (event) => {
   const answer = await api('PATCH', path, { autoSave: event.target.checked });
