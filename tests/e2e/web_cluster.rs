@@ -757,3 +757,102 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
     assert!(names.contains(&"gpu"), "{names:?}");
     assert!(server.rejected().is_empty(), "{:?}", server.rejected());
 }
+
+/// A profile's ResourceQuota, read by the web app as its quota: shown against use, and a create
+/// past it refused before anything is made, in the same words as the embedded quota's.
+#[tokio::test]
+async fn a_namespaces_resource_quota_is_shown_and_checked_before_anything_is_made() {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
+
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    server.set_access_rule(|spec| {
+        spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
+    });
+    let quotas: Api<ResourceQuota> = Api::namespaced(server.client(), "alice");
+    let quota = json!({"metadata": {"name": "kf-resource-quota"}, "spec": {"hard": {
+        "limits.cpu": "1", "requests.storage": "5Gi", "count/pods": "4", "requests.cpu": "1"}}});
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(quota).unwrap(),
+        )
+        .await
+        .unwrap();
+    let web = WebApp::start(&server, None, None).await;
+    let api = web.client();
+    let notebooks = "/api/namespaces/alice/notebooks";
+
+    let (status, answer) = api.get(Some(ALICE), "/api/namespaces/alice/quota").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["quota"],
+        json!({"cpu": "1", "notebooks": 4, "storage": "5Gi"})
+    );
+    let (status, answer) = api
+        .call(
+            Some(ALICE),
+            reqwest::Method::PUT,
+            "/api/namespaces/alice/quota",
+            Some(json!({"cpu": "9"})),
+        )
+        .await;
+    assert_eq!(status, 403, "only admins set quotas: {answer}");
+
+    let (status, answer) = api
+        .post(
+            Some(ALICE),
+            notebooks,
+            json!({"name": "big", "cpu": "2", "workspace": {"new": {"size": "1Gi"}}}),
+        )
+        .await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "namespace alice's quota for cpu is 1: 0 in use, 2 asked; stop a notebook or ask an admin for more"
+    );
+    let (status, answer) = api
+        .post(
+            Some(ALICE),
+            notebooks,
+            json!({"name": "lab", "cpu": "0.5", "workspace": {"new": {"size": "4Gi"}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = api
+        .post(
+            Some(ALICE),
+            notebooks,
+            json!({"name": "more", "cpu": "0.5", "workspace": {"new": {"size": "2Gi"}}}),
+        )
+        .await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "namespace alice's quota for storage is 5Gi: 4.00Gi in use, 2.00Gi asked; delete a volume or ask an admin for more"
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(server.client(), "alice");
+    let names: Vec<String> = claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["lab-workspace"],
+        "nothing made for the refused ones"
+    );
+    let (status, answer) = api.get(Some(ALICE), "/api/namespaces/alice/quota").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["inUse"]["cpu"], 0.5, "{answer}");
+    assert_eq!(
+        answer["inUse"]["storageBytes"],
+        4.0 * f64::from(1u32 << 30),
+        "{answer}"
+    );
+}

@@ -307,6 +307,9 @@ impl From<BackendError> for Failure {
             BackendError::Invalid(message) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, message.clone())
             }
+            BackendError::OverQuota(exceeded) => {
+                Self::new(StatusCode::FORBIDDEN, exceeded.to_string())
+            }
             BackendError::Unavailable(message) => {
                 tracing::error!(error = %message, "backend");
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, message.clone())

@@ -15,7 +15,8 @@ use futures::StreamExt;
 use http::HeaderMap;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, ServiceAccount, VolumeResourceRequirements,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, ResourceQuota, ServiceAccount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -36,6 +37,9 @@ pub enum BackendError {
     /// The API server refused the object (422).
     #[error("{0}")]
     Invalid(String),
+    /// Over the namespace's quota: labforge's own check, or the API server's quota admission.
+    #[error(transparent)]
+    OverQuota(#[from] crate::quota::QuotaExceeded),
     #[error("{0}")]
     Unavailable(String),
 }
@@ -259,6 +263,9 @@ pub struct KubernetesBackend {
 }
 
 fn kube_error(namespace: &str, name: &str, err: kube::Error) -> BackendError {
+    if let Some(exceeded) = over_quota(namespace, &err) {
+        return exceeded.into();
+    }
     match &err {
         kube::Error::Api(status) if status.code == 409 => BackendError::AlreadyExists {
             namespace: namespace.into(),
@@ -304,7 +311,20 @@ fn new_claims(notebook: &Notebook) -> Vec<PersistentVolumeClaim> {
         .collect()
 }
 
+/// The API server's quota admission refusing a write (403 "exceeded quota"), in labforge's words.
+fn over_quota(namespace: &str, err: &kube::Error) -> Option<crate::quota::QuotaExceeded> {
+    match err {
+        kube::Error::Api(status) if status.code == 403 => {
+            crate::quota::QuotaExceeded::from_api_refusal(namespace, &status.message)
+        }
+        _ => None,
+    }
+}
+
 fn claim_error(claim: &PersistentVolumeClaim, err: kube::Error) -> BackendError {
+    if let Some(exceeded) = over_quota(&claim.namespace().unwrap_or_default(), &err) {
+        return exceeded.into();
+    }
     match err {
         kube::Error::Api(status) if status.code == 422 => {
             BackendError::Invalid(format!("volume {}: {}", claim.name_any(), status.message))
@@ -389,6 +409,24 @@ impl Drop for KubernetesBackend {
 
 #[async_trait::async_trait]
 impl Backend for KubernetesBackend {
+    /// What the namespace's ResourceQuotas set, in labforge's terms: checked here before the
+    /// API server does, so that a refusal names its numbers before anything is made. Unreadable
+    /// quotas (no RBAC for them) leave the API server alone to enforce them.
+    async fn quota(&self, namespace: &str) -> Result<Option<crate::quota::Quota>, BackendError> {
+        let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), namespace);
+        match api.list(&Default::default()).await {
+            Ok(list) => Ok(crate::quota::Quota::from_resource_quotas(
+                list.items
+                    .iter()
+                    .filter_map(|q| q.spec.as_ref()?.hard.as_ref()),
+            )),
+            Err(err) => {
+                tracing::warn!(error = %err, namespace, "reading the namespace's ResourceQuotas");
+                Ok(None)
+            }
+        }
+    }
+
     async fn list(&self, namespace: Option<&str>) -> Result<Vec<Notebook>, BackendError> {
         let api = match namespace {
             Some(ns) => self.api(ns),

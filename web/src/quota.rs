@@ -9,6 +9,7 @@
 //! hold none. Storage counts every volume of the namespace, running or not, deleted notebooks'
 //! kept volumes included, by the size each was asked with, as `requests.storage` does.
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use labforge_crds::notebook::Notebook;
 use serde::{Deserialize, Serialize};
 
@@ -146,8 +147,9 @@ impl Held {
 )]
 pub struct QuotaExceeded {
     pub namespace: String,
-    /// `cpu`, `memory`, `gpus`, `running notebooks` or `storage`.
-    pub resource: &'static str,
+    /// `cpu`, `memory`, `gpus`, `running notebooks`, `storage`, or the ResourceQuota's own
+    /// name for what the API server refused.
+    pub resource: String,
     pub quota: String,
     pub in_use: String,
     pub asked: String,
@@ -156,13 +158,14 @@ pub struct QuotaExceeded {
 impl Quota {
     /// Whether `asked` fits beside `in_use` in `namespace`.
     pub fn admits(&self, namespace: &str, in_use: Held, asked: Held) -> Result<(), QuotaExceeded> {
-        let exceeded = |resource, quota: String, in_use: String, asked: String| QuotaExceeded {
-            namespace: namespace.to_owned(),
-            resource,
-            quota,
-            in_use,
-            asked,
-        };
+        let exceeded =
+            |resource: &str, quota: String, in_use: String, asked: String| QuotaExceeded {
+                namespace: namespace.to_owned(),
+                resource: resource.to_owned(),
+                quota,
+                in_use,
+                asked,
+            };
         if let Some(max) = self.notebooks
             && in_use.notebooks + asked.notebooks > max
         {
@@ -220,6 +223,48 @@ impl Quota {
         Ok(())
     }
 
+    /// The quota a namespace's ResourceQuotas set, in the terms labforge checks (the tightest
+    /// where several set one): `limits.cpu`, `limits.memory`, `requests.<vendor>/<gpu>`,
+    /// `count/pods` (each running notebook is a pod) and `requests.storage`. `None` when they
+    /// set none of these.
+    pub fn from_resource_quotas<'a>(
+        hards: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, Quantity>>,
+    ) -> Option<Quota> {
+        let mut quota = Quota::default();
+        let tighter_text = |slot: &mut Option<String>, field: &str, value: &str| {
+            let Ok(amount) = crate::validate::quantity(field, value) else {
+                return;
+            };
+            let current = slot
+                .as_deref()
+                .and_then(|q| crate::validate::quantity(field, q).ok());
+            if current.is_none_or(|current| amount < current) {
+                *slot = Some(value.to_owned());
+            }
+        };
+        let tighter_count = |slot: &mut Option<u32>, value: &str| {
+            if let Ok(count) = value.parse::<u32>() {
+                *slot = Some(slot.map_or(count, |current| current.min(count)));
+            }
+        };
+        for hard in hards {
+            for (key, value) in hard {
+                let value = value.0.as_str();
+                match key.as_str() {
+                    "limits.cpu" => tighter_text(&mut quota.cpu, "cpu", value),
+                    "limits.memory" => tighter_text(&mut quota.memory, "memory", value),
+                    "requests.storage" => tighter_text(&mut quota.storage, "storage", value),
+                    "count/pods" | "pods" => tighter_count(&mut quota.notebooks, value),
+                    key if key.starts_with("requests.") && key.contains('/') => {
+                        tighter_count(&mut quota.gpus, value)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        (quota != Quota::default()).then_some(quota)
+    }
+
     /// What is wrong with this quota as an admin wrote it, field by field.
     pub fn problems(&self) -> crate::validate::FieldErrors {
         let mut problems = crate::validate::FieldErrors::default();
@@ -236,6 +281,46 @@ impl Quota {
             }
         }
         problems
+    }
+}
+
+impl QuotaExceeded {
+    /// The API server's refusal of an object over a ResourceQuota, in the same words as
+    /// labforge's own: its message reads `… is forbidden: exceeded quota: NAME, requested:
+    /// K=V[,K=V], used: K=V[,…], limited: K=V[,…]`. `None` for any other message.
+    pub fn from_api_refusal(namespace: &str, message: &str) -> Option<QuotaExceeded> {
+        let (_, rest) = message.split_once("exceeded quota: ")?;
+        let (_, rest) = rest.split_once(", requested: ")?;
+        let (requested, rest) = rest.split_once(", used: ")?;
+        let (used, limited) = rest.split_once(", limited: ")?;
+        let pairs = |list: &str| -> Vec<(String, String)> {
+            list.split(',')
+                .filter_map(|pair| pair.trim().split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
+        let value_of = |list: &[(String, String)], key: &str| {
+            list.iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| "0".to_owned())
+        };
+        let (key, limit) = pairs(limited).into_iter().next()?;
+        let resource = match key.as_str() {
+            "limits.cpu" => "cpu",
+            "limits.memory" => "memory",
+            "requests.storage" => "storage",
+            "count/pods" | "pods" => "running notebooks",
+            key if key.starts_with("requests.") && key.contains('/') => "gpus",
+            key => key,
+        };
+        Some(QuotaExceeded {
+            namespace: namespace.to_owned(),
+            resource: resource.to_owned(),
+            quota: limit,
+            in_use: value_of(&pairs(used), &key),
+            asked: value_of(&pairs(requested), &key),
+        })
     }
 }
 
@@ -294,7 +379,7 @@ mod tests {
             .admits("alice", held(0.5, 3.5, 0, 1), held(0.5, 1.0, 0, 1))
             .unwrap_err();
         assert_eq!(
-            (memory.resource, memory.in_use.as_str()),
+            (memory.resource.as_str(), memory.in_use.as_str()),
             ("memory", "3.50Gi")
         );
         let notebooks = quota
@@ -359,6 +444,60 @@ mod tests {
         assert_eq!(
             quota.admits("alice", storage(12.0), held(1.0, 1.0, 0, 1)),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn a_namespaces_resource_quotas_become_the_tightest_quota_labforge_checks() {
+        let hard = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, Quantity> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                .collect()
+        };
+        let quotas = [
+            hard(&[
+                ("limits.cpu", "8"),
+                ("limits.memory", "16Gi"),
+                ("requests.nvidia.com/gpu", "2"),
+                ("requests.cpu", "4"),
+            ]),
+            hard(&[
+                ("limits.cpu", "6000m"),
+                ("count/pods", "5"),
+                ("requests.storage", "100Gi"),
+            ]),
+        ];
+        assert_eq!(
+            Quota::from_resource_quotas(&quotas),
+            Some(Quota {
+                cpu: Some("6000m".into()),
+                memory: Some("16Gi".into()),
+                gpus: Some(2),
+                notebooks: Some(5),
+                storage: Some("100Gi".into()),
+            })
+        );
+        assert_eq!(
+            Quota::from_resource_quotas(&[hard(&[("requests.cpu", "4")])]),
+            None
+        );
+    }
+
+    #[test]
+    fn the_api_servers_quota_refusal_reads_as_labforges() {
+        let refused = QuotaExceeded::from_api_refusal(
+            "alice",
+            "persistentvolumeclaims \"lab-workspace\" is forbidden: exceeded quota: kf-resource-quota, requested: requests.storage=10Gi, used: requests.storage=95Gi, limited: requests.storage=100Gi",
+        )
+        .unwrap();
+        assert_eq!(
+            refused.to_string(),
+            "namespace alice's quota for storage is 100Gi: 95Gi in use, 10Gi asked; delete a volume or ask an admin for more"
+        );
+        assert_eq!(
+            QuotaExceeded::from_api_refusal("alice", "pods \"x\" is forbidden: not allowed"),
+            None
         );
     }
 
