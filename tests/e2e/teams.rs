@@ -335,3 +335,63 @@ async fn members_and_shares_decide_who_sees_opens_and_changes_a_teams_notebook()
     let (status, body) = bob_s.get(&notebooks).await;
     assert_eq!(status, 403, "{body}");
 }
+
+/// JupyterLab's real-time collaboration through labforge: the owner and the user a notebook is
+/// shared with, each in a browser of their own, edit one document and see each other's typing.
+#[tokio::test]
+async fn two_people_in_a_shared_notebook_see_each_others_edits() {
+    crate::init_crypto();
+    let id = format!("{:x}", std::process::id());
+    let [alice, bob] = ["coedit-alice", "coedit-bob"].map(|u| format!("{u}-{id}"));
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    let passwords = [need(up.add_user(&alice)), need(up.add_user(&bob))];
+    let owner = Session::sign_in(&up, &alice, &passwords[0]).await;
+    let notebooks = format!("/api/namespaces/{alice}/notebooks");
+    let (status, body) = owner
+        .post(&notebooks, json!({"name": "lab", "workspace": "none"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = owner
+        .post(&format!("{notebooks}/lab/shares"), json!({"user": bob}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    owner
+        .wait_state(&alice, "lab", "ready", Duration::from_secs(180))
+        .await;
+    let jupyter = owner.jupyter(&alice, "lab").await;
+    let written = jupyter
+        .run_code(
+            "import nbformat as nbf\n\
+             spec = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}\n\
+             book = nbf.v4.new_notebook(cells=[nbf.v4.new_code_cell('')], metadata={'kernelspec': spec})\n\
+             nbf.write(book, 'together.ipynb')\n\
+             print('written')",
+        )
+        .await;
+    assert_eq!(need(written).trim(), "written");
+
+    let config = dir.path().join("coedit.json");
+    std::fs::write(
+        &config,
+        json!({
+            "url": up.url, "namespace": alice, "notebook": "lab", "file": "together.ipynb",
+            "owner": [alice, passwords[0]], "sharee": [bob, passwords[1]],
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("coedit.mjs", &[&config.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: serde_json::Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        seen["shareeSaw"], "greeting = \"typed by the owner\"",
+        "{seen}"
+    );
+    assert_eq!(
+        seen["ownerSaw"], "greeting = \"typed by the owner\"  # and by the sharee",
+        "{seen}"
+    );
+}
