@@ -1126,6 +1126,7 @@ fn rbac_is_least_privilege_everywhere() {
             ("", "persistentvolumeclaims", &["list", "create", "delete"]),
             ("", "serviceaccounts", &["get"]),
             ("", "resourcequotas", &["list"]),
+            ("rbac.authorization.k8s.io", "rolebindings", &["list"]),
             ("metrics.k8s.io", "pods", &["list"]),
             (
                 "labforge.dev",
@@ -1133,7 +1134,7 @@ fn rbac_is_least_privilege_everywhere() {
                 &["get", "list", "watch", "create", "patch"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, pods and logs, storage classes, PodDefaults, GPU capacity, volume claims, default-editor, quotas, pods' resource use, saves and their sharing"
+        "the web app: Notebooks, its access reviews, events, pods and logs, storage classes, PodDefaults, GPU capacity, volume claims, default-editor, quotas, profile bindings, pods' resource use, saves and their sharing"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

@@ -856,3 +856,39 @@ async fn a_namespaces_resource_quota_is_shown_and_checked_before_anything_is_mad
         "{answer}"
     );
 }
+
+/// The namespace picker in a cluster: the user's own namespace and each one Kubeflow's profile
+/// RoleBindings bind them in, with their role there.
+#[tokio::test]
+async fn the_namespace_picker_lists_the_profiles_a_user_is_bound_in() {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+
+    crate::init_crypto();
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    for (ns, role, user) in [
+        ("team", "kubeflow-edit", ALICE),
+        ("lab", "kubeflow-view", ALICE),
+        ("other", "kubeflow-edit", BOB),
+    ] {
+        let bindings: Api<RoleBinding> = Api::namespaced(server.client(), ns);
+        let binding = json!({
+            "metadata": {"name": format!("user-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        });
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(binding).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let web = WebApp::start(&server, None, None).await;
+    let (status, answer) = web.client().get(Some(ALICE), "/api/namespaces").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["namespaces"], json!(["alice", "lab", "team"]));
+    assert_eq!(answer["roles"], json!({"lab": "view", "team": "edit"}));
+}

@@ -9,7 +9,7 @@
 //!   one source of truth.
 
 use crate::model::{NotebookEvent, SavedImage};
-use crate::namespaces::{Action, allows};
+use crate::namespaces::{Action, Role, allows};
 use crate::users::{LocalAuth, User};
 use futures::StreamExt;
 use http::HeaderMap;
@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, ResourceQuota, ServiceAccount,
     VolumeResourceRequirements,
 };
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -180,6 +181,11 @@ pub trait Access: Send + Sync {
             Action::Manage => self.may(user, Verb::List, None).await,
         }
     }
+    /// The namespaces `user` is bound in by the platform's own objects, with their role there
+    /// (a cluster: Kubeflow's profile RoleBindings); none where labforge keeps the members.
+    async fn bound_namespaces(&self, _user: &User) -> Vec<(String, Role)> {
+        Vec::new()
+    }
 }
 
 #[async_trait::async_trait]
@@ -252,6 +258,46 @@ impl Access for KubernetesAccess {
     async fn may(&self, user: &User, verb: Verb, namespace: Option<&str>) -> bool {
         self.review(&user.name, verb, namespace).await
     }
+    /// The RoleBindings Kubeflow writes for a profile's owner and contributors (KFAM's): the
+    /// user as a subject, bound to `kubeflow-admin`, `kubeflow-edit` or `kubeflow-view`.
+    /// Unreadable bindings (no RBAC for them) list none: the picker then offers the user's own.
+    async fn bound_namespaces(&self, user: &User) -> Vec<(String, Role)> {
+        let api: Api<RoleBinding> = Api::all(self.client.clone());
+        match api.list(&Default::default()).await {
+            Ok(list) => kubeflow_roles(&list.items, &user.name),
+            Err(err) => {
+                tracing::warn!(error = %err, "listing RoleBindings for the namespace picker");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// The namespaces where `bindings` bind user `user` to one of Kubeflow's profile roles, sorted.
+fn kubeflow_roles(bindings: &[RoleBinding], user: &str) -> Vec<(String, Role)> {
+    let mut found: Vec<(String, Role)> = bindings
+        .iter()
+        .filter(|b| {
+            b.subjects
+                .iter()
+                .flatten()
+                .any(|s| s.kind == "User" && s.name == user)
+        })
+        .filter(|b| b.role_ref.kind == "ClusterRole")
+        .filter_map(|b| {
+            let role = match b.role_ref.name.as_str() {
+                "kubeflow-admin" => Role::Owner,
+                "kubeflow-edit" => Role::Edit,
+                "kubeflow-view" => Role::View,
+                _ => return None,
+            };
+            Some((b.metadata.namespace.clone()?, role))
+        })
+        .collect();
+    // The strongest role where several bind the user.
+    found.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    found.dedup_by(|later, first| later.0 == first.0);
+    found
 }
 
 /// Notebook CRs in a cluster.
@@ -658,6 +704,34 @@ impl Backend for KubernetesBackend {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kubeflows_profile_bindings_give_each_namespace_its_strongest_role() {
+        let binding = |ns: &str, role: &str, user: &str| -> RoleBinding {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("user-{user}-{role}"), "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            }))
+            .unwrap()
+        };
+        let bindings = [
+            binding("team", "kubeflow-view", "alice@example.com"),
+            binding("team", "kubeflow-edit", "alice@example.com"),
+            binding("alice", "kubeflow-admin", "alice@example.com"),
+            binding("lab", "kubeflow-view", "alice@example.com"),
+            binding("other", "kubeflow-edit", "bob@example.com"),
+            binding("pipelines", "pipeline-runner", "alice@example.com"),
+        ];
+        assert_eq!(
+            kubeflow_roles(&bindings, "alice@example.com"),
+            [
+                ("alice".to_owned(), Role::Owner),
+                ("lab".to_owned(), Role::View),
+                ("team".to_owned(), Role::Edit),
+            ]
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -71,8 +71,16 @@ async fn namespaces(user: SignedIn, State(state): State<ApiState>) -> Answer {
         .as_ref()
         .map(|auth| auth.namespaces.of(&user.0, &auth.users))
         .unwrap_or_default();
+    // A cluster's memberships are Kubeflow's profile RoleBindings: their roles, not their lists.
+    let bound = state.access.bound_namespaces(&user.0).await;
     let mut namespaces = vec![user.0.namespace.clone()];
     namespaces.extend(memberships.iter().map(|ns| ns.name.clone()));
+    namespaces.extend(bound.iter().map(|(ns, _)| ns.clone()));
+    let roles: std::collections::BTreeMap<&str, crate::namespaces::Role> = memberships
+        .iter()
+        .map(|ns| (ns.name.as_str(), ns.role))
+        .chain(bound.iter().map(|(ns, role)| (ns.as_str(), *role)))
+        .collect();
     if state.access.may(&user.0, Verb::List, None).await {
         for notebook in state.backend.list(None).await? {
             if let Some(ns) = notebook.metadata.namespace {
@@ -84,7 +92,7 @@ async fn namespaces(user: SignedIn, State(state): State<ApiState>) -> Answer {
     namespaces.dedup();
     answer(
         &user,
-        json!({ "namespaces": namespaces, "memberships": memberships }),
+        json!({ "namespaces": namespaces, "memberships": memberships, "roles": roles }),
     )
 }
 

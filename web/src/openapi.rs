@@ -671,6 +671,9 @@ pub(crate) struct NamespacesAnswer {
     namespaces: Vec<String>,
     /// The namespaces the user is in, with their role and the members (embedded mode).
     memberships: Vec<crate::namespaces::NamespaceView>,
+    /// The user's role in each namespace they are a member of (embedded: labforge's members;
+    /// a cluster: Kubeflow's profile RoleBindings).
+    roles: std::collections::BTreeMap<String, crate::namespaces::Role>,
 }
 
 /// The notebooks shared with the caller.

@@ -215,7 +215,7 @@ async function fillNamespacePicker() {
   const { status, body } = await api('GET', 'api/namespaces');
   if (status !== 200) return;
   const current = document.body.dataset.namespace;
-  const roles = new Map((body.memberships || []).map((ns) => [ns.name, ns.role]));
+  const roles = new Map(Object.entries(body.roles || {}));
   picker.replaceChildren(...body.namespaces.map((name) => el('option',
     { value: name, selected: name === current ? '' : null },
     roles.has(name) ? `${name} (${roles.get(name)})` : name)));
