@@ -1,8 +1,10 @@
 //! Namespace access from Kubernetes RBAC, for the proxy deployed in a cluster.
 //!
-//! The question is the one Kubeflow's web apps ask: may this user `get` `notebooks.kubeflow.org`
-//! in the namespace? RBAC then decides: the profile owner and the contributors Kubeflow binds
-//! there, and cluster-wide admins, without a list kept in the proxy's flags. Answers are cached
+//! The question is: may this user `update` `notebooks.kubeflow.org` in the namespace? Opening a
+//! notebook runs code as its owner, which is what changing it allows: Kubeflow's
+//! `kubeflow-edit` contributors and the profile owner may, a `kubeflow-view` contributor (who
+//! may only `get` and `list`) may not. RBAC decides, with cluster-wide admins, without a list
+//! kept in the proxy's flags. Answers are cached
 //! per user and namespace (allowed for longer than denied, so a new grant works within seconds),
 //! and concurrent requests for one uncached pair share one review: opening JupyterLab fires a
 //! burst of requests that must not become a burst of SubjectAccessReviews.
@@ -152,9 +154,28 @@ pub fn notebook_access_review(
     }
 }
 
+/// The audit line of a decision on opening `namespace`'s notebooks, in the web app's audit
+/// record shape (`labforge_web::audit::AuditRecord`): one per review, so once per user and
+/// namespace while the answer is cached, not once per request.
+pub fn audit_line(user: &str, namespace: &str, allowed: bool, at: jiff::Timestamp) -> String {
+    serde_json::json!({
+        "time": at.to_string(),
+        "user": user,
+        "from": "",
+        "action": "notebook access",
+        "namespace": namespace,
+        "status": if allowed { 200 } else { 403 },
+        "result": if allowed { "ok" } else { "refused" },
+    })
+    .to_string()
+}
+
+/// What opening a namespace's notebooks asks of RBAC: to change them (see the module doc).
+pub const OPEN_VERB: &str = "update";
+
 /// A review that brings no answer is logged here and returns [`AccessUnknown`].
 async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<bool, AccessUnknown> {
-    let review = notebook_access_review(user, "get", Some(namespace));
+    let review = notebook_access_review(user, OPEN_VERB, Some(namespace));
     let api: Api<SubjectAccessReview> = Api::all(client);
     let params = PostParams::default();
     let answer = match tokio::time::timeout(REVIEW_TIMEOUT, api.create(&params, &review)).await {
@@ -172,6 +193,7 @@ async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<boo
         Ok(answer) => {
             let allowed = answer.status.is_some_and(|s| s.allowed);
             tracing::debug!(user, namespace, allowed, "SubjectAccessReview");
+            tracing::info!(target: "audit", "{}", audit_line(user, namespace, allowed, jiff::Timestamp::now()));
             Ok(allowed)
         }
         Err(err) => {

@@ -1986,7 +1986,7 @@ async fn without_istio_the_proxy_brings_requests_to_the_web_app() {
         asked.lock().unwrap().push(format!("{user} {namespace}"));
         attributes["group"] == "kubeflow.org"
             && attributes["resource"] == "notebooks"
-            && attributes["verb"] == "get"
+            && attributes["verb"] == "update"
             && (user == "root@example.com" || (user == "alice@example.com" && namespace == "alice"))
     });
     let notebook_route = rendered_notebook_virtual_service();

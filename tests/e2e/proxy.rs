@@ -57,10 +57,10 @@ fn rbac_allows(spec: &Value) -> bool {
     let user = spec["user"].as_str().unwrap_or_default();
     let attributes = &spec["resourceAttributes"];
     let namespace = attributes["namespace"].as_str().unwrap_or_default();
-    let may_get_notebooks = attributes["group"] == "kubeflow.org"
+    let may_open_notebooks = attributes["group"] == "kubeflow.org"
         && attributes["resource"] == "notebooks"
-        && attributes["verb"] == "get";
-    may_get_notebooks
+        && attributes["verb"] == "update";
+    may_open_notebooks
         && match user {
             ROOT => true,
             ALICE | CAROL => namespace == "alice",

@@ -390,8 +390,9 @@ impl SignedIn {
         name: &str,
     ) -> ApiResult<Notebook> {
         let verb = match action {
-            Action::View | Action::Open => Verb::Get,
-            Action::Change | Action::Manage => Verb::Update,
+            Action::View => Verb::Get,
+            // Opening runs code as the owner: asked as a change (a viewer does not open).
+            Action::Open | Action::Change | Action::Manage => Verb::Update,
         };
         if state.access.may(&self.0, verb, Some(namespace)).await {
             return find(state, namespace, name).await;

@@ -320,6 +320,26 @@ fn object_of(path: &str) -> (String, String) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_cluster_proxys_access_decision_is_an_audit_record_of_its_own() {
+        let at: jiff::Timestamp = "2026-11-29T04:00:00Z".parse().unwrap();
+        let line = labforge_proxy::review::audit_line("carol@example.com", "team", false, at);
+        let record: AuditRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            record,
+            AuditRecord {
+                time: "2026-11-29T04:00:00Z".into(),
+                user: "carol@example.com".into(),
+                from: String::new(),
+                action: "notebook access".into(),
+                namespace: "team".into(),
+                object: String::new(),
+                status: 403,
+                result: "refused".into(),
+            }
+        );
+    }
+
     fn record(user: &str, namespace: &str, time: &str) -> AuditRecord {
         AuditRecord {
             time: time.into(),

@@ -176,8 +176,10 @@ pub trait Access: Send + Sync {
         let shared = notebook.shared_with().contains(&user.name.as_str());
         match action {
             Action::View | Action::Open if shared => true,
-            Action::View | Action::Open => self.may(user, Verb::Get, namespace).await,
-            Action::Change => self.may(user, Verb::Update, namespace).await,
+            Action::View => self.may(user, Verb::Get, namespace).await,
+            // Opening runs code as the owner: what changing the notebook allows (the proxy's
+            // question too), so a `kubeflow-view` contributor sees and does not open.
+            Action::Open | Action::Change => self.may(user, Verb::Update, namespace).await,
             Action::Manage => self.may(user, Verb::List, None).await,
         }
     }
