@@ -305,7 +305,13 @@ impl Engine {
                 "volume".into(),
                 "ls".into(),
                 "--format".into(),
-                format!("{{{{.Name}}}}\t{{{{index .Labels \"{SIZE_LABEL}\"}}}}"),
+                // Docker's `volume ls` gives labels as one string, with a `Label` method;
+                // podman's as a map.
+                if self.is_docker() {
+                    format!("{{{{.Name}}}}\t{{{{.Label \"{SIZE_LABEL}\"}}}}")
+                } else {
+                    format!("{{{{.Name}}}}\t{{{{index .Labels \"{SIZE_LABEL}\"}}}}")
+                },
             ])
             .await?;
         let mut claims: Vec<(String, String)> = listed
