@@ -697,24 +697,16 @@ async fn end_grants_no_longer_allowed(
     sign_in: Arc<labforge_web::notebook_sign_in::NotebookSignIn>,
     store: Arc<Store>,
 ) {
-    use labforge_web::namespaces::{Action, allows};
     let mut every = tokio::time::interval(labforge_web::users::SESSION_CHECK_PERIOD);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let ended = sign_in.end_grants(|user, namespace, name| {
-            let Some(user) = auth.users.get(user) else {
-                return true;
-            };
-            let shared = store
+        auth.end_grants_no_longer_allowed(&sign_in, |namespace, name| {
+            store
                 .get(namespace, name)
-                .is_some_and(|nb| nb.shared_with().contains(&user.name.as_str()));
-            let role = auth.role_of(&user, namespace);
-            !allows(user.admin, role, shared, Action::Open)
+                .map(|nb| nb.shared_with().into_iter().map(String::from).collect())
+                .unwrap_or_default()
         });
-        if ended > 0 {
-            tracing::info!(ended, "notebook sign-ins ended: access taken away");
-        }
     }
 }
 

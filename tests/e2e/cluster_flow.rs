@@ -23,7 +23,13 @@ const WAIT: Duration = Duration::from_secs(20);
 /// namespace `alice` and no LimitRange.
 async fn cluster_with_quota(hard: Value) -> FakeApiServer {
     let server = crate::controller::fake_cluster().await;
-    let quotas: Api<ResourceQuota> = Api::namespaced(server.client(), "alice");
+    add_resource_quota(&server, "alice", hard).await;
+    server
+}
+
+/// Gives `namespace` a ResourceQuota (Kubeflow's profile quota) of these `hard` limits.
+pub async fn add_resource_quota(server: &FakeApiServer, namespace: &str, hard: Value) {
+    let quotas: Api<ResourceQuota> = Api::namespaced(server.client(), namespace);
     let quota = json!({"metadata": {"name": "kf-resource-quota"}, "spec": {"hard": hard}});
     quotas
         .create(
@@ -32,7 +38,6 @@ async fn cluster_with_quota(hard: Value) -> FakeApiServer {
         )
         .await
         .unwrap();
-    server
 }
 
 #[tokio::test]

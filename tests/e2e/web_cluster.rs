@@ -762,7 +762,7 @@ async fn a_new_notebook_gets_its_claims_service_account_and_pull_policy() {
 /// past it refused before anything is made, in the same words as the embedded quota's.
 #[tokio::test]
 async fn a_namespaces_resource_quota_is_shown_and_checked_before_anything_is_made() {
-    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
     crate::init_crypto();
     let server = FakeApiServer::start(FakeApiServerOptions::default())
@@ -771,16 +771,12 @@ async fn a_namespaces_resource_quota_is_shown_and_checked_before_anything_is_mad
     server.set_access_rule(|spec| {
         spec["user"] == ALICE && spec["resourceAttributes"]["namespace"] == "alice"
     });
-    let quotas: Api<ResourceQuota> = Api::namespaced(server.client(), "alice");
-    let quota = json!({"metadata": {"name": "kf-resource-quota"}, "spec": {"hard": {
-        "limits.cpu": "1", "requests.storage": "5Gi", "count/pods": "4", "requests.cpu": "1"}}});
-    quotas
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(quota).unwrap(),
-        )
-        .await
-        .unwrap();
+    crate::cluster_flow::add_resource_quota(
+        &server,
+        "alice",
+        json!({"limits.cpu": "1", "requests.storage": "5Gi", "count/pods": "4", "requests.cpu": "1"}),
+    )
+    .await;
     let web = WebApp::start(&server, None, None).await;
     let api = web.client();
     let notebooks = "/api/namespaces/alice/notebooks";

@@ -999,7 +999,7 @@ async fn admitted_by_quota(
     }
     quota
         .admits(ns, in_use, asked)
-        .map_err(|exceeded| Failure::new(StatusCode::FORBIDDEN, exceeded.to_string()))
+        .map_err(|exceeded| BackendError::from(exceeded).into())
 }
 
 /// A namespace's quota and what its running notebooks hold: for its members and admins.
@@ -1013,19 +1013,24 @@ async fn get_quota(
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
-    Ok(Json(quota_and_use(&state, &ns).await?))
+    let notebooks = state.backend.list(Some(&ns)).await?;
+    Ok(Json(quota_and_use(&state, &ns, &notebooks).await?))
 }
 
-/// Namespace `ns`'s quota and what it holds, as `GET …/quota` answers.
-async fn quota_and_use(state: &ApiState, ns: &str) -> ApiResult<serde_json::Value> {
+/// Namespace `ns`'s quota and what it holds (its `notebooks` and volumes), as `GET …/quota`
+/// answers.
+async fn quota_and_use(
+    state: &ApiState,
+    ns: &str,
+    notebooks: &[Notebook],
+) -> ApiResult<serde_json::Value> {
     let quota = state.backend.quota(ns).await?;
-    let notebooks = state.backend.list(Some(ns)).await?;
     let claims = state.workloads.claims(ns).await?;
     Ok(serde_json::json!({
         "namespace": ns,
         "quota": quota,
-        "inUse": crate::quota::Held::running(&notebooks, "")
-            + crate::quota::Held::claims(&claims, &notebooks),
+        "inUse": crate::quota::Held::running(notebooks, "")
+            + crate::quota::Held::claims(&claims, notebooks),
     }))
 }
 
@@ -1040,12 +1045,10 @@ async fn admin_quotas(
     State(state): State<ApiState>,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.must_be_admin(&state).await?;
-    let mut namespaces: Vec<String> = state
-        .backend
-        .list(None)
-        .await?
-        .into_iter()
-        .filter_map(|nb| nb.metadata.namespace)
+    let notebooks = state.backend.list(None).await?;
+    let mut namespaces: Vec<String> = notebooks
+        .iter()
+        .filter_map(|nb| nb.metadata.namespace.clone())
         .collect();
     if let Some(auth) = &state.local_users {
         namespaces.extend(auth.users.list().into_iter().map(|u| u.namespace));
@@ -1060,7 +1063,12 @@ async fn admin_quotas(
     namespaces.dedup();
     let mut answers = Vec::with_capacity(namespaces.len());
     for ns in &namespaces {
-        answers.push(quota_and_use(&state, ns).await?);
+        let theirs: Vec<Notebook> = notebooks
+            .iter()
+            .filter(|nb| nb.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .cloned()
+            .collect();
+        answers.push(quota_and_use(&state, ns, &theirs).await?);
     }
     Ok(Json(serde_json::json!({ "namespaces": answers })))
 }

@@ -178,7 +178,7 @@ pub(crate) async fn set_member(
     auth.namespaces
         .set_member(&ns, &member, role, &auth.users)?;
     if role == Role::View {
-        end_grants_in(&state, &member, &ns, None).await;
+        end_grants_no_longer_allowed(&state).await;
     }
     Ok(Json(view_of(auth, &user, &ns)?))
 }
@@ -201,46 +201,36 @@ pub(crate) async fn remove_member(
     let auth = local(&state)?;
     managed(auth, &user, &ns)?;
     auth.namespaces.remove_member(&ns, &member)?;
-    end_grants_in(&state, &member, &ns, None).await;
+    end_grants_no_longer_allowed(&state).await;
     Ok(Json(view_of(auth, &user, &ns)?))
 }
 
-/// Ends `user`'s sign-ins on the notebooks of `ns` (only `name`'s, when given) that they may
-/// no longer open; their websockets there close.
-async fn end_grants_in(state: &ApiState, user: &str, ns: &str, name: Option<&str>) {
-    let Some(sign_in) = state
-        .notebook_links
-        .as_ref()
-        .and_then(|l| l.sign_in.as_ref())
-    else {
+/// Ends the notebook sign-ins no longer allowed, at once rather than at the next sweep of
+/// `labforge up`: their websockets close.
+async fn end_grants_no_longer_allowed(state: &ApiState) {
+    let (Some(auth), Some(sign_in)) = (
+        state.local_users.as_ref(),
+        state
+            .notebook_links
+            .as_ref()
+            .and_then(|l| l.sign_in.as_ref()),
+    ) else {
         return;
     };
-    let Some(visitor) = state.local_users.as_ref().and_then(|a| a.users.get(user)) else {
+    // Every namespace's: a grant held through a share elsewhere must find its notebook.
+    let Ok(notebooks) = state.backend.list(None).await else {
         return;
     };
-    // Notebooks shared with them stay open to them.
-    let mut still_open = Vec::new();
-    if let Ok(notebooks) = state.backend.list(Some(ns)).await {
-        for notebook in &notebooks {
-            if state.access.may_on(&visitor, Action::Open, notebook).await {
-                still_open.extend(notebook.metadata.name.clone());
-            }
-        }
-    }
-    let ended = sign_in.end_grants(|who, namespace, notebook| {
-        who == user
-            && namespace == ns
-            && name.is_none_or(|name| name == notebook)
-            && !still_open.iter().any(|open| open == notebook)
+    auth.end_grants_no_longer_allowed(sign_in, |namespace, name| {
+        notebooks
+            .iter()
+            .find(|nb| {
+                nb.metadata.namespace.as_deref() == Some(namespace)
+                    && nb.metadata.name.as_deref() == Some(name)
+            })
+            .map(shares_of)
+            .unwrap_or_default()
     });
-    if ended > 0 {
-        tracing::info!(
-            user,
-            namespace = ns,
-            ended,
-            "notebook sign-ins ended: access taken away"
-        );
-    }
 }
 
 fn shares_of(notebook: &Notebook) -> Vec<String> {
@@ -343,7 +333,7 @@ pub(crate) async fn unshare(
         ));
     }
     let shares = write_shares(&state, &ns, &name, users).await?;
-    end_grants_in(&state, &with, &ns, Some(&name)).await;
+    end_grants_no_longer_allowed(&state).await;
     Ok(Json(shares))
 }
 

@@ -361,6 +361,34 @@ impl LocalAuth {
         self.namespaces.role_of(user, namespace)
     }
 
+    /// Whether user `user` may open a notebook of `namespace` shared with `shared_with`: the
+    /// rule's answer, asked by the proxy and of every notebook sign-in still held.
+    pub fn may_open_notebook(&self, user: &str, namespace: &str, shared_with: &[&str]) -> bool {
+        let shared = shared_with.contains(&user);
+        self.users
+            .get(user)
+            .is_some_and(|u| allows(u.admin, self.role_of(&u, namespace), shared, Action::Open))
+    }
+
+    /// Ends the notebook sign-ins of `sign_in` whose user may no longer open that notebook (a
+    /// member taken out or made `view`, a share revoked, a user removed), closing their
+    /// websockets; `shares(namespace, name)` reads whom a notebook is shared with now.
+    pub fn end_grants_no_longer_allowed(
+        &self,
+        sign_in: &crate::notebook_sign_in::NotebookSignIn,
+        shares: impl Fn(&str, &str) -> Vec<String>,
+    ) -> usize {
+        let ended = sign_in.end_grants(|user, namespace, name| {
+            let shares = shares(namespace, name);
+            let shared: Vec<&str> = shares.iter().map(String::as_str).collect();
+            !self.may_open_notebook(user, namespace, &shared)
+        });
+        if ended > 0 {
+            tracing::info!(ended, "notebook sign-ins ended: access taken away");
+        }
+        ended
+    }
+
     /// The session value the request carries under this instance's cookie name.
     pub fn session_cookie<'h>(&self, headers: &'h HeaderMap) -> SessionCookie<'h> {
         let mut values = labforge_proxy::notebook_host::cookies(headers, self.cookie);
@@ -452,12 +480,8 @@ impl NamespaceAccess for LocalAuth {
     }
 
     fn may_open(&self, user: &str, namespace: &str, shared_with: &[Arc<str>]) -> Answer {
-        let shared = shared_with.iter().any(|u| **u == *user);
-        Answer::Now(
-            self.users.get(user).is_some_and(|u| {
-                allows(u.admin, self.role_of(&u, namespace), shared, Action::Open)
-            }),
-        )
+        let shared: Vec<&str> = shared_with.iter().map(|u| &**u).collect();
+        Answer::Now(self.may_open_notebook(user, namespace, &shared))
     }
     fn is_shared(&self, _namespace: &str) -> bool {
         false
