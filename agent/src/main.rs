@@ -4,6 +4,7 @@
 //! and started through exec. It holds no credentials and opens no connection: it reads the image's
 //! baseline index on stdin, scans the root against it and writes the change set to stdout (see
 //! `labforge_snapshot::protocol`). The builder outside does compression, caching and the push.
+//! The same binary is the notebook's SSH server, one connection per exec over stdin and stdout.
 //!
 //! Usage:
 //! - `labforge-agent scan --parent <digest> [--root /] [--ignore PATH]... [--verify-content]
@@ -11,6 +12,8 @@
 //!   the builder hands the agent a pipe as descriptor 3 (`podman exec --preserve-fds`) and asks
 //!   for `--output /proc/self/fd/3`: the layer then bypasses the exec session's stdout relay,
 //!   which copies every byte through conmon and then podman.
+//! - `labforge-agent ssh`: serves one SSH connection on stdin and stdout (`labforge_ssh::server`),
+//!   as the container's user; the web app starts it for each `labforge ssh` and carries its bytes.
 //! - `labforge-agent install <dir>`: copies itself into `<dir>` (a Kubernetes init container does
 //!   this into an emptyDir the notebook container mounts read-only).
 
@@ -71,13 +74,31 @@ fn install(dir: &std::ffi::OsStr) -> Result<(), String> {
         .map_err(|e| format!("making {} executable: {e}", target.display()))
 }
 
+/// Serves one SSH connection over stdin and stdout.
+fn ssh() -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting: {e}"))?;
+    runtime
+        .block_on(labforge_ssh::server::serve(tokio::io::join(
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+        )))
+        .map_err(|e| e.to_string())
+}
+
 fn run() -> Result<(), String> {
     let mut argv = std::env::args_os().skip(1);
-    if argv.next().as_deref() == Some("install".as_ref()) {
-        return match (argv.next(), argv.next()) {
-            (Some(dir), None) => install(&dir),
-            _ => Err("usage: labforge-agent install <dir>".into()),
-        };
+    match argv.next().as_deref().and_then(|a| a.to_str()) {
+        Some("install") => {
+            return match (argv.next(), argv.next()) {
+                (Some(dir), None) => install(&dir),
+                _ => Err("usage: labforge-agent install <dir>".into()),
+            };
+        }
+        Some("ssh") if argv.next().is_none() => return ssh(),
+        _ => {}
     }
     let args = parse_args()?;
     let baseline: BaselineIndex =
