@@ -127,6 +127,55 @@ pub enum Command {
     /// Namespaces of the embedded mode.
     #[command(subcommand)]
     Namespace(NamespaceCommand),
+    /// Sign in to a labforge server and keep an API token for this CLI
+    /// (`~/.config/labforge/credentials.json`, mode 0600); LABFORGE_URL and LABFORGE_TOKEN take
+    /// its place when set.
+    Login(LoginArgs),
+    /// Revoke and forget the token `labforge login` kept.
+    Logout,
+    /// SSH into a notebook: a shell, or COMMAND (its exit code is this command's). With --stdio,
+    /// the SSH connection itself on stdin and stdout, as OpenSSH's ProxyCommand.
+    Ssh(SshArgs),
+    /// Write ~/.ssh/config entries for the notebooks you may open (`ssh NAME.NAMESPACE.labforge`,
+    /// scp, rsync, ssh -L, VS Code Remote-SSH), reached through `labforge ssh --stdio`.
+    ConfigSsh(ConfigSshArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// The web app's address, e.g. http://localhost:8080.
+    pub url: String,
+    /// Sign in as this user (asked when not given).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Read the password from the first line of stdin.
+    #[arg(long)]
+    pub password_stdin: bool,
+    /// Keep this token (made on the web app's Tokens page) rather than sign in with a password.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// How long the token made for this CLI lasts: 90m, 12h, 30d (up to 366d).
+    #[arg(long, default_value = "30d")]
+    pub expires_in: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SshArgs {
+    /// Carry the SSH connection on stdin and stdout (OpenSSH's ProxyCommand).
+    #[arg(long)]
+    pub stdio: bool,
+    /// The notebook: NAMESPACE/NAME, or NAME.NAMESPACE.labforge.
+    pub notebook: String,
+    /// The command to run, after `--`; a shell when none.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigSshArgs {
+    /// The OpenSSH config file to write the entries into.
+    #[arg(long, default_value = None)]
+    pub ssh_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -1195,6 +1244,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Namespace(command) => namespace(command),
         Command::User(command) => user(command),
         Command::Web(args) => web(&args).await,
+        Command::Login(args) => login(args).await,
+        Command::Logout => {
+            if labforge_remote::commands::logout().await? {
+                eprintln!("Signed out: the token is revoked and forgotten.");
+            } else {
+                eprintln!("Not signed in.");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ssh(args) => {
+            let status =
+                labforge_remote::commands::ssh(&args.notebook, args.stdio, &args.command).await?;
+            Ok(ExitCode::from(u8::try_from(status).unwrap_or(255)))
+        }
+        Command::ConfigSsh(args) => config_ssh(args).await,
         Command::Crds => {
             for crd in labforge_crds::crds() {
                 print!("{}", labforge_crds::crd_yaml(&crd)?);
@@ -1202,6 +1266,40 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+async fn login(args: LoginArgs) -> anyhow::Result<ExitCode> {
+    let signed_in = labforge_remote::commands::login(labforge_remote::commands::Login {
+        url: args.url,
+        token: args.token,
+        user: args.user,
+        password_stdin: args.password_stdin,
+        expires_in: args.expires_in,
+    })
+    .await?;
+    let expiry = signed_in
+        .expires
+        .map(|at| format!("; it expires {at}"))
+        .unwrap_or_default();
+    eprintln!(
+        "Signed in to {} as {}. The token is in {}{expiry}.",
+        signed_in.url,
+        signed_in.user,
+        signed_in.saved_to.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn config_ssh(args: ConfigSshArgs) -> anyhow::Result<ExitCode> {
+    let program = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "labforge".into());
+    let (path, hosts) = labforge_remote::commands::config_ssh(args.ssh_config, &program).await?;
+    eprintln!("Wrote {} host(s) to {}:", hosts.len(), path.display());
+    for host in &hosts {
+        eprintln!("  ssh {host}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `labforge status` as an admin reads it.
@@ -1644,6 +1742,7 @@ fn user(command: UserCommand) -> anyhow::Result<ExitCode> {
         }
         UserCommand::Remove { name, data_dir } => {
             Users::open(&data_dir)?.remove(&name)?;
+            labforge_web::tokens::Tokens::open(&data_dir)?.revoke_user(&name)?;
             println!("user {name} removed");
         }
     }

@@ -7,9 +7,48 @@ use futures::StreamExt as _;
 use labforge_crds::notebook::Notebook;
 use labforge_web::model::NotebookState;
 use labforge_web::workloads::{
-    Claim, LogStream, NO_POD, StorageClasses, WorkloadError, Workloads, redact_secret,
+    Claim, LogStream, NO_POD, SshStream, StorageClasses, WorkloadError, Workloads, redact_secret,
+    ssh_server_command,
 };
 use serde_json::{Value, json};
+
+/// A child's stdout and stdin as one stream; dropping it kills the child.
+struct ChildStream<T> {
+    io: T,
+    _child: tokio::process::Child,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ChildStream<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for ChildStream<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 pub struct EngineWorkloads {
     pub engine: Engine,
@@ -50,6 +89,27 @@ impl Workloads for EngineWorkloads {
                 chunk
             })
             .boxed())
+    }
+
+    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
+        let unavailable = |e: std::io::Error| {
+            WorkloadError::Unavailable(format!("starting SSH in {ns}/{name}: {e}"))
+        };
+        let command = ssh_server_command();
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let mut child = self
+            .engine
+            .exec_stdio(&container_name(ns, name), &command)
+            .map_err(unavailable)?;
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            return Err(WorkloadError::Unavailable(
+                "exec gave no stdin or stdout".into(),
+            ));
+        };
+        Ok(Box::new(ChildStream {
+            io: tokio::io::join(stdout, stdin),
+            _child: child,
+        }))
     }
 
     async fn recent_logs(&self, ns: &str, name: &str, lines: u32) -> Result<String, WorkloadError> {

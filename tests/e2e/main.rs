@@ -27,6 +27,7 @@ mod messages;
 mod notebook_image;
 mod proxy;
 mod quota;
+mod remote_access;
 mod s3_cache;
 mod save;
 mod team_server;

@@ -339,6 +339,20 @@ impl FromRequestParts<ApiState> for SignedIn {
     type Rejection = Failure;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Failure> {
+        if crate::tokens::bearer(&parts.headers).is_some() {
+            return state
+                .access
+                .identify(&parts.headers)
+                .await
+                .map(SignedIn)
+                .ok_or_else(|| {
+                    Failure::new(
+                        StatusCode::UNAUTHORIZED,
+                        "this API token is revoked, expired or unknown: make a new one on the \
+                         Tokens page or with `labforge login`",
+                    )
+                });
+        }
         let several = state
             .local_users
             .as_ref()
@@ -458,6 +472,8 @@ pub fn router(state: ApiState) -> Router {
         )
         .merge(crate::kubeflow_api::routes())
         .merge(crate::team_api::routes())
+        .merge(crate::token_api::routes())
+        .merge(crate::ssh_api::routes())
         .route(
             "/api/{*rest}",
             axum::routing::any(|| async {

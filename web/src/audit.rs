@@ -242,7 +242,9 @@ pub async fn record_requests(
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let notebook_sign_in = path == labforge_proxy::notebook_host::WEB_SIGN_IN_PATH;
-    if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) && !notebook_sign_in {
+    // An SSH connection runs code as the notebook's owner, like a sign-in to its host.
+    let ssh = path.starts_with("/api/namespaces/") && path.ends_with("/ssh");
+    if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) && !notebook_sign_in && !ssh {
         return next.run(request).await;
     }
     let headers = request.headers().clone();
@@ -265,6 +267,9 @@ pub async fn record_requests(
                 format!("notebooks/{name}")
             },
         )
+    } else if ssh {
+        let (namespace, object) = object_of(&path);
+        ("notebook ssh".to_owned(), namespace, object)
     } else {
         let (namespace, object) = object_of(&path);
         (format!("{method} {path}"), namespace, object)

@@ -192,8 +192,13 @@ pub trait Access: Send + Sync {
 
 #[async_trait::async_trait]
 impl Access for LocalAuth {
+    /// An API token when the request carries one (its cookies then do not count), else the
+    /// session cookie.
     async fn identify(&self, headers: &HeaderMap) -> Option<User> {
-        self.user_of(headers)
+        match crate::tokens::bearer(headers) {
+            Some(token) => self.user_of_token(token),
+            None => self.user_of(headers),
+        }
     }
     async fn may(&self, user: &User, verb: Verb, namespace: Option<&str>) -> bool {
         match namespace {

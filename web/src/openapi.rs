@@ -80,6 +80,11 @@ pub static DOCUMENT: LazyLock<String> =
         crate::team_api::share,
         crate::team_api::unshare,
         crate::team_api::shared_with_me,
+        crate::token_api::create_token,
+        crate::token_api::list_tokens,
+        crate::token_api::revoke_token,
+        crate::token_api::all_tokens,
+        crate::ssh_api::ssh,
     ),
     components(
         schemas(
@@ -952,7 +957,7 @@ mod tests {
             .values()
             .map(|path| path.as_object().map_or(0, |methods| methods.len()))
             .sum();
-        assert_eq!(operations, 42);
+        assert_eq!(operations, 47);
         for (path, method) in [
             ("/api/admin/audit", "get"),
             ("/api/namespaces", "post"),
@@ -965,6 +970,10 @@ mod tests {
             ("/api/shared", "get"),
             ("/api/namespaces/{ns}/quota", "get"),
             ("/api/namespaces/{ns}/quota", "put"),
+            ("/api/tokens", "post"),
+            ("/api/tokens/{id}", "delete"),
+            ("/api/admin/tokens", "get"),
+            ("/api/namespaces/{ns}/notebooks/{name}/ssh", "get"),
         ] {
             assert!(
                 document["paths"][path][method].is_object(),

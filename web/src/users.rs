@@ -51,6 +51,8 @@ pub enum UserError {
     Hash(String),
     #[error("no randomness: {0}")]
     Random(String),
+    #[error(transparent)]
+    Tokens(#[from] crate::tokens::TokenError),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -341,6 +343,8 @@ pub struct LocalAuth {
     /// Team namespaces and members ([`crate::namespaces`]).
     pub namespaces: Namespaces,
     pub sessions: Sessions,
+    /// API tokens ([`crate::tokens`]).
+    pub tokens: crate::tokens::Tokens,
     /// The session cookie's name ([`SESSION_COOKIE`] or [`HOST_SESSION_COOKIE`]).
     pub cookie: &'static str,
 }
@@ -352,6 +356,7 @@ impl LocalAuth {
             users: Users::open(data_dir)?,
             namespaces: Namespaces::open(data_dir)?,
             sessions: Sessions::default(),
+            tokens: crate::tokens::Tokens::open(data_dir)?,
             cookie,
         })
     }
@@ -404,6 +409,15 @@ impl LocalAuth {
     /// A request with more than one session value is nobody's.
     pub fn user_of(&self, headers: &HeaderMap) -> Option<User> {
         self.user_of_session(self.session_of(headers)?)
+    }
+
+    /// The user of API token `token`, if it is live and its user still exists.
+    pub fn user_of_token(&self, token: &str) -> Option<User> {
+        let name = self.tokens.user_of(token)?;
+        if let Err(err) = self.users.refresh() {
+            tracing::warn!(error = %err, "re-reading the users file");
+        }
+        self.users.get(&name)
     }
 
     /// The token of the request's one session cookie, valid or not.

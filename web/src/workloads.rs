@@ -18,6 +18,20 @@ use crate::model::NotebookState;
 /// A log as it comes.
 pub type LogStream = BoxStream<'static, std::io::Result<Bytes>>;
 
+/// Bytes both ways: a program's stdin and stdout, as exec carries them.
+pub trait Duplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Duplex for T {}
+
+/// The stdin and stdout of a notebook's SSH server: one connection.
+pub type SshStream = Box<dyn Duplex>;
+
+/// The command, in a notebook's container, that serves one SSH connection on stdin and stdout:
+/// the agent labforge mounts there.
+pub fn ssh_server_command() -> [String; 2] {
+    let agent_dir = labforge_notebook_controller::builders::AGENT_DIR;
+    [format!("{agent_dir}/labforge-agent"), "ssh".into()]
+}
+
 /// Why a workload could not be read or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
@@ -81,6 +95,15 @@ pub trait Workloads: Send + Sync {
     /// The pod `notebook` runs in (`<name>-0`), without the notebook's secret; `state` is the
     /// notebook's as the API shows it.
     async fn pod(&self, notebook: &Notebook, state: NotebookState) -> Result<Value, WorkloadError>;
+
+    /// Starts [`ssh_server_command`] in running notebook `ns/name`'s container, as its user, and gives
+    /// its stdin and stdout; the process ends when the stream is dropped.
+    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
+        let _ = (ns, name);
+        Err(WorkloadError::Unsupported(
+            "SSH into notebooks is not available on this platform".into(),
+        ))
+    }
 }
 
 /// The pod of a notebook that has none.

@@ -419,6 +419,34 @@ impl Engine {
         Ok(())
     }
 
+    /// `<engine> exec -i` of `command` in container `name`, as the container's user: its stdin
+    /// and stdout are the caller's; what it says on stderr goes to the log.
+    pub fn exec_stdio(
+        &self,
+        name: &str,
+        command: &[&str],
+    ) -> std::io::Result<tokio::process::Child> {
+        let mut child = Command::new(&self.program)
+            .args(["exec", "-i", name])
+            .args(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        if let Some(stderr) = child.stderr.take() {
+            let container = name.to_owned();
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt as _;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(%container, "{line}");
+                }
+            });
+        }
+        Ok(child)
+    }
+
     /// `<engine> logs` of a container, stdout and stderr as one stream.
     pub fn logs(
         &self,

@@ -1,0 +1,131 @@
+//! Where the CLI keeps the server it signed in to and its API token: `credentials.json` in
+//! `$XDG_CONFIG_HOME/labforge` (else `~/.config/labforge`), readable by its user alone.
+//! `LABFORGE_URL` and `LABFORGE_TOKEN` take its place when set (scripts, CI).
+
+use crate::RemoteError;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// A server and a token for it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Credentials {
+    /// The web app's address, e.g. `http://localhost:8080`, without a trailing `/`.
+    pub url: String,
+    pub token: String,
+}
+
+/// The credentials file's path.
+pub fn path() -> Result<PathBuf, RemoteError> {
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))
+        .ok_or_else(|| {
+            RemoteError::Usage(
+                "neither XDG_CONFIG_HOME nor HOME is set: no place for the credentials".into(),
+            )
+        })?;
+    Ok(config.join("labforge").join("credentials.json"))
+}
+
+/// `url` as kept: its scheme checked, no trailing slash.
+pub fn normalize_url(url: &str) -> Result<String, RemoteError> {
+    let url = url.trim().trim_end_matches('/');
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| RemoteError::Usage(format!("{url:?} is not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(RemoteError::Usage(format!(
+            "{url:?} is not the address of a labforge server: give http:// or https:// and its host"
+        )));
+    }
+    Ok(url.to_owned())
+}
+
+/// The credentials to use: `LABFORGE_URL` and `LABFORGE_TOKEN` where set, else the file's.
+pub fn load() -> Result<Credentials, RemoteError> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let saved = read_file()?;
+    let url = env("LABFORGE_URL").or_else(|| saved.as_ref().map(|c| c.url.clone()));
+    let token = env("LABFORGE_TOKEN").or_else(|| saved.as_ref().map(|c| c.token.clone()));
+    match (url, token) {
+        (Some(url), Some(token)) => Ok(Credentials {
+            url: normalize_url(&url)?,
+            token,
+        }),
+        _ => Err(RemoteError::NotSignedIn),
+    }
+}
+
+fn read_file() -> Result<Option<Credentials>, RemoteError> {
+    let path = path()?;
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| RemoteError::File {
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(RemoteError::File { path, source }),
+    }
+}
+
+/// Writes `credentials` to the file, mode 0600 in a directory of mode 0700, replacing it whole.
+pub fn save(credentials: &Credentials) -> Result<PathBuf, RemoteError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let path = path()?;
+    let io = |source| RemoteError::File {
+        path: path.clone(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+    }
+    let temporary = path.with_extension("json.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(io)?;
+    let bytes = serde_json::to_vec_pretty(credentials).unwrap_or_default();
+    file.write_all(&bytes).map_err(io)?;
+    std::fs::rename(&temporary, &path).map_err(io)?;
+    Ok(path)
+}
+
+/// Removes the file, if there is one.
+pub fn forget() -> Result<bool, RemoteError> {
+    let path = path()?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(RemoteError::File { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_kept_without_a_trailing_slash() {
+        assert_eq!(
+            normalize_url("http://localhost:8080/").unwrap(),
+            "http://localhost:8080"
+        );
+        assert_eq!(
+            normalize_url("https://lab.example.com/jupyter").unwrap(),
+            "https://lab.example.com/jupyter"
+        );
+        for bad in ["localhost:8080", "ftp://x", "not a url", ""] {
+            assert!(normalize_url(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! The client side of a labforge server, for the CLI: where its URL and API token are kept
+//! ([`credentials`]), signing in for one and calling the API with it ([`api`]), SSH into a
+//! notebook through the server's websocket ([`tunnel`]) and the OpenSSH config entries that
+//! make `ssh`, `scp`, `rsync` and editors use it ([`ssh_config`]).
+
+pub mod api;
+pub mod commands;
+pub mod credentials;
+pub mod ssh_config;
+pub mod tunnel;
+
+/// Why talking to a labforge server failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// Nothing says which server or token to use.
+    #[error(
+        "not signed in: run `labforge login URL` first, or set LABFORGE_URL and LABFORGE_TOKEN"
+    )]
+    NotSignedIn,
+    #[error("{0}")]
+    Usage(String),
+    /// The server answered with an error: its status and message.
+    #[error("{status}: {message}")]
+    Refused { status: u16, message: String },
+    #[error("cannot reach {url}: {source}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{path}: {source}")]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Ssh(#[from] labforge_ssh::client::ClientError),
+    #[error("the websocket: {0}")]
+    WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
+}
