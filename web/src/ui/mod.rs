@@ -4,6 +4,8 @@
 //! besides `labforge`. Pages are `maud` templates, so names, namespaces, images and messages from
 //! users and the catalog are escaped wherever they land, with nothing to remember per field.
 
+mod tokens;
+
 use crate::api::ApiState;
 use crate::backend::Verb;
 use crate::base_path::BasePath;
@@ -21,35 +23,39 @@ use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 
-const STYLE: &str = include_str!("../ui/style.css");
+const STYLE: &str = include_str!("../../ui/style.css");
 
 fn asset(name: &str) -> Option<(&'static str, &'static str)> {
     Some(match name {
         "style.css" => ("text/css; charset=utf-8", STYLE),
-        "icon.svg" => ("image/svg+xml", include_str!("../ui/icon.svg")),
+        "icon.svg" => ("image/svg+xml", include_str!("../../ui/icon.svg")),
         "common.js" => (
             "text/javascript; charset=utf-8",
-            include_str!("../ui/common.js"),
+            include_str!("../../ui/common.js"),
         ),
         "login.js" => (
             "text/javascript; charset=utf-8",
-            include_str!("../ui/login.js"),
+            include_str!("../../ui/login.js"),
         ),
         "notebooks.js" => (
             "text/javascript; charset=utf-8",
-            include_str!("../ui/notebooks.js"),
+            include_str!("../../ui/notebooks.js"),
         ),
         "new.js" => (
             "text/javascript; charset=utf-8",
-            include_str!("../ui/new.js"),
+            include_str!("../../ui/new.js"),
         ),
         "notebook.js" => (
             "text/javascript; charset=utf-8",
-            include_str!("../ui/notebook.js"),
+            include_str!("../../ui/notebook.js"),
         ),
         "admin.js" => (
             "text/javascript; charset=utf-8",
-            include_str!("../ui/admin.js"),
+            include_str!("../../ui/admin.js"),
+        ),
+        "tokens.js" => (
+            "text/javascript; charset=utf-8",
+            include_str!("../../ui/tokens.js"),
         ),
         _ => return None,
     })
@@ -160,6 +166,7 @@ fn navigation(&Viewer { user, namespace }: &Viewer<'_>) -> Markup {
                     }
                     @if user.admin { " · admin" }
                 }
+                p { a href="tokens" { "API tokens" } }
                 button #logout type="button" { "Sign out" }
             }
         }
@@ -1301,6 +1308,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/new", get(new_page))
         .route("/notebooks/{ns}/{name}", get(notebook_page))
         .route("/admin", get(admin_page))
+        .route("/tokens", get(tokens::tokens_page))
         .route(
             labforge_proxy::notebook_host::WEB_SIGN_IN_PATH,
             get(notebook_sign_in),
