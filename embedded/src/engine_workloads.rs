@@ -7,48 +7,10 @@ use futures::StreamExt as _;
 use labforge_crds::notebook::Notebook;
 use labforge_web::model::NotebookState;
 use labforge_web::workloads::{
-    Claim, LogStream, NO_POD, SshStream, StorageClasses, WorkloadError, Workloads, redact_secret,
-    ssh_server_command,
+    Claim, Holding, LogStream, NO_POD, SshStream, StorageClasses, WorkloadError, Workloads,
+    redact_secret, ssh_server_command,
 };
 use serde_json::{Value, json};
-
-/// A child's stdout and stdin as one stream; dropping it kills the child.
-struct ChildStream<T> {
-    io: T,
-    _child: tokio::process::Child,
-}
-
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ChildStream<T> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for ChildStream<T> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
 
 pub struct EngineWorkloads {
     pub engine: Engine,
@@ -106,9 +68,10 @@ impl Workloads for EngineWorkloads {
                 "exec gave no stdin or stdout".into(),
             ));
         };
-        Ok(Box::new(ChildStream {
+        // The child lives as long as the stream: dropping it kills the exec.
+        Ok(Box::new(Holding {
             io: tokio::io::join(stdout, stdin),
-            _child: child,
+            _held: child,
         }))
     }
 

@@ -38,6 +38,9 @@ pub enum RemoteError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Ssh(#[from] labforge_ssh::client::ClientError),
+    /// The server closed the connection, and said why.
+    #[error("the connection was closed: {0}")]
+    Closed(String),
     #[error("the websocket: {0}")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
 }

@@ -91,12 +91,13 @@ pub async fn connect(
     Ok(WebSocketStream::from_raw_socket(upgraded, Role::Client, None).await)
 }
 
-/// Carries bytes between `socket` and `input`/`output` until either side ends.
+/// Carries bytes between `socket` and `input`/`output` until either side ends; answers the
+/// reason the server gave when it closed the connection with one.
 pub async fn carry<S, R, W>(
     socket: WebSocketStream<S>,
     mut input: R,
     mut output: W,
-) -> Result<(), RemoteError>
+) -> Result<Option<String>, RemoteError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
     R: AsyncRead + Unpin,
@@ -115,7 +116,7 @@ where
                 .await?;
         }
         let _ = to_server.send(Message::Close(None)).await;
-        Ok::<_, RemoteError>(())
+        Ok::<_, RemoteError>(None)
     };
     let downstream = async {
         while let Some(message) = from_server.next().await {
@@ -124,11 +125,15 @@ where
                     output.write_all(&bytes).await?;
                     output.flush().await?;
                 }
-                Message::Close(_) => break,
+                Message::Close(frame) => {
+                    return Ok(frame
+                        .map(|f| f.reason.to_string())
+                        .filter(|r| !r.is_empty()));
+                }
                 _ => {}
             }
         }
-        Ok::<_, RemoteError>(())
+        Ok::<_, RemoteError>(None)
     };
     tokio::select! {
         done = upstream => done,
@@ -139,7 +144,10 @@ where
 /// `labforge ssh --stdio`: the SSH connection on this process's stdin and stdout, for OpenSSH.
 pub async fn stdio(api: &Api, target: &Target) -> Result<(), RemoteError> {
     let socket = connect(api, target).await?;
-    carry(socket, tokio::io::stdin(), tokio::io::stdout()).await
+    match carry(socket, tokio::io::stdin(), tokio::io::stdout()).await? {
+        Some(reason) => Err(RemoteError::Closed(reason)),
+        None => Ok(()),
+    }
 }
 
 /// `labforge ssh`: runs `command` (a shell when `None`) in `target` and returns its exit status.
@@ -150,7 +158,15 @@ pub async fn run(api: &Api, target: &Target, command: Option<&str>) -> Result<u3
     let carrying = tokio::spawn(async move { carry(socket, far_read, far_write).await });
     let terminal = command.is_none() && labforge_ssh::client::interactive();
     let status = labforge_ssh::client::run(near, command, terminal).await;
-    carrying.abort();
+    if status.is_err() {
+        // The server may have said why it closed the connection.
+        let reason = tokio::time::timeout(std::time::Duration::from_secs(1), carrying).await;
+        if let Ok(Ok(Ok(Some(reason)))) = reason {
+            return Err(RemoteError::Closed(reason));
+        }
+    } else {
+        carrying.abort();
+    }
     Ok(status?)
 }
 

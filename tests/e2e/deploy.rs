@@ -1120,6 +1120,7 @@ fn rbac_is_least_privilege_everywhere() {
             ("events.k8s.io", "events", &["list", "create", "patch"]),
             ("", "pods", &["get"]),
             ("", "pods/log", &["get"]),
+            ("", "pods/exec", &["get", "create"]),
             ("storage.k8s.io", "storageclasses", &["list"]),
             ("kubeflow.org", "poddefaults", &["list"]),
             ("", "nodes", &["list"]),
@@ -1134,7 +1135,7 @@ fn rbac_is_least_privilege_everywhere() {
                 &["get", "list", "watch", "create", "patch"]
             ),
         ]),
-        "the web app: Notebooks, its access reviews, events, pods and logs, storage classes, PodDefaults, GPU capacity, volume claims, default-editor, quotas, profile bindings, pods' resource use, saves and their sharing"
+        "the web app: Notebooks, its access reviews, events, pods, logs and exec (SSH), storage classes, PodDefaults, GPU capacity, volume claims, default-editor, quotas, profile bindings, pods' resource use, saves and their sharing"
     );
     assert_eq!(
         rule_set(role("labforge-image-builds")),

@@ -1,6 +1,6 @@
 //! Reaching a notebook from one's own tools on a real `labforge up`: API tokens (made, listed,
 //! refused when revoked, another user's reaching nothing), `labforge login`, `labforge ssh` and
-//! the real OpenSSH client (`ssh`, `scp`, `ssh -L`) through `labforge config-ssh`'s entries, the
+//! the real OpenSSH client (`ssh`, `scp`, `rsync`, `ssh -L`) through `labforge config-ssh`'s entries, the
 //! bytes carried by the web app's websocket to the agent's SSH server in the container.
 
 use crate::embedded::{Session, up_with_jupyterlab};
@@ -232,6 +232,18 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
         .arg(&back));
     assert!(out.status.success(), "scp down: {}", text(&out.stderr));
     assert_eq!(std::fs::read_to_string(&back).unwrap(), "from the laptop\n");
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/deep.txt"), "synced\n").unwrap();
+    let ssh_command = format!("ssh -F {} -o BatchMode=yes", ssh_config.display());
+    let out = run(Command::new("rsync")
+        .env("XDG_CONFIG_HOME", &config)
+        .args(["-a", "-e", &ssh_command])
+        .arg(format!("{}/", tree.display()))
+        .arg(format!("{host}:tree/")));
+    assert!(out.status.success(), "rsync: {}", text(&out.stderr));
+    let out = run(openssh("ssh", &ssh_config, &config).args([&host, "cat tree/sub/deep.txt"]));
+    assert_eq!(text(&out.stdout), "synced", "{}", text(&out.stderr));
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -322,6 +334,7 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
     let mut held = labforge(&config, laptops)
         .args(["ssh", &format!("{alice}/lab"), "--", "sleep", "60"])
         .stdin(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -337,6 +350,8 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let said = text(&held.wait_with_output().unwrap().stderr);
+    assert!(said.contains("access to this notebook ended"), "{said}");
     let out = run(labforge(&config, laptops).args(["ssh", &format!("{alice}/lab"), "--", "true"]));
     assert!(
         text(&out.stderr).contains("revoked, expired or unknown"),
@@ -366,6 +381,53 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
         admin.delete(&format!("/api/tokens/{bob_token_id}")).await.0,
         204
     );
+
+    // The same in Chromium, one person per browser: the Tokens page as alice, bob and an admin.
+    let walk = dir.path().join("tokens.json");
+    std::fs::write(
+        &walk,
+        json!({
+            "url": up.url.trim_end_matches('/'),
+            "alice": [alice, alice_password], "bob": [bob, bob_password],
+            "admin": ["admin", up.admin_password],
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("tokens.mjs", &[&walk.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: serde_json::Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    assert!(
+        seen["emptyName"].as_str().unwrap().contains("name must be"),
+        "{seen}"
+    );
+    let browser_token = seen["token"].as_str().unwrap();
+    assert!(browser_token.starts_with("lft_"), "{seen}");
+    assert!(
+        seen["aliceRow"]
+            .as_str()
+            .unwrap()
+            .starts_with("from the browser"),
+        "{seen}"
+    );
+    assert_eq!(seen["aliceOverflows"], false, "{seen}");
+    assert_eq!(seen["secretAfterReload"], false, "the secret is shown once");
+    assert_eq!(
+        seen["loginCommand"],
+        format!("labforge login {url}"),
+        "{seen}"
+    );
+    assert_eq!(seen["bobSeesAlices"], 0, "{seen}");
+    assert_eq!(seen["bobSeesAllTokens"], 0, "{seen}");
+    let admin_rows = seen["adminRows"].to_string();
+    assert!(
+        admin_rows.contains(&alice) && admin_rows.contains("bobs laptop"),
+        "{seen}"
+    );
+    assert_eq!(seen["aliceLeft"], 0, "{seen}");
+    let (status, _) = bearer(browser_token, "/api/whoami").await;
+    assert_eq!(status, 401, "revoked on the page, refused by the API");
 
     // A stopped notebook says so, rather than hang.
     assert_eq!(

@@ -888,3 +888,141 @@ async fn the_namespace_picker_lists_the_profiles_a_user_is_bound_in() {
     assert_eq!(answer["namespaces"], json!(["alice", "lab", "team"]));
     assert_eq!(answer["roles"], json!({"lab": "view", "team": "edit"}));
 }
+
+/// A websocket to the web app's SSH path as `user` (the auth proxy's header), carrying a session
+/// that runs `command`: its exit status and output, or the HTTP status of the refusal.
+async fn ssh_through_the_web_app(
+    web: &WebApp,
+    user: &str,
+    notebook: &str,
+    command: &str,
+) -> Result<(u32, String), u16> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let url = format!(
+        "{}/api/namespaces/alice/notebooks/{notebook}/ssh",
+        web.base.replacen("http", "ws", 1)
+    );
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("kubeflow-userid", user.parse().unwrap());
+    let socket = match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => socket,
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            return Err(response.status().as_u16());
+        }
+        Err(err) => panic!("{err}"),
+    };
+    let (near, far) = tokio::io::duplex(64 * 1024);
+    let (far_read, far_write) = tokio::io::split(far);
+    tokio::spawn(labforge_remote::tunnel::carry(socket, far_read, far_write));
+    let mut out = Vec::new();
+    let status = labforge_ssh::client::run_with(
+        near,
+        Some(command),
+        false,
+        (&b""[..], &mut out, tokio::io::sink()),
+    )
+    .await
+    .unwrap();
+    Ok((status, String::from_utf8_lossy(&out).into_owned()))
+}
+
+#[tokio::test]
+async fn ssh_in_a_cluster_runs_the_agent_in_the_notebooks_container_through_pods_exec() {
+    crate::init_crypto();
+    let agent = crate::need(labforge_tests::agent::agent_binary());
+    let server = FakeApiServer::start(FakeApiServerOptions::default())
+        .await
+        .unwrap();
+    server.set_access_rule(|spec| {
+        let user = spec["user"].as_str().unwrap_or_default();
+        user == ALICE && spec["resourceAttributes"]["namespace"].as_str() == Some("alice")
+    });
+    // The kubelet's part: the exec the web app asks for, in the notebook's container of its pod,
+    // runs the agent here.
+    let executed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = executed.clone();
+    server.set_exec_runner(move |request| {
+        seen.lock().unwrap().push(request.clone());
+        let ours = request.pod == "lab-0" && request.container.as_deref() == Some("lab");
+        (ours && request.command == ["/.labforge/agent/labforge-agent", "ssh"]).then(|| {
+            let mut command = std::process::Command::new(&agent);
+            command.arg("ssh");
+            command
+        })
+    });
+    let web = WebApp::start(&server, None, None).await;
+    let api = web.client();
+    let notebooks: Api<Notebook> = Api::namespaced(server.client(), "alice");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(server.client(), "alice");
+    for (name, with_agent) in [("lab", true), ("plain", false)] {
+        let (status, answer) = api
+            .post(
+                Some(ALICE),
+                "/api/namespaces/alice/notebooks",
+                json!({"name": name, "workspace": "none"}),
+            )
+            .await;
+        assert_eq!(status, 201, "{answer}");
+        // The agent as the controller mounts it with LABFORGE_AGENT_IMAGE.
+        let mounts = if with_agent {
+            json!([{"name": "labforge-agent", "mountPath": "/.labforge/agent", "readOnly": true}])
+        } else {
+            json!([])
+        };
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}-0"), "labels": {"notebook-name": name}},
+                "spec": {
+                    "containers": [{"name": name, "image": "jupyter", "volumeMounts": mounts}],
+                    "volumes": [{"name": "labforge-agent", "emptyDir": {}}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
+    // Not running yet: refused with the reason, before any exec.
+    assert_eq!(
+        ssh_through_the_web_app(&web, ALICE, "lab", "true").await,
+        Err(409)
+    );
+    for name in ["lab", "plain"] {
+        notebooks
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"status": {
+                    "readyReplicas": 1, "conditions": [], "containerState": {"running": {}}}})),
+            )
+            .await
+            .unwrap();
+    }
+    let (status, out) = ssh_through_the_web_app(&web, ALICE, "lab", "echo in-the-pod; exit 4")
+        .await
+        .unwrap();
+    assert_eq!((status, out.as_str()), (4, "in-the-pod\n"));
+    assert_eq!(
+        ssh_through_the_web_app(&web, BOB, "lab", "true").await,
+        Err(403),
+        "bob may not open alice's notebook"
+    );
+    assert_eq!(
+        ssh_through_the_web_app(&web, ALICE, "plain", "true").await,
+        Err(501),
+        "a pod without the agent says so"
+    );
+    let (status, answer) = api
+        .get(Some(ALICE), "/api/namespaces/alice/notebooks/plain/ssh")
+        .await;
+    assert_eq!(status, 400, "not a websocket: {answer}");
+    let executed = executed.lock().unwrap();
+    assert_eq!(
+        executed.len(),
+        1,
+        "one exec, for alice's one session: {executed:?}"
+    );
+}

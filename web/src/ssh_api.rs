@@ -166,12 +166,24 @@ async fn carry<F, Fut>(
             }
         }
     };
-    tokio::select! {
-        () = upstream => {}
-        () = downstream => {}
-        () = watch => {}
+    let ended_by_access = tokio::select! {
+        () = upstream => false,
+        () = downstream => false,
+        () = watch => true,
+    };
+    if ended_by_access {
+        // The client says why rather than only that the session ended.
+        let frame = axum::extract::ws::CloseFrame {
+            code: axum::extract::ws::close_code::POLICY,
+            reason: ACCESS_ENDED.into(),
+        };
+        let _ = to_client.send(Message::Close(Some(frame))).await;
     }
 }
+
+/// The close reason of a connection whose access was taken away.
+const ACCESS_ENDED: &str =
+    "access to this notebook ended (token revoked or expired, signed out, or no longer allowed)";
 
 #[cfg(test)]
 mod tests {

@@ -322,4 +322,86 @@ impl Workloads for ClusterWorkloads {
         redact_secret(&mut pod);
         Ok(pod)
     }
+
+    /// Through `pods/exec`, in the notebook's container of pod `<name>-0`, where the controller
+    /// put the agent (with `LABFORGE_AGENT_IMAGE`, as for saves).
+    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
+        let pods: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), ns);
+        let pod_name = format!("{name}-0");
+        let pod = pods
+            .get_opt(&pod_name)
+            .await
+            .map_err(|e| unavailable(&format!("reading the pod of {ns}/{name}"), e))?
+            .ok_or_else(|| WorkloadError::NotFound(NO_POD.to_owned()))?;
+        let agent_dir = labforge_notebook_controller::builders::AGENT_DIR;
+        let has_agent = pod
+            .spec
+            .iter()
+            .flat_map(|spec| &spec.containers)
+            .filter(|c| c.name == name)
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .any(|m| m.mount_path == agent_dir);
+        if !has_agent {
+            return Err(WorkloadError::Unsupported(format!(
+                "notebook {ns}/{name} runs without labforge's agent, which serves SSH: the \
+                 controller adds it to notebooks started while LABFORGE_AGENT_IMAGE is set"
+            )));
+        }
+        let params = kube::api::AttachParams::default()
+            .container(name)
+            .stdin(true)
+            .stdout(true)
+            .stderr(false);
+        let mut process = pods
+            .exec(&pod_name, ssh_server_command(), &params)
+            .await
+            .map_err(|e| unavailable(&format!("starting SSH in {ns}/{name}"), e))?;
+        let (Some(stdout), Some(stdin)) = (process.stdout(), process.stdin()) else {
+            return Err(WorkloadError::Unavailable(
+                "exec gave no stdin or stdout".into(),
+            ));
+        };
+        Ok(Box::new(Holding {
+            io: tokio::io::join(stdout, stdin),
+            _held: process,
+        }))
+    }
+}
+
+/// A stream, and what must live as long as it (a child process, an exec session).
+pub struct Holding<T, H> {
+    pub io: T,
+    pub _held: H,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin, H: Unpin> tokio::io::AsyncRead for Holding<T, H> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin, H: Unpin> tokio::io::AsyncWrite for Holding<T, H> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
