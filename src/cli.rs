@@ -46,9 +46,12 @@ impl std::error::Error for UsageError {}
     about = "Notebook and online dev-environment manager"
 )]
 pub struct Cli {
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `labforge_builder=debug`.
-    #[arg(long, global = true, env = "LABFORGE_LOG", default_value = "warn")]
-    pub log: String,
+    /// Log lines of what this filter keeps (tracing EnvFilter syntax), e.g. `info` or
+    /// `labforge_builder=debug`. Without it, a command says only its warnings and errors, as
+    /// `warning: …` lines; the services (`controller`, `proxy`, `web`, `image-builds`) log at
+    /// `warn`.
+    #[arg(long, global = true, env = "LABFORGE_LOG")]
+    pub log: Option<String>,
     /// Milliseconds an idle thread of the async runtime's blocking pool is kept (tokio's
     /// default is 10 s). The memory soak shortens it so that every sign-in meets a fresh pool.
     #[arg(
@@ -1207,6 +1210,24 @@ impl TryFrom<&CommitArgs> for SaveOptions {
             // `--target` exists after a commit, as after `docker commit`.
             push_unchanged: true,
         })
+    }
+}
+
+impl Cli {
+    /// How this command reports: `--log`'s log lines when asked; a cluster service's log lines
+    /// at `warn` (its output is a pod's log); otherwise lines for a person.
+    pub fn logging(&self) -> crate::Logging {
+        match (&self.log, &self.command) {
+            (Some(filter), _) => crate::Logging::Log(filter.clone()),
+            (
+                None,
+                Command::Controller(_)
+                | Command::Proxy(_)
+                | Command::Web(_)
+                | Command::ImageBuilds(_),
+            ) => crate::Logging::Log("warn".into()),
+            (None, _) => crate::Logging::ForPeople,
+        }
     }
 }
 

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let log = cli.log.clone();
+    let logging = cli.logging();
     let keep_alive = cli
         .blocking_thread_keep_alive_ms
         .map(std::time::Duration::from_millis);
-    labforge_cli::run_main("labforge", &log, keep_alive, || run(cli))
+    labforge_cli::run_main("labforge", &logging, keep_alive, || run(cli))
 }

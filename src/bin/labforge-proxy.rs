@@ -22,5 +22,6 @@ struct ProxyCli {
 
 fn main() -> ExitCode {
     let cli = ProxyCli::parse();
-    labforge_cli::run_main("labforge-proxy", &cli.log, None, || proxy(&cli.proxy))
+    let logging = labforge_cli::Logging::Log(cli.log.clone());
+    labforge_cli::run_main("labforge-proxy", &logging, None, || proxy(&cli.proxy))
 }

@@ -107,6 +107,54 @@ async fn wrong_s3_credentials_save_uncached_and_say_which_bucket_and_what_to_che
 }
 
 #[tokio::test]
+async fn a_person_reads_warnings_as_warning_lines_and_gets_log_lines_only_by_asking() {
+    let registry = need(Registry::start().await);
+    let s3 = need(S3Server::start_checking_credentials().await);
+    let host = registry.host();
+    let tree = tempfile::tempdir().unwrap();
+    std::fs::write(tree.path().join("notes.txt"), "hello").unwrap();
+    let save = |log: Option<&str>| {
+        let target = format!("{host}/e2e/messages:voice");
+        let mut command = save_command(
+            &[
+                "--root",
+                tree.path().to_str().unwrap(),
+                "--target",
+                &target,
+                "--cache-s3",
+                "s3://team-cache/saves",
+                "--s3-endpoint",
+                &s3.endpoint(),
+            ],
+            &host,
+        );
+        command
+            .env_remove("LABFORGE_LOG")
+            .env("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
+            .env("AWS_SECRET_ACCESS_KEY", "not-the-secret-value");
+        if let Some(filter) = log {
+            command.args(["--log", filter]);
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = save(None);
+    let warning = line_with(&said, "cache unavailable");
+    assert!(
+        warning.starts_with("warning: cache unavailable, saving without it: "),
+        "a person's line, no time or module: {warning}"
+    );
+    assert!(!said.contains(" WARN ") && !said.contains("labforge_builder::"), "{said}");
+    let logged = save(Some("warn"));
+    let line = line_with(&logged, "cache unavailable");
+    assert!(
+        line.contains(" WARN ") && line.contains("labforge_builder"),
+        "--log asks for log lines: {line}"
+    );
+}
+
+#[tokio::test]
 async fn a_registry_refusing_the_login_fails_naming_it_and_the_variables_to_set() {
     let registry = need(Registry::start_requiring_login().await);
     let host = registry.host();
