@@ -117,6 +117,9 @@ try {
   const created = Date.now();
   await row(page, 'lab').locator('.state.ready').waitFor({ timeout: READY });
   seen.readyAfterMs = Date.now() - created;
+  // Its workspace volume is listed without a reload too, once the start made it.
+  await page.locator('#volumes tbody tr', { hasText: 'lab-workspace' }).waitFor({ timeout: 15_000 });
+  seen.volumeRow = (await page.locator('#volumes tbody tr', { hasText: 'lab-workspace' }).innerText()).replace(/\s+/g, ' ').trim();
   await shot(page, 'notebooks');
 
   // Connect: JupyterLab loads through the proxy.
@@ -170,6 +173,21 @@ try {
   seen.savedImages = await page.locator('#images tbody tr').count();
   await page.locator('#logs:not(:empty)').waitFor({ timeout: 30_000 });
   await shot(page, 'notebook-saved');
+  // Every card fits its page, saved images' actions included, wide and narrower.
+  const viewport = page.viewportSize();
+  for (const width of [1400, 1024]) {
+    await page.setViewportSize({ width, height: 900 });
+    seen[`overflowingAt${width}`] = await page.evaluate(() => [...document.querySelectorAll('.card, .table-wrap')]
+      .filter((node) => node.scrollWidth > node.clientWidth + 1)
+      .map((node) => node.id || node.querySelector('h2, h3')?.textContent || node.className));
+  }
+  await shot(page, 'notebook-saved-1024');
+  await page.setViewportSize(viewport);
+  // "Saved 0 s ago" ages while the page stays open.
+  const savedWhen = page.locator('#images tbody tr td[data-ago]').first();
+  const before = await savedWhen.textContent();
+  await page.waitForFunction((text) => document.querySelector('#images tbody tr td[data-ago]').textContent !== text, before, { timeout: 15_000 });
+  seen.savedAges = [before, await savedWhen.textContent()];
   // The same tag again is asked about first; declined, nothing is saved.
   page.once('dialog', (dialog) => { seen.tagReuseQuestion = dialog.message(); dialog.dismiss(); });
   await page.getByLabel('Tag').fill('ui-save');
@@ -248,13 +266,22 @@ try {
   page.once('dialog', (dialog) => { seen.shareQuestion = dialog.message(); dialog.accept(config.bob[0]); });
   await imageRow('ui-save').getByRole('button', { name: 'Share…' }).click();
   await imageRow('ui-save').locator('.muted', { hasText: `Shared with ${config.bob[0]}` }).waitFor();
-  seen.sharedRow = await imageRow('ui-save').locator('.muted').textContent();
+  seen.sharedRow = await imageRow('ui-save').locator('.muted', { hasText: 'Shared with' }).textContent();
   await page.goto(`${url}/`);
 
   // A narrow window still reads.
   await page.setViewportSize({ width: 420, height: 860 });
   await shot(page, 'notebooks-narrow');
   await alice.close();
+
+  // A link to the notebook, opened signed out, signs in saying which notebook it opens.
+  const stranger = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const strangerPage = await stranger.newPage();
+  await strangerPage.goto(`${url}/notebook/${config.alice[0]}/lab/lab`);
+  await strangerPage.locator('#signing-in-to').waitFor({ timeout: 15_000 });
+  seen.signingInTo = await strangerPage.locator('#signing-in-to').innerText();
+  await shot(strangerPage, 'sign-in-for-notebook');
+  await stranger.close();
 
   // --- bob: sees nothing of alice's, cannot open it ---
   const bob = await browser.newContext({ viewport: { width: 1280, height: 860 } });

@@ -198,6 +198,30 @@ async fn users_work_through_the_web_ui_in_a_browser() {
         "{seen}"
     );
     assert_eq!(seen["sharedOffered"], json!([saved["image"]]), "{seen}");
+    assert!(
+        seen["volumeRow"]
+            .as_str()
+            .unwrap()
+            .starts_with("lab-workspace lab"),
+        "the new notebook's volume is listed as mounted by it, without a reload: {seen}"
+    );
+    assert_eq!(
+        seen["signingInTo"],
+        format!("Sign in to open notebook lab of {alice}."),
+        "{seen}"
+    );
+    for width in [1400, 1024] {
+        assert_eq!(
+            seen[format!("overflowingAt{width}")],
+            json!([]),
+            "at {width} px every card fits, the saved images' actions too"
+        );
+    }
+    let ages = seen["savedAges"].as_array().unwrap();
+    assert!(
+        ages[0].as_str().unwrap().ends_with("s ago") && ages[0] != ages[1],
+        "the saved image's age moves on: {seen}"
+    );
     let tags = reqwest::get(format!("http://{}/v2/{alice}/lab/tags/list", up.registry))
         .await
         .unwrap()

@@ -1,5 +1,5 @@
 // Every user's notebooks in one view, with filters, sorting, bulk stop and totals.
-import { api, el, stateCell, ago, bytes, gpuUse, breakable, quantity, cpuUse, memoryUse } from './common.js';
+import { api, el, stateCell, ago, agoEl, bytes, gpuUse, breakable, quantity, cpuUse, memoryUse } from './common.js';
 
 const filters = document.getElementById('filters');
 const body = document.querySelector('#all tbody');
@@ -36,7 +36,7 @@ function render() {
       el('td', {}, cpuUse(nb)),
       el('td', {}, memoryUse(nb)),
       el('td', {}, gpuUse(nb)),
-      el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)));
+      agoEl('td', nb.lastActivity));
   }));
   update();
 }
@@ -92,7 +92,7 @@ async function loadAudit() {
   document.getElementById('audit-empty').hidden = records.length > 0;
   document.querySelector('#audit tbody').replaceChildren(...records.map((r) =>
     el('tr', { class: r.result === 'ok' ? null : 'refused' },
-      el('td', { title: r.time }, ago(r.time)),
+      agoEl('td', r.time),
       el('td', {}, r.user || '(nobody)'),
       el('td', {}, r.from),
       el('td', { class: 'wrap' }, breakable(r.action)),

@@ -59,6 +59,20 @@ export function ago(time) {
   return new Date(time).toLocaleString();
 }
 
+/**
+ * A `tag` element saying how long ago `time` was, kept current: every such element of the page
+ * is said again every 5 s.
+ */
+export function agoEl(tag, time, attributes = {}) {
+  return el(tag, { ...attributes, title: time || '', 'data-ago': time || '' }, ago(time));
+}
+
+setInterval(() => {
+  for (const node of document.querySelectorAll('[data-ago]')) {
+    node.textContent = ago(node.dataset.ago);
+  }
+}, 5000);
+
 export function bytes(n) {
   if (!n) return '0 B';
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];

@@ -1,6 +1,6 @@
 // One notebook: live status, events, following logs, and "Save environment as image" with its
 // progress, plus the images saved from it.
-import { api, el, stateBadge, ago, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse, pageLink, serverName, showQuota } from './common.js';
+import { api, el, stateBadge, ago, agoEl, bytes, gpuUse, showErrors, breakable, cpuUse, memoryUse, pageLink, serverName, showQuota } from './common.js';
 
 const root = document.getElementById('notebook');
 const { ns, name } = root.dataset;
@@ -28,7 +28,7 @@ async function refresh() {
   const details = [['Owner', nb.owner], ['Type', serverName(nb.serverType)], ['Image', nb.image],
     ['CPU', `${nb.cpu} request, ${nb.cpuLimit} limit`], ['Memory', `${nb.memory} request, ${nb.memoryLimit} limit`],
     ['CPU in use', el('span', { id: 'cpu-use' })], ['Memory in use', el('span', { id: 'memory-use' })],
-    ['GPU', el('span', { id: 'gpu-use' })], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', ago(nb.lastActivity)]];
+    ['GPU', el('span', { id: 'gpu-use' })], ['Created', nb.created ? new Date(nb.created).toLocaleString() : ''], ['Last activity', agoEl('span', nb.lastActivity)]];
   document.getElementById('details').replaceChildren(...details.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
   showUsage(nb);
   showShares(nb.sharedWith || []);
@@ -128,7 +128,7 @@ async function events() {
   const { status, body } = await api('GET', `${path}/events`);
   if (status !== 200) return;
   document.querySelector('#events tbody').replaceChildren(...body.events.slice().reverse().map((e) =>
-    el('tr', {}, el('td', { title: e.time }, ago(e.time)), el('td', {}, e.type), el('td', {}, e.reason), el('td', { class: 'wrap' }, e.message))));
+    el('tr', {}, agoEl('td', e.time), el('td', {}, e.type), el('td', {}, e.reason), el('td', { class: 'wrap' }, e.message))));
 }
 
 let logs = null;
@@ -165,6 +165,7 @@ async function images() {
   document.getElementById('images-empty').hidden = mine.length > 0;
   document.querySelector('#images tbody').replaceChildren(...mine.map((i) => el('tr', {},
     el('td', { class: 'wrap' }, breakable(i.image),
+      el('div', { class: 'muted', title: i.digest }, i.digest.slice(0, 19)),
       el('div', { class: 'muted' }, i.sharedWith.length ? `Shared with ${i.sharedWith.join(', ')} ` : 'Not shared ',
         el('button', { type: 'button', class: 'link', onclick: async () => {
           const typed = prompt(`Namespaces whose notebooks may run ${i.image} (comma-separated; empty: no one)`, i.sharedWith.join(', '));
@@ -174,11 +175,10 @@ async function images() {
           if (answer.status >= 400) alert(answer.body?.error || `failed (HTTP ${answer.status})`);
           images();
         } }, 'Share…'))),
-    el('td', { title: i.digest }, i.digest.slice(0, 19)),
     el('td', {}, bytes(i.layerBytes)),
     el('td', { class: 'wrap' }, summaryText(i)),
-    el('td', { title: i.created }, ago(i.created)),
-    el('td', { class: 'wrap' },
+    agoEl('td', i.created),
+    el('td', { class: 'actions' },
       el('a', { class: 'button secondary', href: pageLink('new', ns, { image: i.image }) }, 'Start a new notebook from it'),
       el('button', { type: 'button', class: 'secondary', onclick: async () => {
         if (!confirm(`Restart ${name} on ${i.image}? Unsaved changes outside the workspace are lost.`)) return;

@@ -1,5 +1,5 @@
 // The user's notebooks, kept live by the namespace's event stream.
-import { api, el, stateCell, ago, gpuUse, notebookUrl, breakable, cpuUse, memoryUse, serverName } from './common.js';
+import { api, el, stateCell, ago, agoEl, gpuUse, notebookUrl, breakable, cpuUse, memoryUse, serverName } from './common.js';
 
 const ns = document.body.dataset.namespace;
 const body = document.querySelector('#notebooks tbody');
@@ -28,6 +28,7 @@ function updateUse(notebooks) {
     cells[6].replaceChildren(gpuUse(nb));
     cells[7].replaceChildren(ago(nb.lastActivity));
     cells[7].title = nb.lastActivity || '';
+    cells[7].dataset.ago = nb.lastActivity || '';
     row.classList.toggle('near-limit', Boolean(nb.usage?.memoryNearLimit));
   }
 }
@@ -51,7 +52,7 @@ function render(notebooks) {
       el('td', {}, cpuUse(nb)),
       el('td', {}, memoryUse(nb)),
       el('td', {}, gpuUse(nb)),
-      el('td', { title: nb.lastActivity || '' }, ago(nb.lastActivity)),
+      agoEl('td', nb.lastActivity),
       el('td', {},
         nb.state === 'ready' ? el('a', { class: 'button', href: notebookUrl(nb), target: '_blank', rel: 'noopener' }, 'Connect') : null,
         running
@@ -82,8 +83,9 @@ async function volumes() {
       } }, 'Delete')))));
 }
 
-// The notebooks' names when the volumes were last read: which volumes are mounted changes with
-// them, not with the notebooks' states.
+// The notebooks' names and states when the volumes were last read: a notebook's volumes are made
+// as it starts and freed as it is deleted, so the list is read again when either changes (not
+// at each use update).
 let names = null;
 function connect() {
   const events = new EventSource(`api/namespaces/${ns}/watch`);
@@ -91,7 +93,7 @@ function connect() {
     const notebooks = JSON.parse(event.data).notebooks;
     if (!render(notebooks)) return;
     live.textContent = `Live · updated ${new Date().toLocaleTimeString()}`;
-    const now = notebooks.map((nb) => nb.name).join(' ');
+    const now = notebooks.map((nb) => `${nb.name}:${nb.state}`).join(' ');
     if (now !== names) { names = now; volumes(); }
   });
   events.onerror = () => { live.textContent = 'Reconnecting…'; };

@@ -1,6 +1,6 @@
 // The Tokens page: make a token (its secret shown once), list and revoke one's own; admins also
 // everyone's.
-import { api, el, ago, showErrors } from './common.js';
+import { api, el, ago, agoEl, showErrors } from './common.js';
 
 const form = document.getElementById('new-token');
 const admin = document.body.dataset.admin === 'true';
@@ -20,9 +20,9 @@ function row(token, withUser) {
   return el('tr', { 'data-id': token.id },
     ...(withUser ? [el('td', {}, token.user)] : []),
     el('td', {}, token.name),
-    el('td', { title: token.created }, ago(token.created)),
+    agoEl('td', token.created),
     el('td', { title: token.expires }, new Date(token.expires).toLocaleDateString()),
-    el('td', { title: token.lastUsed || '' }, token.lastUsed ? ago(token.lastUsed) : 'not since the server started'),
+    token.lastUsed ? agoEl('td', token.lastUsed) : el('td', {}, 'not since the server started'),
     el('td', {}, revoke));
 }
 

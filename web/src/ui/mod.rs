@@ -387,20 +387,43 @@ fn not_a_tab_navigation(headers: &HeaderMap) -> Option<String> {
     })
 }
 
-async fn login_page(State(state): State<ApiState>) -> Markup {
+#[derive(Deserialize, Default)]
+struct LoginQuery {
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// The notebook (namespace, name) a sign-in that comes back to `next` is for: a notebook's own
+/// sign-in sends its visitor here on the way.
+fn notebook_signing_in(next: &str) -> Option<(String, String)> {
+    let (path, query) = next.split_once('?')?;
+    if !path.ends_with(labforge_proxy::notebook_host::WEB_SIGN_IN_PATH) {
+        return None;
+    }
+    let pairs: std::collections::HashMap<String, String> = form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect();
+    Some((pairs.get("namespace")?.clone(), pairs.get("name")?.clone()))
+}
+
+async fn login_page(State(state): State<ApiState>, Query(query): Query<LoginQuery>) -> Markup {
+    let notebook = query.next.as_deref().and_then(notebook_signing_in);
     page(
         &state.base_path,
         "Sign in",
         None,
-        login_main(),
+        login_main(notebook),
         Some("login.js"),
     )
 }
 
-fn login_main() -> Markup {
+fn login_main(notebook: Option<(String, String)>) -> Markup {
     html! {
         section.card.narrow {
             h1 { "Sign in" }
+            @if let Some((namespace, name)) = &notebook {
+                p #signing-in-to { "Sign in to open notebook " strong { (name) } " of " strong { (namespace) } "." }
+            }
             form #login novalidate {
                 label for="username" { "User name" }
                 input #username name="username" autocomplete="username" required autofocus;
@@ -998,7 +1021,7 @@ fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
             h3 { "Saved images" }
             div.table-wrap {
                 table #images {
-                    (column_headings(&["Image", "Digest", "Layer", "Changes", "Saved", "Use"]))
+                    (column_headings(&["Image", "Layer", "Changes", "Saved", "Use"]))
                     tbody {}
                 }
             }
