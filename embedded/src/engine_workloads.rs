@@ -44,13 +44,35 @@ impl Workloads for EngineWorkloads {
             .stdout
             .take()
             .ok_or_else(|| WorkloadError::Unavailable("no log stream".into()))?;
+        // The engine's own complaint when the container is replaced while its log is followed (a
+        // restart onto another image) is not the notebook's log: its lines are kept out.
+        let gone = format!(
+            "Error: no container with name or ID \"{}\" found",
+            container_name(ns, name)
+        );
+        let lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
         // The child lives as long as the stream: a client that goes away kills it.
-        Ok(tokio_util::io::ReaderStream::new(stdout)
-            .map(move |chunk| {
-                let _keep = &child;
-                chunk
+        Ok(
+            futures::stream::unfold(Some((lines, child)), move |reading| {
+                let gone = gone.clone();
+                async move {
+                    let (mut lines, child) = reading?;
+                    loop {
+                        match lines.next_line().await {
+                            Ok(Some(line)) if line.starts_with(&gone) => continue,
+                            Ok(Some(line)) => {
+                                let chunk = bytes::Bytes::from(format!("{line}\n"));
+                                return Some((Ok(chunk), Some((lines, child))));
+                            }
+                            Ok(None) => return None,
+                            // Said once; the stream ends there.
+                            Err(err) => return Some((Err(err), None)),
+                        }
+                    }
+                }
             })
-            .boxed())
+            .boxed(),
+        )
     }
 
     async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {

@@ -848,6 +848,48 @@ async fn a_user_creates_uses_saves_and_restarts_a_notebook_through_labforge_up()
             "{reason} missing from {reasons:?}"
         );
     }
+    let said_on = |events: &Value, words: &str| {
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["message"].as_str().unwrap_or_default().contains(words))
+    };
+    assert!(
+        said_on(&events, &format!("started on {saved_image} by {alice}")),
+        "the start says which image: {events}"
+    );
+
+    let base_image = saved["base"].as_str().unwrap().to_owned();
+    // Moved onto an image while running, it restarts: the event says on which, and a log
+    // followed meanwhile ends without the engine's complaint that the old container is gone.
+    let following = a
+        .http
+        .get(format!("{}{notebooks}/lab/logs?follow=true&tail=5", a.base))
+        .header("cookie", &a.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(following.status(), 200);
+    let (code, moved) = a
+        .patch(&format!("{notebooks}/lab"), json!({"image": base_image}))
+        .await;
+    assert_eq!(code, 200, "{moved}");
+    let followed = tokio::time::timeout(Duration::from_secs(60), following.text())
+        .await
+        .expect("the followed log ends with its container")
+        .unwrap();
+    assert!(
+        !followed.contains("no container with name"),
+        "the engine's words in the notebook's log: {followed}"
+    );
+    let (_, events) = a.get(&format!("{notebooks}/lab/events")).await;
+    assert!(
+        said_on(&events, &format!("restarting on {base_image} by {alice}")),
+        "{events}"
+    );
+    a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
+        .await;
     assert!(up.stop(), "a clean exit on SIGTERM");
 }
 

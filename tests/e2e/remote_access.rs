@@ -121,6 +121,13 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
             )
         }
     };
+    let (_, got) = bearer(&laptop, &format!("/api/namespaces/{alice}/notebooks/lab")).await;
+    let port = url.rsplit(':').next().unwrap();
+    assert_eq!(
+        got["notebook"]["address"],
+        format!("http://lab--{alice}.localhost:{port}/notebook/{alice}/lab/"),
+        "the whole address a browser opens: {got}"
+    );
     let (status, me) = bearer(&laptop, "/api/whoami").await;
     assert_eq!((status, me["name"].as_str()), (200, Some(alice.as_str())));
     let (status, _) = bob_s.post("/api/tokens", json!({"name": "bobs"})).await;

@@ -749,6 +749,34 @@ fn gpu_view(
     view
 }
 
+/// The whole address a browser opens notebook `ns/name` at, as this request reached the web
+/// app: its scheme (the auth proxy's `X-Forwarded-Proto`, else TLS or not) and port, on the
+/// notebook's own host or the app's.
+fn address_of(state: &ApiState, headers: &HeaderMap, ns: &str, name: &str) -> Option<String> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let scheme = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|p| matches!(*p, "http" | "https"))
+        .unwrap_or(if state.secure_cookies {
+            "https"
+        } else {
+            "http"
+        });
+    let path = format!("{}/", route_prefix(ns, name));
+    Some(match &state.notebook_links {
+        Some(links) => format!("{scheme}:{}{path}", links.origin(ns, name, Some(host))),
+        None => format!("{scheme}://{host}{path}"),
+    })
+}
+
+/// [`view`] with the address the request's client opens it at.
+fn view_for(notebook: &Notebook, api: &ApiState, headers: &HeaderMap) -> NotebookView {
+    let mut seen = view(notebook, api);
+    seen.address = address_of(api, headers, &seen.namespace, &seen.name);
+    seen
+}
+
 /// The notebook as users see it.
 pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
     let activity = &api.activity;
@@ -804,6 +832,7 @@ pub fn view(notebook: &Notebook, api: &ApiState) -> NotebookView {
             .notebook_links
             .as_ref()
             .map(|links| labforge_crds::host::notebook_host(&namespace, &name, &links.domain)),
+        address: None,
         auto_save: notebook.annotation(AUTO_SAVE_ANNOTATION) == Some("true"),
         shared_with: notebook
             .shared_with()
@@ -840,6 +869,7 @@ async fn list_notebooks(
     user: SignedIn,
     State(state): State<ApiState>,
     Path(ns): Path<String>,
+    headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     user.may(&state, Verb::List, &ns).await?;
     let notebooks: Vec<serde_json::Value> = state
@@ -847,7 +877,7 @@ async fn list_notebooks(
         .list(Some(&ns))
         .await?
         .iter()
-        .map(|nb| crate::kubeflow::list_item(nb, &view(nb, &state)))
+        .map(|nb| crate::kubeflow::list_item(nb, &view_for(nb, &state, &headers)))
         .collect();
     Ok(Json(kubeflow::envelope(
         &user.0,
@@ -876,6 +906,7 @@ async fn create_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
     Path(ns): Path<String>,
+    headers: HeaderMap,
     body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     user.may(&state, Verb::Create, &ns).await?;
@@ -921,7 +952,7 @@ async fn create_notebook(
     // An existing workspace, or a data volume without a size, is one of this namespace's
     // volumes: named, not guessed.
     let existing = match &request.workspace {
-        Some(WorkspaceRequest::Existing { name }) => Some(("workspace.name".to_owned(), name)),
+        Some(WorkspaceRequest::Existing { name, .. }) => Some(("workspace.name".to_owned(), name)),
         _ => None,
     }
     .into_iter()
@@ -970,7 +1001,7 @@ async fn create_notebook(
             &format!("created by {}", user.0.name),
         )
         .await;
-    let mut answer = serde_json::to_value(view(&created, &state)).unwrap_or_default();
+    let mut answer = serde_json::to_value(view_for(&created, &state, &headers)).unwrap_or_default();
     answer["message"] = "Notebook created successfully.".into();
     Ok((
         StatusCode::CREATED,
@@ -1141,11 +1172,12 @@ async fn get_notebook(
     user: SignedIn,
     State(state): State<ApiState>,
     Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     let notebook = user.notebook(&state, Action::View, &ns, &name).await?;
     // Kubeflow's client reads the object itself and its `processed_status`; labforge's view of
     // it is beside them, under names the object does not use.
-    let view = view(&notebook, &state);
+    let view = view_for(&notebook, &state, &headers);
     let mut answer = serde_json::to_value(&notebook).unwrap_or_default();
     if let (Some(fields), serde_json::Value::Object(view_fields)) = (
         answer.as_object_mut(),
@@ -1264,10 +1296,17 @@ async fn patch_notebook(
             }
         })
         .await?;
-    let change = match patch.stopped {
-        Some(true) => Some(("Stopping", "stopped".to_owned())),
-        Some(false) => Some(("Starting", "started".to_owned())),
-        None => None,
+    let change = match (patch.stopped, &patch.image) {
+        (Some(true), _) => Some(("Stopping", "stopped".to_owned())),
+        (Some(false), Some(image)) => Some(("Starting", format!("started on {image}"))),
+        (Some(false), None) => Some(("Starting", "started".to_owned())),
+        // A running notebook moved onto another image restarts on it; a stopped one starts on
+        // it next time.
+        (None, Some(image)) if updated.is_stopped() => {
+            Some(("ImageChanged", format!("set to start on {image}")))
+        }
+        (None, Some(image)) => Some(("Restarting", format!("restarting on {image}"))),
+        (None, None) => None,
     };
     let resize = resources.as_ref().map(|resources| {
         let of = |key: &str| {

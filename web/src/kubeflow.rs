@@ -701,33 +701,30 @@ impl KubeflowForm {
         }
     }
 
-    /// The workspace: none unless the form has one, which must be at the home directory and,
-    /// when new, have labforge's claim name.
+    /// The workspace: none unless the form has one, as Kubeflow's web app takes it: a claim of
+    /// the name the user typed (its template `{notebook-name}-workspace` filled in), mounted
+    /// where the form says (the home directory unless an admin set another path).
     fn workspace_request(&self, errors: &mut FieldErrors) -> Option<WorkspaceRequest> {
         let volume = match &self.workspace {
             Some(volume) if !self.no_workspace => volume,
             _ => return Some(WorkspaceRequest::None),
         };
-        if volume.mount.trim_end_matches('/') != HOME {
-            errors.push(FieldError::new(
-                "workspace.mount",
-                format!("the workspace is mounted at {HOME}"),
-            ));
-            return None;
-        }
-        let wanted = workspace_claim(&self.name);
+        let mount = volume.mount.trim();
+        let mount_path =
+            (!mount.is_empty() && mount.trim_end_matches('/') != HOME).then(|| mount.to_owned());
         match claim_of(volume, "workspace") {
-            Ok((claim, size)) if size.is_empty() => {
-                Some(WorkspaceRequest::Existing { name: claim })
+            Ok((claim, size)) if size.is_empty() => Some(WorkspaceRequest::Existing {
+                name: claim,
+                mount_path,
+            }),
+            Ok((claim, size)) => {
+                let claim = claim.replace("{notebook-name}", &self.name);
+                Some(WorkspaceRequest::New {
+                    size,
+                    name: (claim != workspace_claim(&self.name)).then_some(claim),
+                    mount_path,
+                })
             }
-            Ok((claim, _)) if claim != wanted => {
-                errors.push(FieldError::new(
-                    "workspace.newPvc.metadata.name",
-                    format!("a new workspace claim is named {wanted}"),
-                ));
-                None
-            }
-            Ok((_, size)) => Some(WorkspaceRequest::New { size }),
             Err(error) => {
                 errors.push(error);
                 None
@@ -885,7 +882,9 @@ pub fn own_request_extras(
                 "workspace",
                 match &request.workspace {
                     None => false,
-                    Some(WorkspaceRequest::New { size }) => !at_default(size, &d.workspace_size),
+                    Some(WorkspaceRequest::New { size, .. }) => {
+                        !at_default(size, &d.workspace_size)
+                    }
                     Some(_) => true,
                 },
             )],
@@ -1141,7 +1140,7 @@ spawnerFormDefaults:
         assert_eq!(request.shm_size, "0");
         assert_eq!(request.image_pull_policy, Some(ImagePullPolicy::Always));
         assert!(
-            matches!(request.workspace, Some(WorkspaceRequest::New { ref size }) if size == "3Gi")
+            matches!(request.workspace, Some(WorkspaceRequest::New { ref size, .. }) if size == "3Gi")
         );
         assert_eq!(request.data_volumes[0].name, "shared");
         assert_eq!(request.data_volumes[0].size, "");
@@ -1164,6 +1163,57 @@ spawnerFormDefaults:
     }
 
     #[test]
+    fn a_workspace_the_user_named_and_an_admins_mount_path_are_taken_as_kubeflow_takes_them() {
+        let body = json!({
+            "name": "nb", "image": "lab:1",
+            "workspace": {"mount": "/work/", "newPvc": {"metadata": {"name": "my-space"},
+                "spec": {"resources": {"requests": {"storage": "2Gi"}}}}},
+        });
+        let (request, _) = request_from_form(form(body), "team", &config()).unwrap();
+        let notebook =
+            crate::validate::notebook_from_request(&request, "team", "alice", &config(), &[])
+                .unwrap();
+        let pod = notebook.spec.template.spec.as_ref().unwrap();
+        let claim = pod.volumes.iter().flatten().find_map(|v| {
+            Some((
+                v.name.clone(),
+                v.persistent_volume_claim.as_ref()?.claim_name.clone(),
+            ))
+        });
+        let (volume, claim) = claim.expect("a claim volume");
+        assert_eq!(claim, "my-space");
+        let mounts = pod.containers[0].volume_mounts.iter().flatten();
+        let mount = mounts
+            .filter(|m| m.name == volume)
+            .map(|m| m.mount_path.as_str())
+            .next();
+        assert_eq!(mount, Some("/work"));
+
+        // The template Kubeflow's form shows, left unfilled, is the notebook's default name.
+        let body = json!({"name": "nb", "workspace": {"mount": "/home/jovyan",
+            "newPvc": {"metadata": {"name": "{notebook-name}-workspace"},
+                "spec": {"resources": {"requests": {"storage": "1Gi"}}}}}});
+        let (request, _) = request_from_form(form(body), "team", &config()).unwrap();
+        assert!(matches!(
+            request.workspace,
+            Some(WorkspaceRequest::New {
+                name: None,
+                mount_path: None,
+                ..
+            })
+        ));
+        let bad = json!({"name": "nb", "workspace": {"mount": "work",
+            "newPvc": {"metadata": {"name": "Not A Name"},
+                "spec": {"resources": {"requests": {"storage": "1Gi"}}}}}});
+        let (request, _) = request_from_form(form(bad), "team", &config()).unwrap();
+        let errors =
+            crate::validate::notebook_from_request(&request, "team", "alice", &config(), &[])
+                .unwrap_err();
+        let fields: Vec<&str> = errors.as_slice().iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["workspace.name", "workspace.mountPath"]);
+    }
+
+    #[test]
     fn every_wrong_field_of_a_form_is_named() {
         let body = json!({
             "name": "nb", "namespace": "other", "gpus": {"num": "1", "vendor": "nvidia.com/gpu"},
@@ -1178,7 +1228,6 @@ spawnerFormDefaults:
         for field in [
             "gpus",
             "namespace",
-            "workspace.mount",
             "datavols[0].existingSource",
             "datavols[1].newPvc.spec.storageClassName",
             "configurations[0]",

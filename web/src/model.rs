@@ -127,10 +127,23 @@ pub struct GpuRequest {
 #[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum WorkspaceRequest {
-    /// A new volume of this size.
-    New { size: String },
+    /// A new volume of this size; named `<notebook>-workspace` unless `name` says otherwise,
+    /// mounted at the home directory unless `mountPath` does.
+    #[serde(rename_all = "camelCase")]
+    New {
+        size: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mount_path: Option<String>,
+    },
     /// A volume that exists already (kept from a deleted notebook, say).
-    Existing { name: String },
+    #[serde(rename_all = "camelCase")]
+    Existing {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mount_path: Option<String>,
+    },
     /// No workspace: nothing in the home directory survives a stop.
     None,
 }
@@ -223,6 +236,11 @@ pub struct NotebookView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub host: Option<String>,
+    /// The whole address a browser opens it at (scheme, host, port and path), as the request
+    /// reached the web app; in the answers of the list, get and create calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub address: Option<String>,
     pub resource_version: String,
     /// Saved before every stop.
     pub auto_save: bool,

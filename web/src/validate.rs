@@ -483,28 +483,44 @@ fn claims(
     let mut claims = Vec::new();
     let new_workspace = WorkspaceRequest::New {
         size: String::new(),
+        name: None,
+        mount_path: None,
     };
     match request.workspace.as_ref().unwrap_or(&new_workspace) {
-        WorkspaceRequest::New { size } => {
-            if let Some(size) = errors.keep(bounded(
+        WorkspaceRequest::New {
+            size,
+            name,
+            mount_path,
+        } => {
+            let size = errors.keep(bounded(
                 "workspace.size",
                 size,
                 &defaults.workspace_size,
                 &defaults.max_volume_size,
-            )) {
+            ));
+            let name = match name.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+                Some(name) => errors
+                    .keep(dns_label("workspace.name", name))
+                    .map(|()| name.to_owned()),
+                None => Some(workspace_claim(&request.name)),
+            };
+            let mount_path = errors.keep(workspace_mount(mount_path.as_deref()));
+            if let (Some(size), Some(name), Some(mount_path)) = (size, name, mount_path) {
                 claims.push(Claim {
-                    name: workspace_claim(&request.name),
+                    name,
                     size,
-                    mount_path: HOME.to_owned(),
+                    mount_path,
                 });
             }
         }
-        WorkspaceRequest::Existing { name } => {
-            if errors.keep(dns_label("workspace.name", name)).is_some() {
+        WorkspaceRequest::Existing { name, mount_path } => {
+            let checked = errors.keep(dns_label("workspace.name", name));
+            let mount_path = errors.keep(workspace_mount(mount_path.as_deref()));
+            if let (Some(()), Some(mount_path)) = (checked, mount_path) {
                 claims.push(Claim {
                     name: name.clone(),
                     size: String::new(),
-                    mount_path: HOME.to_owned(),
+                    mount_path,
                 });
             }
         }
@@ -554,6 +570,19 @@ fn claims(
         }
     }
     claims
+}
+
+/// Where the workspace is mounted: the home directory unless `asked` names another absolute
+/// path (Kubeflow's admins may set one).
+fn workspace_mount(asked: Option<&str>) -> Result<String, FieldError> {
+    match asked.map(|p| p.trim().trim_end_matches('/')) {
+        None | Some("") => Ok(HOME.to_owned()),
+        Some(path) if path.starts_with('/') && !path.contains("..") => Ok(path.to_owned()),
+        Some(path) => Err(FieldError::new(
+            "workspace.mountPath",
+            format!("{path:?} must be an absolute path below /"),
+        )),
+    }
 }
 
 /// The size of `/dev/shm`; `0` for none.
@@ -767,7 +796,11 @@ mod tests {
         r.cpu = "lots".into();
         r.memory = "4".into();
         r.memory_limit = "1Gi".into();
-        r.workspace = Some(WorkspaceRequest::New { size: "9Pi".into() });
+        r.workspace = Some(WorkspaceRequest::New {
+            size: "9Pi".into(),
+            name: None,
+            mount_path: None,
+        });
         r.environment.insert("1BAD".into(), "x".into());
         let errors = notebook_from_request(&r, "alice", "alice", &config(), &[]).unwrap_err();
         let fields: Vec<&str> = errors.as_slice().iter().map(|e| e.field.as_str()).collect();
@@ -852,7 +885,11 @@ mod tests {
         });
         assert_eq!(field_of(r), "gpus.count");
         let mut r = request("lab");
-        r.workspace = Some(WorkspaceRequest::New { size: "9Pi".into() });
+        r.workspace = Some(WorkspaceRequest::New {
+            size: "9Pi".into(),
+            name: None,
+            mount_path: None,
+        });
         assert_eq!(field_of(r), "workspace.size");
         let mut r = request("lab");
         r.environment.insert("1BAD".into(), "x".into());

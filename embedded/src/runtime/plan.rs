@@ -418,11 +418,15 @@ mod tests {
         // `alice`'s `x-lab` and `alice-x`'s `lab`: one string apart only in where the dash goes.
         let config = BuilderConfig::default();
         let mut existing = request("x-lab");
-        existing.workspace = Some(WorkspaceRequest::Existing { name: "ws".into() });
+        existing.workspace = Some(WorkspaceRequest::Existing {
+            name: "ws".into(),
+            mount_path: None,
+        });
         let a = plan(&notebook("alice", existing), &config, None, &[], None).unwrap();
         let mut other = request("lab");
         other.workspace = Some(WorkspaceRequest::Existing {
             name: "x-ws".into(),
+            mount_path: None,
         });
         let b = plan(&notebook("alice-x", other), &config, None, &[], None).unwrap();
         assert_ne!(a.name, b.name);
