@@ -241,6 +241,26 @@ async fn kubeflows_client_requests_get_every_field_it_reads() {
     );
     assert!(claims.get_opt("rs-workspace").await.unwrap().is_none());
 
+    // A new workspace the user named, mounted where an admin's form says, as Kubeflow takes it.
+    let mut named = form.clone();
+    named["name"] = "named".into();
+    named["workspace"]["newPvc"]["metadata"]["name"] = "team-space".into();
+    named["workspace"]["mount"] = "/workspace".into();
+    let (status, answer) = api
+        .post(Some(ALICE), "/jupyter/api/namespaces/alice/notebooks", named)
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    assert!(claims.get_opt("team-space").await.unwrap().is_some());
+    let stored = notebooks.get("named").await.unwrap();
+    let mounted = stored
+        .container()
+        .unwrap()
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/workspace");
+    assert!(mounted, "{:?}", stored.container().unwrap().volume_mounts);
+
     let (status, list) = api
         .get(Some(ALICE), "/jupyter/api/namespaces/alice/notebooks")
         .await;
