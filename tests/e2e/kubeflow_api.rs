@@ -247,7 +247,11 @@ async fn kubeflows_client_requests_get_every_field_it_reads() {
     named["workspace"]["newPvc"]["metadata"]["name"] = "team-space".into();
     named["workspace"]["mount"] = "/workspace".into();
     let (status, answer) = api
-        .post(Some(ALICE), "/jupyter/api/namespaces/alice/notebooks", named)
+        .post(
+            Some(ALICE),
+            "/jupyter/api/namespaces/alice/notebooks",
+            named,
+        )
         .await;
     assert_eq!(status, 201, "{answer}");
     assert!(claims.get_opt("team-space").await.unwrap().is_some());

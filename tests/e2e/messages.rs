@@ -145,7 +145,10 @@ async fn a_person_reads_warnings_as_warning_lines_and_gets_log_lines_only_by_ask
         warning.starts_with("warning: cache unavailable, saving without it: "),
         "a person's line, no time or module: {warning}"
     );
-    assert!(!said.contains(" WARN ") && !said.contains("labforge_builder::"), "{said}");
+    assert!(
+        !said.contains(" WARN ") && !said.contains("labforge_builder::"),
+        "{said}"
+    );
     let logged = save(Some("warn"));
     let line = line_with(&logged, "cache unavailable");
     assert!(

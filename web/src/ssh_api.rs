@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// How often an open connection's access is asked again.
-const RECHECK: Duration = Duration::from_secs(3);
+const RECHECK: Duration = Duration::from_secs(5);
 
 /// The routes, for [`crate::api::router`] to merge.
 pub fn routes() -> Router<ApiState> {
