@@ -128,6 +128,14 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
         format!("http://lab--{alice}.localhost:{port}/notebook/{alice}/lab/"),
         "the whole address a browser opens: {got}"
     );
+    let minted = reqwest::Client::new()
+        .post(format!("{url}/api/tokens"))
+        .bearer_auth(&laptop)
+        .json(&json!({"name": "minted by a token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(minted.status(), 403, "a token makes no tokens");
     let (status, me) = bearer(&laptop, "/api/whoami").await;
     assert_eq!((status, me["name"].as_str()), (200, Some(alice.as_str())));
     let (status, _) = bob_s.post("/api/tokens", json!({"name": "bobs"})).await;

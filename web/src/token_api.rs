@@ -102,6 +102,7 @@ impl From<TokenError> for Failure {
     request_body = NewTokenRequest,
     responses(
         (status = 201, description = "the token, with its secret", body = CreatedToken),
+        (status = 403, description = "asked with a token rather than a signed-in session", body = crate::openapi::ApiErrorBody),
         (status = 409, description = "the user has a token of that name", body = crate::openapi::ApiErrorBody),
         (status = 422, description = "a name or lifetime that is not one; `field` names it", body = crate::openapi::ApiErrorBody),
         crate::openapi::PlatformErrors,
@@ -110,9 +111,17 @@ impl From<TokenError> for Failure {
 pub(crate) async fn create_token(
     user: SignedIn,
     State(state): State<ApiState>,
+    headers: axum::http::HeaderMap,
     body: Result<Json<NewTokenRequest>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
     let auth = local(&state)?;
+    // A token that leaked must not outlive its own expiry by minting others.
+    if crate::tokens::bearer(&headers).is_some() {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "a token cannot make tokens: sign in (the Tokens page, or `labforge login`)",
+        ));
+    }
     let Json(request) = body?;
     let lifetime = request.expires_in.as_deref().unwrap_or(DEFAULT_LIFETIME);
     let made = auth.tokens.create(&user.0.name, &request.name, lifetime)?;
