@@ -72,6 +72,15 @@ try {
     ws.on('close', () => { socket.closed = true; });
   });
 
+  // An offline team server's workbench asks nothing of other hosts (no extension gallery): only
+  // of the notebook's host and labforge's own (its sign-in).
+  const ours = new Set([new URL(url).host, new URL(args.web || url).host]);
+  const outside = [];
+  page.on('request', (request) => {
+    const target = new URL(request.url());
+    if (target.protocol.startsWith('http') && !ours.has(target.host)) outside.push(request.url());
+  });
+
   const response = await page.goto(url, { waitUntil: 'domcontentloaded', timeout: 60_000 });
   if (!response || response.status() >= 400) {
     throw new Error(`${url} answered ${response?.status()}`);
@@ -80,6 +89,10 @@ try {
   // The explorer lists the opened folder once the remote connection is up.
   await page.waitForSelector('.explorer-folders-view .monaco-list-row', { timeout: 90_000 });
   step(`workbench loaded: ${await page.title()}`);
+  // No AI chat on a team's server unless its user turns it on.
+  const chat = page.locator('.part.auxiliarybar', { hasText: /Chat|Agent/ });
+  if (await chat.isVisible()) throw new Error('the AI chat panel is open');
+  step('no chat panel');
 
   // Quick Open (its file search runs on the server), then the file's text in the editor.
   const quickInput = page.locator('.quick-input-widget input');
@@ -136,6 +149,8 @@ try {
   }
   step(`websockets under the notebook URL: ${notebookSockets.length}, frames received: `
     + `${framesAfter}`);
+  if (outside.length) throw new Error(`requests to other hosts: ${outside.join(', ')}`);
+  step('no request to another host');
   await page.screenshot({ path: args.screenshot });
   console.log([...steps, 'vscode: ok'].join('\n'));
 } catch (err) {
