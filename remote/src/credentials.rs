@@ -44,14 +44,26 @@ pub fn normalize_url(url: &str) -> Result<String, RemoteError> {
 /// The credentials to use: `LABFORGE_URL` and `LABFORGE_TOKEN` where set, else the file's.
 pub fn load() -> Result<Credentials, RemoteError> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let saved = read_file()?;
-    let url = env("LABFORGE_URL").or_else(|| saved.as_ref().map(|c| c.url.clone()));
-    let token = env("LABFORGE_TOKEN").or_else(|| saved.as_ref().map(|c| c.token.clone()));
-    match (url, token) {
-        (Some(url), Some(token)) => Ok(Credentials {
-            url: normalize_url(&url)?,
+    choose(env("LABFORGE_URL"), env("LABFORGE_TOKEN"), read_file()?)
+}
+
+/// The server and token from the environment's `url` and `token` and the `saved` file. The
+/// file's token goes only to the file's server: a `LABFORGE_URL` naming another server without
+/// a `LABFORGE_TOKEN` of its own is not signed in there.
+fn choose(
+    url: Option<String>,
+    token: Option<String>,
+    saved: Option<Credentials>,
+) -> Result<Credentials, RemoteError> {
+    let url = url.map(|u| normalize_url(&u)).transpose()?;
+    match (url, token, saved) {
+        (Some(url), Some(token), _) => Ok(Credentials { url, token }),
+        (None, Some(token), Some(saved)) => Ok(Credentials {
+            url: saved.url,
             token,
         }),
+        (Some(url), None, Some(saved)) if url == saved.url => Ok(saved),
+        (None, None, Some(saved)) => Ok(saved),
         _ => Err(RemoteError::NotSignedIn),
     }
 }
@@ -113,6 +125,33 @@ pub fn forget() -> Result<bool, RemoteError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_saved_token_goes_only_to_the_saved_server() {
+        let saved = || {
+            Some(Credentials {
+                url: "https://lab.example.com".into(),
+                token: "lft_saved".into(),
+            })
+        };
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(choose(None, None, saved()).unwrap().token, "lft_saved");
+        let elsewhere = choose(some("https://evil.example.com"), None, saved());
+        assert!(matches!(elsewhere, Err(RemoteError::NotSignedIn)));
+        let same = choose(some("https://lab.example.com/"), None, saved()).unwrap();
+        assert_eq!(same.token, "lft_saved");
+        let both = choose(some("http://localhost:8080"), some("lft_env"), saved()).unwrap();
+        assert_eq!(
+            (both.url.as_str(), both.token.as_str()),
+            ("http://localhost:8080", "lft_env")
+        );
+        let token_only = choose(None, some("lft_env"), saved()).unwrap();
+        assert_eq!(token_only.url, "https://lab.example.com");
+        assert!(matches!(
+            choose(None, None, None),
+            Err(RemoteError::NotSignedIn)
+        ));
+    }
 
     #[test]
     fn urls_are_checked_and_kept_without_a_trailing_slash() {
