@@ -155,9 +155,37 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
             .contains("revoked, expired or unknown")
     );
 
-    alice_s
-        .wait_state(&alice, "lab", "ready", Duration::from_secs(120))
-        .await;
+    // While it starts, the list says why at every step: nothing says only "starting".
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut reasons = Vec::new();
+    loop {
+        let (_, list) = alice_s
+            .get(&format!("/api/namespaces/{alice}/notebooks"))
+            .await;
+        let lab = &list["notebooks"][0];
+        match lab["state"].as_str() {
+            Some("ready") => break,
+            Some("starting") => {
+                let reason = lab["reason"].as_str().unwrap_or_default().to_owned();
+                assert!(
+                    !reason.is_empty(),
+                    "starting with no reason after {reasons:?}"
+                );
+                if reasons.last() != Some(&reason) {
+                    reasons.push(reason);
+                }
+            }
+            other => panic!("{other:?}: {lab}"),
+        }
+        assert!(Instant::now() < deadline, "not ready: {reasons:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("waiting for its server to answer")),
+        "{reasons:?}"
+    );
 
     // `labforge login` with a password makes a token of its own and keeps it, mode 0600.
     let config = dir.path().join("config");

@@ -482,8 +482,15 @@ impl Runtime {
         let (ready, unexpected) = if was_ready {
             self.readiness(notebook, port).await
         } else {
-            // Said while its server is asked again and again.
-            self.set_status(notebook, status_of(false, ""));
+            // Said while its server is asked again and again: the lists show why it is not
+            // ready yet (a server's first start can take a while).
+            // A restart's own reason stays.
+            let why = if restarting.is_some() {
+                ""
+            } else {
+                WAITING_FOR_SERVER
+            };
+            self.set_status(notebook, status_of(false, why));
             self.readiness_while_starting(notebook, port).await
         };
         if ready && !was_ready {
@@ -861,6 +868,9 @@ fn stopped_status() -> NotebookStatus {
         },
     }
 }
+
+/// Why a notebook whose container runs is not ready yet, until its server answers otherwise.
+const WAITING_FOR_SERVER: &str = "its container runs; waiting for its server to answer";
 
 fn waiting_status(reason: &str, message: &str) -> NotebookStatus {
     NotebookStatus {
