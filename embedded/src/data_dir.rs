@@ -28,6 +28,7 @@ const KEPT: &[&str] = &[
     FORMAT_FILE,
     "users.json",
     "namespaces.json",
+    "tokens.json",
     "instance-id",
     "notebook-secrets.key",
     "store",

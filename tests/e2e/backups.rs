@@ -95,6 +95,10 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
     let a = Session::sign_in(&up, &alice, &password).await;
     let notebooks = format!("/api/namespaces/{alice}/notebooks");
     assert_eq!(a.post(&notebooks, json!({"name": "lab"})).await.0, 201);
+    // An API token (the CLI's, an editor's SSH) outlives a restore like the user it signs in.
+    let (status, made) = a.post("/api/tokens", json!({"name": "laptop"})).await;
+    assert_eq!(status, 201, "{made}");
+    let token = made["token"].as_str().unwrap().to_owned();
     a.wait_state(&alice, "lab", "ready", Duration::from_secs(120))
         .await;
     let printed = need(a.jupyter(&alice, "lab").await.run_code(PIP_INSTALL).await);
@@ -193,6 +197,13 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
         assert!(restored.contains("Restored snapshot"), "{restored}");
         up = need(up.restart().await);
         let a = Session::sign_in(&up, &alice, &password).await;
+        let whoami = reqwest::Client::new()
+            .get(format!("{}/api/whoami", up.url.trim_end_matches('/')))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(whoami.status(), 200, "the token is restored with its user");
         // The restored store still says what the notebook was: ready once its container runs.
         let container = labforge_embedded::runtime::container_name(&alice, "lab");
         crate::controller::eventually("container started", Duration::from_secs(180), || async {
