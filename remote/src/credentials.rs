@@ -84,31 +84,9 @@ fn read_file() -> Result<Option<Credentials>, RemoteError> {
 
 /// Writes `credentials` to the file, mode 0600 in a directory of mode 0700, replacing it whole.
 pub fn save(credentials: &Credentials) -> Result<PathBuf, RemoteError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let path = path()?;
-    let io = |source| RemoteError::File {
-        path: path.clone(),
-        source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(io)?;
-    }
-    let temporary = path.with_extension("json.tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .map_err(io)?;
     let bytes = serde_json::to_vec_pretty(credentials).unwrap_or_default();
-    file.write_all(&bytes).map_err(io)?;
-    std::fs::rename(&temporary, &path).map_err(io)?;
+    crate::write_private(&path, &bytes)?;
     Ok(path)
 }
 

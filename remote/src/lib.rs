@@ -44,3 +44,31 @@ pub enum RemoteError {
     #[error("the websocket: {0}")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
 }
+
+/// Replaces the file at `path` with `bytes`, readable by this user alone (mode 0600, in a
+/// directory of mode 0700 made when missing): written beside it, then renamed over it.
+pub(crate) fn write_private(path: &std::path::Path, bytes: &[u8]) -> Result<(), RemoteError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let io = |source| RemoteError::File {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+    }
+    let temporary = path.with_extension("labforge.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    std::fs::rename(&temporary, path).map_err(io)
+}

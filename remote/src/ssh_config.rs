@@ -81,35 +81,18 @@ pub fn write(
     program: &str,
     notebooks: &[NotebookRef],
 ) -> Result<Vec<String>, crate::RemoteError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    let io = |source| crate::RemoteError::File {
-        path: path.to_owned(),
-        source,
-    };
     let current = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(io(e)),
+        Err(source) => {
+            return Err(crate::RemoteError::File {
+                path: path.to_owned(),
+                source,
+            });
+        }
     };
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(io)?;
-    }
     let text = replace_block(&current, &block(program, notebooks));
-    let temporary = path.with_extension("labforge.tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .map_err(io)?;
-    file.write_all(text.as_bytes()).map_err(io)?;
-    std::fs::rename(&temporary, path).map_err(io)?;
+    crate::write_private(path, text.as_bytes())?;
     Ok(notebooks.iter().map(host_of).collect())
 }
 

@@ -101,14 +101,22 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let io = (tokio::io::stdin(), tokio::io::stdout(), tokio::io::stderr());
-    run_with(stream, command, terminal, io).await
+    if !terminal {
+        return run_with(stream, command, None, io).await;
+    }
+    let size = rustix::termios::tcgetwinsize(std::io::stdout()).ok();
+    let size = size.map_or((80, 24), |s| (s.ws_col.into(), s.ws_row.into()));
+    // Keys go to the remote shell as typed while it runs; the terminal is restored after.
+    let _raw = RawTerminal::enter();
+    run_with(stream, command, Some(size), io).await
 }
 
-/// [`run`] with the given stdin, stdout and stderr.
+/// [`run`] with the given stdin, stdout and stderr, and a terminal of `terminal`'s size
+/// (columns, rows) when asked for one.
 pub async fn run_with<S, I, O, E>(
     stream: S,
     command: Option<&str>,
-    terminal: bool,
+    terminal: Option<(u32, u32)>,
     (mut stdin, mut stdout, mut stderr): (I, O, E),
 ) -> Result<u32, ClientError>
 where
@@ -127,17 +135,12 @@ where
         return Err(ClientError::Refused);
     }
     let mut channel = session.channel_open_session().await?;
-    let _raw = if terminal {
-        let size = rustix::termios::tcgetwinsize(std::io::stdout()).ok();
-        let (cols, rows) = size.map_or((80, 24), |s| (s.ws_col.into(), s.ws_row.into()));
+    if let Some((cols, rows)) = terminal {
         let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into());
         channel
             .request_pty(true, &term, cols, rows, 0, 0, &[])
             .await?;
-        Some(RawTerminal::enter())
-    } else {
-        None
-    };
+    }
     match command {
         Some(command) => channel.exec(true, command).await?,
         None => channel.request_shell(true).await?,
@@ -199,7 +202,7 @@ mod tests {
         let status = run_with(
             near,
             Some("read line; echo \"got $line\"; echo oops >&2; exit 3"),
-            false,
+            None,
             (&b"hello\n"[..], &mut out, &mut err),
         )
         .await
@@ -207,6 +210,26 @@ mod tests {
         assert_eq!(status, 3);
         assert_eq!(String::from_utf8_lossy(&out), "got hello\n");
         assert_eq!(String::from_utf8_lossy(&err), "oops\n");
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_terminal_is_given_when_asked_with_the_clients_size() {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(crate::server::serve(far));
+        let mut out = Vec::new();
+        let status = run_with(
+            near,
+            Some("tty; stty size; exit 5"),
+            Some((100, 30)),
+            (&b""[..], &mut out, tokio::io::sink()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 5);
+        let said = String::from_utf8_lossy(&out);
+        assert!(said.contains("/dev/pts/"), "{said}");
+        assert!(said.contains("30 100"), "rows and columns as asked: {said}");
         server.await.unwrap().unwrap();
     }
 }

@@ -363,18 +363,29 @@ async fn run_with_pipes(
             }
         }
     };
+    let output = async {
+        tokio::join!(out, err);
+    };
+    until_exit_or_close(&mut child, output, input).await
+}
+
+/// The program's exit status once it has exited and `output` is all sent; killed, if `input`
+/// ends first (the client closed the channel: nobody is left to read what it writes).
+async fn until_exit_or_close(
+    child: &mut Child,
+    output: impl Future<Output = ()>,
+    input: impl Future<Output = ()>,
+) -> std::io::Result<u32> {
     let finished = async {
-        let (status, _, _) = tokio::join!(child.wait(), out, err);
+        let (status, ()) = tokio::join!(child.wait(), output);
         status
     };
     tokio::select! {
-        status = finished => Ok(exit_code(status?)),
-        () = input => {
-            // The client closed the channel: nobody is left to read the program's output.
-            let _ = child.start_kill();
-            Ok(exit_code(child.wait().await?))
-        }
+        status = finished => return Ok(exit_code(status?)),
+        () = input => {}
     }
+    let _ = child.start_kill();
+    Ok(exit_code(child.wait().await?))
 }
 
 /// Copies a program's output to the channel until the program closes it.
@@ -437,17 +448,7 @@ async fn run_on_terminal(
             }
         }
     };
-    let finished = async {
-        let (status, ()) = tokio::join!(child.wait(), output);
-        status
-    };
-    tokio::select! {
-        status = finished => Ok(exit_code(status?)),
-        () = input => {
-            let _ = child.start_kill();
-            Ok(exit_code(child.wait().await?))
-        }
-    }
+    until_exit_or_close(&mut child, output, input).await
 }
 
 #[cfg(test)]

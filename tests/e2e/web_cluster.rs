@@ -920,7 +920,7 @@ async fn ssh_through_the_web_app(
     let status = labforge_ssh::client::run_with(
         near,
         Some(command),
-        false,
+        None,
         (&b""[..], &mut out, tokio::io::sink()),
     )
     .await

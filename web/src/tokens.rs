@@ -91,12 +91,6 @@ fn hash(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
-fn random(len: usize) -> Result<Vec<u8>, TokenError> {
-    let mut bytes = vec![0u8; len];
-    getrandom::fill(&mut bytes).map_err(|e| TokenError::Random(e.to_string()))?;
-    Ok(bytes)
-}
-
 /// The bearer token a request carries, if it carries one (whatever its scheme's case).
 pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
@@ -150,14 +144,12 @@ impl Tokens {
             ));
         }
         let lifetime = parse_lifetime(lifetime)?;
-        use base64::Engine as _;
-        let token = format!(
-            "{TOKEN_PREFIX}{}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random(32)?)
-        );
+        let random =
+            |len| crate::users::random_token(len).map_err(|e| TokenError::Random(e.to_string()));
+        let token = format!("{TOKEN_PREFIX}{}", random(32)?);
         let now = Timestamp::now();
         let record = TokenRecord {
-            id: hex::encode(random(8)?),
+            id: random(8)?,
             user: user.to_owned(),
             name: name.to_owned(),
             hash: hash(&token),
