@@ -501,7 +501,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             options
                 .concurrent_starts
                 .unwrap_or_else(crate::runtime::default_concurrent_starts),
-        ),
+        )
+        .with_images_being_prepared(preparing.clone()),
     );
     migrate_data_dir(&opened.dir, opened.found, &runtime, &opened.auth).await?;
     adopt_running(&runtime).await;

@@ -1457,14 +1457,15 @@ async fn a_notebook_whose_image_serves_another_ide_is_not_ready_and_says_why() {
     );
 }
 
-/// The catalog's images are pulled into podman in the background once their registry has them,
-/// before any notebook asks for them: here code-server's, pushed after `labforge up` started
-/// (as `scripts/up` seeds it), with no notebook at all. Until then the spawner form says it is
-/// being prepared.
+/// The catalog's images are pulled into podman in the background once their registry has them:
+/// here code-server's, pushed after `labforge up` started (as `scripts/up` seeds it). Until then
+/// the spawner form says it is being prepared, and a notebook made on it meanwhile waits for it,
+/// saying so, instead of failing its pull; it starts once the image is there.
 #[tokio::test]
-async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
+async fn a_notebook_of_an_image_being_prepared_waits_for_it_and_starts_once_it_is_there() {
     crate::init_crypto();
     let user = format!("prepared-{:x}", std::process::id());
+    let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
     let dir = tempfile::tempdir().unwrap();
     let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
     let password = need(up.add_user(&user));
@@ -1484,6 +1485,50 @@ async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
         form.contains("VSCode <span class=\"hint\">(being prepared)</span>"),
         "{form}"
     );
+    let (status, body) = session
+        .post(
+            &format!("/api/namespaces/{user}/notebooks"),
+            json!({"name": "early", "serverType": "vscode", "image": image, "workspace": "none"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let waiting = eventually("the notebook waiting", Duration::from_secs(30), || {
+        let session = &session;
+        let user = &user;
+        async move {
+            let (_, body) = session
+                .get(&format!("/api/namespaces/{user}/notebooks/early"))
+                .await;
+            let notebook = body["notebook"].clone();
+            assert_ne!(notebook["state"], "error", "{notebook}");
+            notebook["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("being prepared"))
+                .then_some(notebook)
+        }
+    })
+    .await;
+    assert_eq!(waiting["state"], "starting", "{waiting}");
+    // A few resyncs later it still waits, with one event saying why and no failed pull.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (_, events) = session
+        .get(&format!("/api/namespaces/{user}/notebooks/early/events"))
+        .await;
+    let reasons: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| **r == "ImageBeingPrepared")
+            .count(),
+        1,
+        "{events}"
+    );
+    assert!(!reasons.contains(&"ErrImagePull"), "{events}");
     need(labforge_tests::push_layout(
         "codeserver",
         &up.registry,
@@ -1519,7 +1564,27 @@ async fn the_catalogs_images_are_pulled_before_a_notebook_needs_them() {
     .await;
     let (_, form) = session.get("/new").await;
     assert!(!form.as_str().unwrap_or_default().contains("being prepared"));
-    let _ = Command::new("podman").args(["rmi", &image]).output();
+    session
+        .wait_state(&user, "early", "ready", Duration::from_secs(120))
+        .await;
+    let (status, body) = session
+        .delete(&format!("/api/namespaces/{user}/notebooks/early"))
+        .await;
+    assert!(status < 300, "{body}");
+    // The image goes once its notebook's container has gone.
+    eventually("the image removed", Duration::from_secs(60), || {
+        let image = image.clone();
+        async move {
+            Command::new("podman")
+                .args(["rmi", &image])
+                .output()
+                .unwrap()
+                .status
+                .success()
+                .then_some(())
+        }
+    })
+    .await;
 }
 
 /// With one start at a time (`--concurrent-starts 1`), notebooks made while another starts wait

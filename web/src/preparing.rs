@@ -23,6 +23,11 @@ impl ImagesBeingPrepared {
         self.lock().remove(image);
     }
 
+    /// Whether `image` is still being prepared.
+    pub fn contains(&self, image: &str) -> bool {
+        self.lock().contains(image)
+    }
+
     /// The images still being prepared.
     pub fn images(&self) -> BTreeSet<String> {
         self.lock().clone()

@@ -11,6 +11,7 @@ use labforge_proxy::source::RouteStore;
 use labforge_web::backend::Change;
 use labforge_web::model::AUTO_SAVE_ANNOTATION;
 use labforge_web::notebook_secret::NotebookSecrets;
+use labforge_web::preparing::ImagesBeingPrepared;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -68,6 +69,9 @@ pub struct Runtime {
     turn_receiver: Mutex<Option<mpsc::UnboundedReceiver<NotebookKey>>>,
     /// Published port of each running notebook (for the culler's Jupyter API calls).
     ports: Mutex<HashMap<(String, String), u16>>,
+    /// The catalog's images still being prepared: a notebook of one waits for it rather than
+    /// failing its pull.
+    preparing: Arc<ImagesBeingPrepared>,
 }
 
 impl Runtime {
@@ -105,7 +109,15 @@ impl Runtime {
             turn_sender,
             turn_receiver: Mutex::new(Some(turn_receiver)),
             ports: Mutex::default(),
+            preparing: Arc::default(),
         }
+    }
+
+    /// A notebook of one of `preparing`'s images waits for it (`make up` still building it, or
+    /// the background pull still fetching it) instead of failing with its pull.
+    pub fn with_images_being_prepared(mut self, preparing: Arc<ImagesBeingPrepared>) -> Self {
+        self.preparing = preparing;
+        self
     }
 
     /// At most `limit` notebooks start at once; the others wait in line.
@@ -668,6 +680,39 @@ impl Runtime {
             self.set_status(notebook, in_line_status(place));
             return Ok(None);
         }
+        // Tried at each resync, quietly: the image appears once `make up` has built it.
+        if self.preparing.contains(&plan.image) && !self.engine.image_present(&plan.image).await {
+            if self.engine.pull(&plan.image).await.is_err() {
+                if condition_reason(notebook) != Some(IMAGE_BEING_PREPARED) {
+                    self.store.record_event(
+                        ns,
+                        name,
+                        "Normal",
+                        IMAGE_BEING_PREPARED,
+                        &format!(
+                            "waiting for image {}, which is being prepared on this machine",
+                            plan.image
+                        ),
+                    );
+                }
+                self.set_status(
+                    notebook,
+                    waiting_status(
+                        IMAGE_BEING_PREPARED,
+                        "waiting for its image, which is being prepared on this machine",
+                    ),
+                );
+                return Ok(None);
+            }
+            self.preparing.done(&plan.image);
+            self.store.record_event(
+                ns,
+                name,
+                "Normal",
+                "Pulled",
+                &format!("pulled image {}", plan.image),
+            );
+        }
         if !self.engine.image_present(&plan.image).await {
             self.set_status(
                 notebook,
@@ -805,6 +850,9 @@ const IN_LINE: &str = "Queued";
 fn in_line_status(place: usize) -> NotebookStatus {
     waiting_status(IN_LINE, &format!("{} in line", ordinal(place)))
 }
+
+/// The Ready condition's reason while a notebook's catalog image is still being prepared.
+const IMAGE_BEING_PREPARED: &str = "ImageBeingPrepared";
 
 /// The Ready condition's reason when the engine does not answer.
 const ENGINE_UNAVAILABLE: &str = "EngineUnavailable";
