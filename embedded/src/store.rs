@@ -17,6 +17,8 @@ use tokio::sync::broadcast;
 
 /// Events kept per notebook.
 const EVENTS_KEPT: usize = 100;
+/// How many of the newest events a new one is compared with, to count it as their repeat.
+const EVENTS_COALESCED: usize = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -306,19 +308,30 @@ impl Store {
         let key = (namespace.to_owned(), name.to_owned());
         let events = state.events.entry(key).or_default();
         let time = jiff::Timestamp::now().to_string();
-        match events.back_mut() {
-            Some(last) if last.reason == reason && last.message == message => last.time = time,
-            _ => {
-                events.push_back(NotebookEvent {
-                    kind: kind.to_owned(),
-                    reason: reason.to_owned(),
-                    message: message.to_owned(),
-                    time,
-                });
-                if events.len() > EVENTS_KEPT {
-                    events.pop_front();
-                }
-            }
+        // A repeat of one of the last few (a retry loop alternates a handful of events) is
+        // counted and moved to the end, as Kubernetes aggregates events, rather than listed again.
+        let recent = events.len().saturating_sub(EVENTS_COALESCED);
+        let repeat = (recent..events.len())
+            .rev()
+            .find(|&i| events[i].reason == reason && events[i].message == message)
+            .and_then(|i| events.remove(i));
+        let event = match repeat {
+            Some(earlier) => NotebookEvent {
+                time,
+                count: earlier.count.saturating_add(1),
+                ..earlier
+            },
+            None => NotebookEvent {
+                kind: kind.to_owned(),
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                time,
+                count: 1,
+            },
+        };
+        events.push_back(event);
+        if events.len() > EVENTS_KEPT {
+            events.pop_front();
         }
         let bytes = serde_json::to_vec(&*events).unwrap_or_default();
         // Events are a record for people: one lost to a full disk must not fail the work it tells of.
@@ -579,6 +592,35 @@ mod tests {
         let mut nb = Notebook::new(name, NotebookSpec::default());
         nb.metadata.namespace = Some(ns.into());
         nb
+    }
+
+    #[test]
+    fn a_retry_loops_events_are_counted_not_listed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.record_event("alice", "lab", "Normal", "Created", "made");
+        for _ in 0..3 {
+            store.record_event("alice", "lab", "Normal", "Pulling", "pulling x");
+            store.record_event("alice", "lab", "Warning", "ErrImagePull", "cannot pull x");
+        }
+        let seen = |store: &Store| -> Vec<(String, u32)> {
+            store
+                .events("alice", "lab")
+                .into_iter()
+                .map(|e| (e.reason, e.count))
+                .collect()
+        };
+        let want = vec![
+            ("Created".to_owned(), 1),
+            ("Pulling".to_owned(), 3),
+            ("ErrImagePull".to_owned(), 3),
+        ];
+        assert_eq!(seen(&store), want);
+        // The same reason with another message is another event; the count survives a reopen.
+        store.record_event("alice", "lab", "Normal", "Pulling", "pulling y");
+        let reopened = Store::open(dir.path()).unwrap();
+        assert_eq!(seen(&reopened).len(), 4);
+        assert_eq!(seen(&reopened)[..3], want[..]);
     }
 
     #[test]

@@ -630,10 +630,20 @@ impl Backend for KubernetesBackend {
                 reason: e.reason.unwrap_or_default(),
                 message: e.note.unwrap_or_default(),
                 time: e
-                    .event_time
-                    .map(|t| t.0.to_string())
+                    .series
+                    .as_ref()
+                    .map(|s| s.last_observed_time.0.to_string())
+                    .or_else(|| e.event_time.map(|t| t.0.to_string()))
                     .or_else(|| e.metadata.creation_timestamp.map(|t| t.0.to_string()))
                     .unwrap_or_default(),
+                count: e
+                    .series
+                    .as_ref()
+                    .map(|s| s.count)
+                    .or(e.deprecated_count)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(1)
+                    .max(1),
             })
             .collect();
         events.sort_by(|a, b| a.time.cmp(&b.time));

@@ -316,7 +316,15 @@ pub struct NotebookEvent {
     pub kind: String,
     pub reason: String,
     pub message: String,
+    /// When it last happened.
     pub time: String,
+    /// How often it happened, the same reason and message, as Kubernetes counts repeats.
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// The error body of every 4xx/5xx answer: what is wrong and, for bad input, which field

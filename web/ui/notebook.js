@@ -128,7 +128,7 @@ async function events() {
   const { status, body } = await api('GET', `${path}/events`);
   if (status !== 200) return;
   document.querySelector('#events tbody').replaceChildren(...body.events.slice().reverse().map((e) =>
-    el('tr', {}, agoEl('td', e.time), el('td', {}, e.type), el('td', {}, e.reason), el('td', { class: 'wrap' }, e.message))));
+    el('tr', {}, agoEl('td', e.time), el('td', {}, e.type), el('td', {}, e.reason), el('td', { class: 'wrap' }, e.count > 1 ? `${e.message} (${e.count} times)` : e.message))));
 }
 
 let logs = null;
