@@ -80,6 +80,9 @@ try {
     const target = new URL(request.url());
     if (target.protocol.startsWith('http') && !ours.has(target.host)) outside.push(request.url());
   });
+  // Nor does it ask its own server for what is not there (code-server lacks Microsoft's vsda).
+  const missing = [];
+  page.on('response', (answer) => { if (answer.status() === 404) missing.push(answer.url()); });
 
   const response = await page.goto(url, { waitUntil: 'domcontentloaded', timeout: 60_000 });
   if (!response || response.status() >= 400) {
@@ -151,6 +154,8 @@ try {
     + `${framesAfter}`);
   if (outside.length) throw new Error(`requests to other hosts: ${outside.join(', ')}`);
   step('no request to another host');
+  if (missing.length) throw new Error(`answered 404: ${missing.join(', ')}`);
+  step('no request answered 404');
   await page.screenshot({ path: args.screenshot });
   console.log([...steps, 'vscode: ok'].join('\n'));
 } catch (err) {
