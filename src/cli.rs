@@ -835,6 +835,7 @@ impl TryFrom<&ProxyArgs> for ProxyOptions {
                     app_host: app_host.unwrap_or_else(|| domain.clone()),
                     domain,
                     sign_in: None,
+                    ports: None,
                 }
             }),
             app_path: args.app_path.clone(),

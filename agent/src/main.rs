@@ -17,6 +17,8 @@
 //! - `labforge-agent install <dir>`: copies itself into `<dir>` (a Kubernetes init container does
 //!   this into an emptyDir the notebook container mounts read-only).
 
+mod ports;
+
 use labforge_snapshot::protocol::ChangeSetHeader;
 use labforge_snapshot::{BaselineIndex, ScanOptions, scan, write_change_set};
 use std::io::{self, BufWriter, Write};
@@ -98,6 +100,13 @@ fn run() -> Result<(), String> {
             };
         }
         Some("ssh") if argv.next().is_none() => return ssh(),
+        Some("ports") if argv.next().is_none() => return ports::print_listening(),
+        Some("connect") => {
+            return match (argv.next(), argv.next()) {
+                (Some(port), None) => ports::connect(&port.to_string_lossy()),
+                _ => Err("usage: labforge-agent connect <port>".into()),
+            };
+        }
         _ => {}
     }
     let args = parse_args()?;

@@ -59,9 +59,13 @@ pub fn notebook_host_label(namespace: &str, name: &str) -> String {
     if has_natural_label(namespace, name) {
         return format!("{name}--{namespace}");
     }
+    hashed_label(namespace, name, MAX_LABEL - 3 - HASH_DIGITS)
+}
+
+/// `<prefix>---<hash>`, the prefix (a readable part of the name) at most `room` long.
+fn hashed_label(namespace: &str, name: &str, room: usize) -> String {
     let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
     let hash = hex::encode(digest);
-    let room = MAX_LABEL - 3 - HASH_DIGITS;
     let prefix: String = name
         .chars()
         .map(|c| c.to_ascii_lowercase())
@@ -75,6 +79,29 @@ pub fn notebook_host_label(namespace: &str, name: &str) -> String {
         prefix
     };
     format!("{prefix}---{}", &hash[..HASH_DIGITS])
+}
+
+/// The host label of port `port` of notebook `namespace/name`: `<port>--<name>--<namespace>`,
+/// or `<port>--<prefix>---<hash>` where the notebook's label is a hashed one or the readable form
+/// would be too long. A port label holds `--` at least twice (a readable notebook label once),
+/// and a hashed notebook label that reads like one differs in its hash; the proxy takes a label
+/// for a port's only after no notebook's own label matched.
+pub fn port_host_label(namespace: &str, name: &str, port: u16) -> String {
+    let readable = format!("{port}--{name}--{namespace}");
+    if has_natural_label(namespace, name) && readable.len() <= MAX_LABEL {
+        return readable;
+    }
+    let room = MAX_LABEL - 3 - HASH_DIGITS - (port.to_string().len() + 2);
+    format!("{port}--{}", hashed_label(namespace, name, room))
+}
+
+/// The port a port host label starts with (`<port>--…`), before checking whose it is.
+pub fn port_in_label(label: &str) -> Option<u16> {
+    let (digits, rest) = label.split_once("--")?;
+    if digits.starts_with('0') || !rest.contains("--") {
+        return None;
+    }
+    digits.parse().ok().filter(|port| *port > 0)
 }
 
 /// The host of notebook `namespace/name` under `domain`.
@@ -143,6 +170,33 @@ mod tests {
             "the readable form of a hashed name"
         );
         assert!(!is_label_of("lab--alice", "lice", "lab--a"));
+    }
+
+    #[test]
+    fn a_ports_label_names_its_port_and_is_no_notebooks() {
+        assert_eq!(port_host_label("alice", "lab", 8050), "8050--lab--alice");
+        assert_eq!(port_in_label("8050--lab--alice"), Some(8050));
+        // A notebook named 8050 in namespace lab has the readable label `8050--lab`.
+        assert_eq!(notebook_host_label("lab", "8050"), "8050--lab");
+        assert_eq!(port_in_label("8050--lab"), None);
+        for label in [
+            "08050--lab--alice",
+            "0--lab--alice",
+            "99999--lab--alice",
+            "x--a--b",
+        ] {
+            assert_eq!(port_in_label(label), None, "{label}");
+        }
+        let long = "n".repeat(58);
+        for (ns, name) in [("alice", long.as_str()), ("a", "b--c"), ("alice", "Lab.v2")] {
+            let label = port_host_label(ns, name, 65535);
+            assert!(is_dns_label(&label), "{label:?}");
+            assert_eq!(port_in_label(&label), Some(65535), "{label:?}");
+            assert!(label.contains("---"), "{label:?}");
+            assert_ne!(label, port_host_label(ns, name, 8080));
+            // No notebook's own label.
+            assert!(!is_label_of(&label, ns, name));
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@ use futures::StreamExt as _;
 use labforge_crds::notebook::Notebook;
 use labforge_web::model::NotebookState;
 use labforge_web::workloads::{
-    Claim, Holding, LogStream, NO_POD, SshStream, StorageClasses, WorkloadError, Workloads,
-    redact_secret, ssh_server_command,
+    AgentCommand, Claim, Holding, LogStream, NO_POD, SshStream, StorageClasses, WorkloadError,
+    Workloads, redact_secret,
 };
 use serde_json::{Value, json};
 
@@ -75,11 +75,16 @@ impl Workloads for EngineWorkloads {
         )
     }
 
-    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
+    async fn agent(
+        &self,
+        ns: &str,
+        name: &str,
+        command: AgentCommand,
+    ) -> Result<SshStream, WorkloadError> {
         let unavailable = |e: std::io::Error| {
-            WorkloadError::Unavailable(format!("starting SSH in {ns}/{name}: {e}"))
+            WorkloadError::Unavailable(format!("starting the agent in {ns}/{name}: {e}"))
         };
-        let command = ssh_server_command();
+        let command = command.command_line();
         let command: Vec<&str> = command.iter().map(String::as_str).collect();
         let mut child = self
             .engine

@@ -444,6 +444,13 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
             opened.tls.clone(),
             web_addr,
             &opened.notebook_sign_in,
+            Arc::new(crate::ports::EnginePorts {
+                store: opened.store.clone(),
+                auth: opened.auth.clone(),
+                workloads: EngineWorkloads {
+                    engine: opened.engine.clone(),
+                },
+            }),
         ),
         RoutesFrom::Pushed,
     )
@@ -909,6 +916,7 @@ fn proxy_options(
     tls: Option<labforge_proxy::server::TlsFiles>,
     web_addr: SocketAddr,
     notebook_sign_in: &Arc<labforge_web::notebook_sign_in::NotebookSignIn>,
+    ports: Arc<dyn labforge_proxy::ports::NotebookPorts>,
 ) -> ProxyOptions {
     ProxyOptions {
         listen: options.listen,
@@ -938,6 +946,7 @@ fn proxy_options(
                 domain: domain.clone(),
                 app_host: options.app_host().unwrap_or(domain).to_owned(),
                 sign_in: Some(notebook_sign_in.clone()),
+                ports: Some(ports),
             }),
         app_path: Some("/".into()),
         heap_release: true,

@@ -18,6 +18,7 @@ use crate::authz::{
 use crate::metrics::{ErrorLabels, Metrics, ThreadMetrics};
 use crate::normalize::normalize_path;
 use crate::notebook_host::{self, NotebookHosts};
+use crate::ports::{NotebookPorts, PortTarget};
 use crate::respond::{ProxyError, error_response, wants_json};
 use crate::routes::{FixedAnswer, RequestView, Rule};
 use crate::server::{BodyPace, PacedBody};
@@ -199,11 +200,43 @@ impl Forwarder {
             Ok(Step::Forward(routed)) => {
                 future::Either::Left(self.clone().answer(routed, peer, tls, json))
             }
-            Ok(Step::Answer(response)) => future::Either::Right(future::ready(
-                self.respond(Ok(response.map(Either::Right)), json),
+            Ok(Step::Answer(response)) => future::Either::Right(future::Either::Left(
+                future::ready(self.respond(Ok(response.map(Either::Right)), json)),
             )),
-            Err(error) => future::Either::Right(future::ready(self.respond(Err(error), json))),
+            Ok(Step::Port(request, target, ports)) => future::Either::Right(future::Either::Right(
+                Box::pin(self.clone().to_port(request, target, ports)),
+            )),
+            Err(error) => future::Either::Right(future::Either::Left(future::ready(
+                self.respond(Err(error), json),
+            ))),
         }
+    }
+
+    /// A request to a port inside a notebook: over a connection [`NotebookPorts`] opens, its
+    /// visitor's labforge cookies left out.
+    async fn to_port(
+        self: Arc<Self>,
+        mut request: Request<Incoming>,
+        target: PortTarget,
+        ports: Arc<dyn NotebookPorts>,
+    ) -> Response<ProxyBody> {
+        strip_visitor(request.headers_mut(), &self.visitor_cookies);
+        let answer = match ports.connect(&target).await {
+            Ok(stream) => crate::ports::exchange(stream, request).await,
+            Err(error) => Err(error),
+        };
+        let response = match answer {
+            Ok(mut response) => {
+                strip_visitor_set_cookies(response.headers_mut(), &self.visitor_cookies);
+                response.map(|body| Either::Left(PooledBody::unpooled(body)))
+            }
+            Err(error) => {
+                tracing::debug!(%error, namespace = %target.namespace, name = %target.name, port = target.port, "notebook port");
+                crate::ports::error_page(&error, &self.app_link).map(Either::Right)
+            }
+        };
+        self.thread_metrics.response(response.status().as_u16());
+        response
     }
 
     /// The rest of a routed request's way. A block rather than an async fn: an async fn copies
@@ -271,6 +304,11 @@ impl Forwarder {
         let authority = sent_to.authority.as_str();
         let path = normalize_path(request.uri().path())?;
         let host = lowercase(authority_host(&sent_to.authority));
+        match self.port_visit(&request, &path, &host, authority, tls)? {
+            Some(PortVisit::Answer(answer)) => return Ok(Step::Answer(answer)),
+            Some(PortVisit::Let(target, ports)) => return Ok(Step::Port(request, target, ports)),
+            None => {}
+        }
         let on_notebook_host =
             match self.notebook_host_visit(&request, &path, &host, authority, tls)? {
                 ControlFlow::Break(answer) => return Ok(Step::Answer(answer)),
@@ -313,6 +351,57 @@ impl Forwarder {
             target,
             via,
         }))
+    }
+
+    /// A visit to a port host ([`crate::ports`]): its visitor signed in (or sent to sign in) and
+    /// let in as the notebook's owner shared the port. `None` for any other host, and for a port
+    /// host's sign-in path, which [`Self::notebook_host_visit`] answers as a notebook host's.
+    fn port_visit(
+        &self,
+        request: &Request<Incoming>,
+        path: &str,
+        host: &str,
+        authority: &str,
+        tls: bool,
+    ) -> Result<Option<PortVisit>, ProxyError> {
+        let Some(hosts) = &self.notebook_hosts else {
+            return Ok(None);
+        };
+        let (Some(label), Some(ports)) = (hosts.label_of(host), &hosts.ports) else {
+            return Ok(None);
+        };
+        if labforge_crds::host::port_in_label(label).is_none()
+            || path.starts_with(notebook_host::SIGN_IN_PATH)
+        {
+            return Ok(None);
+        }
+        let Some(target) = ports.resolve(label) else {
+            return Ok(None);
+        };
+        if !notebook_host::from_own_pages(request.headers(), authority) {
+            return Err(ProxyError::CrossOrigin);
+        }
+        let Some(sign_in) = &hosts.sign_in else {
+            return Err(ProxyError::NoRoute);
+        };
+        let user = notebook_host::cookies(request.headers(), notebook_host::GRANT_COOKIE)
+            .find_map(|grant| sign_in.port_user(grant, &target));
+        let Some(user) = user else {
+            if !is_navigation(request) {
+                return Err(ProxyError::Unauthenticated);
+            }
+            let mut return_to = path.to_owned();
+            if let Some(query) = request.uri().query() {
+                return_to.push('?');
+                return_to.push_str(query);
+            }
+            let redirect = hosts.port_sign_in_redirect(&target, &return_to, authority, tls);
+            return Ok(Some(PortVisit::Answer(redirect)));
+        };
+        if !ports.may_open(&user, &target) {
+            return Err(ProxyError::Forbidden);
+        }
+        Ok(Some(PortVisit::Let(target, ports.clone())))
     }
 
     /// What a request's host says before any route is looked at: on a notebook's own host, the
@@ -817,6 +906,14 @@ impl Forwarder {
 enum Step {
     Forward(Routed),
     Answer(Response<Full<Bytes>>),
+    /// To a port inside a notebook, its visitor let in.
+    Port(Request<Incoming>, PortTarget, Arc<dyn NotebookPorts>),
+}
+
+/// What a port host's visit comes to.
+enum PortVisit {
+    Answer(Response<Full<Bytes>>),
+    Let(PortTarget, Arc<dyn NotebookPorts>),
 }
 
 /// A request on a notebook's own host: the hosts' settings, and that notebook's namespace and

@@ -20,6 +20,7 @@ pub mod heap_release;
 pub mod metrics;
 pub mod normalize;
 pub mod notebook_host;
+pub mod ports;
 pub mod respond;
 pub mod review;
 pub mod routes;

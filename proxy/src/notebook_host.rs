@@ -49,6 +49,9 @@ pub struct NotebookHosts {
     /// Embedded mode's own sign-in to notebook hosts; `None` when the identity source knows the
     /// visitor on every host (an auth proxy in front).
     pub sign_in: Option<Arc<dyn HostSignIn>>,
+    /// Web servers users run in their notebooks, each at a port host of its own
+    /// ([`crate::ports`]); `None` where they are not served.
+    pub ports: Option<Arc<dyn crate::ports::NotebookPorts>>,
 }
 
 impl std::fmt::Debug for NotebookHosts {
@@ -57,6 +60,7 @@ impl std::fmt::Debug for NotebookHosts {
             .field("domain", &self.domain)
             .field("app_host", &self.app_host)
             .field("sign_in", &self.sign_in.is_some())
+            .field("ports", &self.ports.is_some())
             .finish()
     }
 }
@@ -70,6 +74,11 @@ pub trait HostSignIn: Send + Sync {
     /// The user `grant` lets into notebook `namespace/name`, while the session it came from
     /// lasts.
     fn user(&self, grant: &str, namespace: &str, name: &str) -> Option<String>;
+    /// The user `grant` lets into port `target`, while the session it came from lasts.
+    fn port_user(&self, grant: &str, target: &crate::ports::PortTarget) -> Option<String> {
+        let _ = (grant, target);
+        None
+    }
     /// Resolves when `grant` ends (its session was signed out, its user removed or reset).
     fn revocation(&self, grant: &str) -> Option<Revocation>;
 }
@@ -129,13 +138,48 @@ impl NotebookHosts {
         authority: &str,
         tls: bool,
     ) -> Response<Full<Bytes>> {
+        self.sign_in_redirect_to(namespace, name, None, return_to, authority, tls)
+    }
+
+    /// [`Self::sign_in_redirect`] for a notebook's port host.
+    pub fn port_sign_in_redirect(
+        &self,
+        target: &crate::ports::PortTarget,
+        return_to: &str,
+        authority: &str,
+        tls: bool,
+    ) -> Response<Full<Bytes>> {
+        let port = Some(target.port);
+        self.sign_in_redirect_to(
+            &target.namespace,
+            &target.name,
+            port,
+            return_to,
+            authority,
+            tls,
+        )
+    }
+
+    fn sign_in_redirect_to(
+        &self,
+        namespace: &str,
+        name: &str,
+        port: Option<u16>,
+        return_to: &str,
+        authority: &str,
+        tls: bool,
+    ) -> Response<Full<Bytes>> {
         let state = random_hex(16);
-        let query = form_urlencoded::Serializer::new(String::new())
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        query
             .append_pair("namespace", namespace)
             .append_pair("name", name)
             .append_pair("state", &state)
-            .append_pair("return", return_to)
-            .finish();
+            .append_pair("return", return_to);
+        if let Some(port) = port {
+            query.append_pair("port", &port.to_string());
+        }
+        let query = query.finish();
         let location = format!(
             "//{}{}{WEB_SIGN_IN_PATH}?{query}",
             self.app_host,
@@ -318,6 +362,7 @@ mod tests {
             domain: "localhost".into(),
             app_host: "localhost".into(),
             sign_in: None,
+            ports: None,
         }
     }
 
@@ -397,6 +442,7 @@ mod tests {
             domain: "notebooks.example-lab.net".into(),
             app_host: "lab.example.com".into(),
             sign_in: None,
+            ports: None,
         };
         for host in ["notebooks.example-lab.net", "a.b.notebooks.example-lab.net"] {
             assert!(own.is_notebook_site_only(host), "{host}");

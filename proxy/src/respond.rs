@@ -80,44 +80,19 @@ border-radius:8px;padding:1rem 1.2rem}h1{font-size:1.4rem;margin:.3rem 0 1rem}a{
 pub fn error_response(error: &ProxyError, json: bool, app: &str) -> Response<Full<Bytes>> {
     let status = error.status();
     let message = error.to_string();
-    let (content_type, body) = if json {
-        (
-            "application/json",
-            // Jupyter's clients read `message`; the web app's read its own error shape.
-            serde_json::json!({
-                "status": status.as_u16(),
-                "message": message,
-                "error": message,
-                "log": message,
-                "success": false,
-            })
-            .to_string(),
-        )
+    let mut response = if json {
+        // Jupyter's clients read `message`; the web app's read its own error shape.
+        let body = serde_json::json!({
+            "status": status.as_u16(),
+            "message": message,
+            "error": message,
+            "log": message,
+            "success": false,
+        });
+        answer(status, "application/json", body.to_string())
     } else {
-        let reason = status.canonical_reason().unwrap_or("Error");
-        (
-            "text/html; charset=utf-8",
-            format!(
-                "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-                 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-                 <title>{code} {reason} · labforge</title><style>{PAGE_STYLE}</style></head>\
-                 <body><header><a href=\"{app}\">labforge</a></header><main><section>\
-                 <h1>{code} {reason}</h1><p>{message}</p>\
-                 <p><a href=\"{app}\">Back to your notebooks</a></p></section></main></body></html>\n",
-                code = status.as_u16(),
-                message = html_escape(&message),
-                app = html_escape(app).replace('"', "&quot;"),
-            ),
-        )
+        page(status, &message, app)
     };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if status == StatusCode::UNAUTHORIZED {
         // Not a Basic challenge: the login happens in front of the proxy (the auth proxy or the
         // web app); the header only says which kind of credentials are missing.
@@ -126,6 +101,35 @@ pub fn error_response(error: &ProxyError, json: bool, app: &str) -> Response<Ful
             HeaderValue::from_static("Bearer realm=\"labforge\""),
         );
     }
+    response
+}
+
+/// A page in the web app's look saying `message`, linking back to `app`.
+pub fn page(status: StatusCode, message: &str, app: &str) -> Response<Full<Bytes>> {
+    let reason = status.canonical_reason().unwrap_or("Error");
+    let body = format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{code} {reason} · labforge</title><style>{PAGE_STYLE}</style></head>\
+         <body><header><a href=\"{app}\">labforge</a></header><main><section>\
+         <h1>{code} {reason}</h1><p>{message}</p>\
+         <p><a href=\"{app}\">Back to your notebooks</a></p></section></main></body></html>\n",
+        code = status.as_u16(),
+        message = html_escape(message),
+        app = html_escape(app).replace('"', "&quot;"),
+    );
+    answer(status, "text/html; charset=utf-8", body)
+}
+
+fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 

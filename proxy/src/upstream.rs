@@ -454,6 +454,17 @@ pub struct PooledBody {
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
+impl PooledBody {
+    /// A body from a connection of no pool's (a notebook port's).
+    pub fn unpooled(inner: Incoming) -> Self {
+        Self {
+            inner,
+            back: None,
+            deadline: None,
+        }
+    }
+}
+
 /// Why a response body could not be streamed whole.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {

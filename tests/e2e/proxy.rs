@@ -2509,6 +2509,7 @@ async fn with_a_notebook_domain_each_notebook_is_served_on_its_own_host_only() {
         domain: domain.into(),
         app_host: domain.into(),
         sign_in: None,
+        ports: None,
     });
     let proxy = labforge_proxy::start(options, RoutesFrom::Files(vec![file]))
         .await

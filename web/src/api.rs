@@ -474,6 +474,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(crate::team_api::routes())
         .merge(crate::token_api::routes())
         .merge(crate::ssh_api::routes())
+        .merge(crate::ports::routes())
         .route(
             "/api/{*rest}",
             axum::routing::any(|| async {

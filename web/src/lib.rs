@@ -27,6 +27,7 @@ pub mod namespaces;
 pub mod notebook_secret;
 pub mod notebook_sign_in;
 mod openapi;
+pub mod ports;
 pub mod preparing;
 pub mod quota;
 pub mod same_origin;

@@ -9,9 +9,10 @@
 //! checked again on every request by the proxy, so taking a namespace away ends it too.
 
 use crate::users::LocalAuth;
-use labforge_crds::host::is_label_of;
+use labforge_crds::host::{is_label_of, port_host_label};
 use labforge_proxy::authz::Revocation;
 use labforge_proxy::notebook_host::{CodeRefused, HostSignIn, Redeemed, port_of, random_hex};
+use labforge_proxy::ports::PortTarget;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -43,6 +44,24 @@ impl NotebookLinks {
     }
 }
 
+impl NotebookLinks {
+    /// `//<port's host>[:port]` of port `port` of notebook `namespace/name`.
+    pub fn port_origin(
+        &self,
+        namespace: &str,
+        name: &str,
+        port: u16,
+        host_header: Option<&str>,
+    ) -> String {
+        let label = labforge_crds::host::port_host_label(namespace, name, port);
+        format!(
+            "//{label}.{}{}",
+            self.domain,
+            port_of(host_header.unwrap_or_default())
+        )
+    }
+}
+
 /// Codes issued and grants given, in memory: a restart signs visitors in again.
 pub struct NotebookSignIn {
     auth: Arc<LocalAuth>,
@@ -69,8 +88,20 @@ struct Grant {
     user: String,
     namespace: String,
     name: String,
+    /// For one of the notebook's ports' hosts rather than the notebook's own.
+    port: Option<u16>,
     /// The web app session it came from; never leaves this process.
     session: String,
+}
+
+impl Grant {
+    /// Whether the grant is for the host labelled `label`.
+    fn is_for_host(&self, label: &str) -> bool {
+        match self.port {
+            None => is_label_of(label, &self.namespace, &self.name),
+            Some(port) => port_host_label(&self.namespace, &self.name, port) == label,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -105,6 +136,18 @@ impl NotebookSignIn {
         state: &str,
         return_to: &str,
     ) -> Result<String, IssueError> {
+        self.issue_for(session, user, (namespace, name, None), state, return_to)
+    }
+
+    /// [`Self::issue`] for the notebook's host, or (`port`) one of its ports' hosts.
+    pub fn issue_for(
+        &self,
+        session: &str,
+        user: &str,
+        (namespace, name, port): (&str, &str, Option<u16>),
+        state: &str,
+        return_to: &str,
+    ) -> Result<String, IssueError> {
         let code = random_hex(32);
         let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
         codes.retain(|_, code| code.issued.elapsed() < self.code_lifetime);
@@ -126,6 +169,7 @@ impl NotebookSignIn {
                     user: user.to_owned(),
                     namespace: namespace.to_owned(),
                     name: name.to_owned(),
+                    port,
                     session: session.to_owned(),
                 },
                 state: state.to_owned(),
@@ -142,8 +186,10 @@ impl NotebookSignIn {
     pub fn end_grants(&self, ends: impl Fn(&str, &str, &str) -> bool) -> usize {
         let mut grants = self.grants.write().unwrap_or_else(|e| e.into_inner());
         let before = grants.len();
-        grants
-            .retain(|_, HeldGrant { grant, .. }| !ends(&grant.user, &grant.namespace, &grant.name));
+        grants.retain(|_, HeldGrant { grant, .. }| {
+            // A port's access is the port's sharing, asked by the proxy on each request.
+            grant.port.is_some() || !ends(&grant.user, &grant.namespace, &grant.name)
+        });
         before - grants.len()
     }
 
@@ -165,7 +211,7 @@ impl HostSignIn for NotebookSignIn {
         if issued.issued.elapsed() >= self.code_lifetime {
             return Err(CodeRefused::Expired);
         }
-        if !is_label_of(label, &issued.grant.namespace, &issued.grant.name) {
+        if !issued.grant.is_for_host(label) {
             return Err(CodeRefused::OtherNotebook);
         }
         if state.is_empty() || issued.state != state {
@@ -179,7 +225,8 @@ impl HostSignIn for NotebookSignIn {
             sessions.user(&grant.session).is_some()
                 && !(grant.session == issued.grant.session
                     && grant.namespace == issued.grant.namespace
-                    && grant.name == issued.grant.name)
+                    && grant.name == issued.grant.name
+                    && grant.port == issued.grant.port)
         });
         grants.insert(
             token.clone(),
@@ -198,7 +245,23 @@ impl HostSignIn for NotebookSignIn {
         let grant = {
             let grants = self.grants.read().ok()?;
             let grant = &grants.get(grant)?.grant;
-            if grant.namespace != namespace || grant.name != name {
+            if grant.namespace != namespace || grant.name != name || grant.port.is_some() {
+                return None;
+            }
+            grant.clone()
+        };
+        let user = self.auth.user_of_session(&grant.session)?;
+        (user.name == grant.user).then_some(user.name)
+    }
+
+    fn port_user(&self, grant: &str, target: &PortTarget) -> Option<String> {
+        let grant = {
+            let grants = self.grants.read().ok()?;
+            let grant = &grants.get(grant)?.grant;
+            if grant.namespace != target.namespace
+                || grant.name != target.name
+                || grant.port != Some(target.port)
+            {
                 return None;
             }
             grant.clone()
@@ -240,6 +303,59 @@ mod tests {
     }
 
     const RETURN: &str = "/notebook/alice/lab/lab?x=1";
+
+    #[test]
+    fn a_ports_grant_opens_that_port_only_and_a_notebooks_no_port() {
+        let (sign_in, auth, _dir) = sign_in(CODE_LIFETIME);
+        let session = auth.sessions.start("alice").unwrap();
+        let port = |port| PortTarget {
+            namespace: "alice".into(),
+            name: "lab".into(),
+            port,
+        };
+        let code = sign_in
+            .issue_for(&session, "alice", ("alice", "lab", Some(8050)), "s1", "/")
+            .unwrap();
+        // Not on the notebook's own host, nor another port's.
+        assert_eq!(
+            sign_in.redeem(&code, "lab--alice", "s1"),
+            Err(CodeRefused::OtherNotebook)
+        );
+        let code = sign_in
+            .issue_for(&session, "alice", ("alice", "lab", Some(8050)), "s1", "/")
+            .unwrap();
+        assert_eq!(
+            sign_in.redeem(&code, "8051--lab--alice", "s1"),
+            Err(CodeRefused::OtherNotebook)
+        );
+        let code = sign_in
+            .issue_for(&session, "alice", ("alice", "lab", Some(8050)), "s1", "/")
+            .unwrap();
+        let grant = sign_in
+            .redeem(&code, "8050--lab--alice", "s1")
+            .unwrap()
+            .grant;
+        assert_eq!(
+            sign_in.port_user(&grant, &port(8050)).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(sign_in.port_user(&grant, &port(8051)), None);
+        assert_eq!(sign_in.user(&grant, "alice", "lab"), None);
+        // The notebook's grant opens no port.
+        let code = sign_in
+            .issue(&session, "alice", "alice", "lab", "s2", RETURN)
+            .unwrap();
+        let grant = sign_in.redeem(&code, "lab--alice", "s2").unwrap().grant;
+        assert_eq!(sign_in.port_user(&grant, &port(8050)), None);
+        // Signing out ends a port's grant too.
+        auth.sessions.end(&session);
+        let code_after =
+            sign_in.issue_for(&session, "alice", ("alice", "lab", Some(8050)), "s3", "/");
+        let grant = sign_in
+            .redeem(&code_after.unwrap(), "8050--lab--alice", "s3")
+            .map(|r| r.grant);
+        assert!(grant.is_ok_and(|g| sign_in.port_user(&g, &port(8050)).is_none()));
+    }
 
     #[test]
     fn a_code_is_traded_once_for_a_grant_to_its_notebook() {

@@ -85,6 +85,8 @@ pub static DOCUMENT: LazyLock<String> =
         crate::token_api::revoke_token,
         crate::token_api::all_tokens,
         crate::ssh_api::ssh,
+        crate::ports::list_ports,
+        crate::ports::share_port,
     ),
     components(
         schemas(

@@ -25,11 +25,33 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Duplex for 
 /// The stdin and stdout of a notebook's SSH server: one connection.
 pub type SshStream = Box<dyn Duplex>;
 
-/// The command, in a notebook's container, that serves one SSH connection on stdin and stdout:
-/// the agent labforge mounts there.
-pub fn ssh_server_command() -> [String; 2] {
-    let agent_dir = labforge_notebook_controller::builders::AGENT_DIR;
-    [format!("{agent_dir}/labforge-agent"), "ssh".into()]
+/// What the agent writes first for [`AgentCommand::Connect`] once it has connected (the agent's
+/// `ports::CONNECTED`).
+pub const AGENT_CONNECTED: &str = "ok";
+
+/// What the agent labforge mounts in a notebook's container is started for, on stdin and stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCommand {
+    /// Serve one SSH connection.
+    Ssh,
+    /// List the TCP ports something listens on, as JSON.
+    Ports,
+    /// Carry one connection to this port on the container's loopback.
+    Connect(u16),
+}
+
+impl AgentCommand {
+    /// The command line in the container.
+    pub fn command_line(self) -> Vec<String> {
+        let agent_dir = labforge_notebook_controller::builders::AGENT_DIR;
+        let mut line = vec![format!("{agent_dir}/labforge-agent")];
+        match self {
+            Self::Ssh => line.push("ssh".into()),
+            Self::Ports => line.push("ports".into()),
+            Self::Connect(port) => line.extend(["connect".into(), port.to_string()]),
+        }
+        line
+    }
 }
 
 /// Why a workload could not be read or changed.
@@ -96,13 +118,23 @@ pub trait Workloads: Send + Sync {
     /// notebook's as the API shows it.
     async fn pod(&self, notebook: &Notebook, state: NotebookState) -> Result<Value, WorkloadError>;
 
-    /// Starts [`ssh_server_command`] in running notebook `ns/name`'s container, as its user, and gives
-    /// its stdin and stdout; the process ends when the stream is dropped.
-    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
-        let _ = (ns, name);
+    /// Starts the agent for `command` in running notebook `ns/name`'s container, as its user,
+    /// and gives its stdin and stdout; the process ends when the stream is dropped.
+    async fn agent(
+        &self,
+        ns: &str,
+        name: &str,
+        command: AgentCommand,
+    ) -> Result<SshStream, WorkloadError> {
+        let _ = (ns, name, command);
         Err(WorkloadError::Unsupported(
-            "SSH into notebooks is not available on this platform".into(),
+            "reaching into notebooks (SSH, ports) is not available on this platform".into(),
         ))
+    }
+
+    /// One SSH connection to notebook `ns/name` ([`AgentCommand::Ssh`]).
+    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
+        self.agent(ns, name, AgentCommand::Ssh).await
     }
 }
 
@@ -325,7 +357,12 @@ impl Workloads for ClusterWorkloads {
 
     /// Through `pods/exec`, in the notebook's container of pod `<name>-0`, where the controller
     /// put the agent (with `LABFORGE_AGENT_IMAGE`, as for saves).
-    async fn ssh(&self, ns: &str, name: &str) -> Result<SshStream, WorkloadError> {
+    async fn agent(
+        &self,
+        ns: &str,
+        name: &str,
+        command: AgentCommand,
+    ) -> Result<SshStream, WorkloadError> {
         let pods: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), ns);
         let pod_name = format!("{name}-0");
         let pod = pods
@@ -343,8 +380,8 @@ impl Workloads for ClusterWorkloads {
             .any(|m| m.mount_path == agent_dir);
         if !has_agent {
             return Err(WorkloadError::Unsupported(format!(
-                "notebook {ns}/{name} runs without labforge's agent, which serves SSH: the \
-                 controller adds it to notebooks started while LABFORGE_AGENT_IMAGE is set"
+                "notebook {ns}/{name} runs without labforge's agent, which serves SSH and ports: \
+                 the controller adds it to notebooks started while LABFORGE_AGENT_IMAGE is set"
             )));
         }
         let params = kube::api::AttachParams::default()
@@ -353,9 +390,9 @@ impl Workloads for ClusterWorkloads {
             .stdout(true)
             .stderr(false);
         let mut process = pods
-            .exec(&pod_name, ssh_server_command(), &params)
+            .exec(&pod_name, command.command_line(), &params)
             .await
-            .map_err(|e| unavailable(&format!("starting SSH in {ns}/{name}"), e))?;
+            .map_err(|e| unavailable(&format!("starting the agent in {ns}/{name}"), e))?;
         let (Some(stdout), Some(stdin)) = (process.stdout(), process.stdin()) else {
             return Err(WorkloadError::Unavailable(
                 "exec gave no stdin or stdout".into(),

@@ -240,6 +240,9 @@ struct NotebookSignInQuery {
     state: String,
     #[serde(rename = "return")]
     return_to: String,
+    /// For one of the notebook's ports' hosts, which serve any path.
+    #[serde(default)]
+    port: Option<u16>,
 }
 
 /// What is wrong with a notebook sign-in link, if anything: `return` must be a path below the
@@ -247,10 +250,14 @@ struct NotebookSignInQuery {
 fn sign_in_link_problem(query: &NotebookSignInQuery) -> Option<String> {
     let prefix =
         labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
-    let below_prefix = query
-        .return_to
-        .strip_prefix(&prefix)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']));
+    let prefix = if query.port.is_some() {
+        String::new()
+    } else {
+        prefix
+    };
+    let below_prefix = query.return_to.strip_prefix(&prefix).is_some_and(|rest| {
+        rest.starts_with('/') || (!prefix.is_empty() && (rest.is_empty() || rest.starts_with('?')))
+    }) && !query.return_to.starts_with("//");
     if !below_prefix
         || query.return_to.len() > MAX_RETURN
         || query
@@ -330,17 +337,45 @@ async fn notebook_sign_in(
             Some(&user),
         );
     }
-    // Codes only for notebooks that exist: each grant is one per session and notebook.
-    if let Err(refused) =
-        notebook_for_page(&state, &user, Action::Open, &query.namespace, &query.name).await
-    {
-        return refused;
+    // Codes only for notebooks that exist: each grant is one per session and notebook. A port
+    // is let in as its owner shared it.
+    let notebook = match &query.port {
+        Some(_) => state
+            .backend
+            .get(&query.namespace, &query.name)
+            .await
+            .ok()
+            .flatten(),
+        None => match notebook_for_page(&state, &user, Action::Open, &query.namespace, &query.name)
+            .await
+        {
+            Ok(notebook) => Some(notebook),
+            Err(refused) => return refused,
+        },
+    };
+    if let Some(port) = query.port {
+        let allowed = notebook
+            .as_ref()
+            .zip(state.local_users.as_ref())
+            .is_some_and(|(notebook, auth)| auth.may_open_port(&user.name, notebook, port));
+        if !allowed {
+            return error_page(
+                &state.base_path,
+                StatusCode::FORBIDDEN,
+                "Not yours",
+                &format!(
+                    "{} may not open port {port} of notebook {} in namespace {}: its owner has \
+                     not shared it with you.",
+                    user.name, query.name, query.namespace
+                ),
+                Some(&user),
+            );
+        }
     }
-    let code = match sign_in.issue(
+    let code = match sign_in.issue_for(
         session,
         &user.name,
-        &query.namespace,
-        &query.name,
+        (&query.namespace, &query.name, query.port),
         &query.state,
         &query.return_to,
     ) {
@@ -356,7 +391,10 @@ async fn notebook_sign_in(
         }
     };
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let origin = links.origin(&query.namespace, &query.name, host);
+    let origin = match query.port {
+        Some(port) => links.port_origin(&query.namespace, &query.name, port, host),
+        None => links.origin(&query.namespace, &query.name, host),
+    };
     let location = format!(
         "{origin}{}/{}?code={code}",
         labforge_proxy::notebook_host::SIGN_IN_PATH,
@@ -1375,6 +1413,7 @@ mod tests {
             name: "lab".into(),
             state: state.into(),
             return_to: return_to.into(),
+            port: None,
         };
         assert_eq!(
             sign_in_link_problem(&link("/notebook/alice/lab/tree?x=1", "0af3")),
@@ -1400,6 +1439,26 @@ mod tests {
         }
         let long = format!("/notebook/alice/lab/{}", "a".repeat(MAX_RETURN));
         assert!(sign_in_link_problem(&link(&long, "0af3")).is_some());
+        // A port's host serves any path of its own, and nothing else.
+        let port_link = |return_to: &str| NotebookSignInQuery {
+            port: Some(8050),
+            ..link(return_to, "0af3")
+        };
+        for taken in ["/", "/app/page?x=1"] {
+            assert_eq!(sign_in_link_problem(&port_link(taken)), None, "{taken}");
+        }
+        for refused in [
+            "",
+            "//evil.example/",
+            "https://evil.example/",
+            "?x=1",
+            "/a b",
+        ] {
+            assert!(
+                sign_in_link_problem(&port_link(refused)).is_some(),
+                "{refused:?} was taken"
+            );
+        }
     }
 
     /// Text from users, requests and the admin's catalog, as the pages render it.
