@@ -507,3 +507,160 @@ async fn tokens_let_the_cli_and_openssh_into_ones_own_notebook_and_nobody_elses(
         text(&out.stderr)
     );
 }
+
+/// A web app alice runs in her notebook (tests/fixtures/port-app, on port 8050) is listed by the
+/// API with the address of its own host and opens there in Chromium, its websocket included,
+/// through the agent in the container: no port is published. Bob may neither list nor open it
+/// until alice opens it to everyone; bad sharing requests name their field; a port nothing
+/// listens on and a stopped notebook each get a page that says so.
+#[tokio::test]
+async fn a_web_app_in_a_notebook_opens_at_its_ports_own_host_for_whom_its_owner_shares_it_with() {
+    crate::init_crypto();
+    let id = format!("{:x}", std::process::id());
+    let [alice, bob] = ["alice", "bob"].map(|u| format!("{u}-port-{id}"));
+    let _cleanup = RemoveNotebooksOnDrop(vec![alice.clone(), bob.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    let alice_password = need(up.add_user(&alice));
+    let bob_password = need(up.add_user(&bob));
+    let alice_s = Session::sign_in(&up, &alice, &alice_password).await;
+    let bob_s = Session::sign_in(&up, &bob, &bob_password).await;
+    let notebook = format!("/api/namespaces/{alice}/notebooks/app");
+    let created = alice_s
+        .post(
+            &format!("/api/namespaces/{alice}/notebooks"),
+            json!({"name": "app", "workspace": "none", "cpu": "0.5"}),
+        )
+        .await;
+    assert_eq!(created.0, 201, "{}", created.1);
+    alice_s
+        .wait_state(&alice, "app", "ready", Duration::from_secs(180))
+        .await;
+    let container = format!("labforge-{alice}_app");
+    let app = labforge_tests::repo_root().join("tests/fixtures/port-app/app.py");
+    assert!(
+        run(Command::new("podman")
+            .arg("cp")
+            .arg(&app)
+            .arg(format!("{container}:/tmp/app.py")))
+        .status
+        .success()
+    );
+    let started = run(Command::new("podman").args([
+        "exec",
+        "-d",
+        &container,
+        "python3",
+        "/tmp/app.py",
+        "8050",
+    ]));
+    assert!(started.status.success(), "{}", text(&started.stderr));
+    // Nothing is published for it: the container's only published port is the notebook's own.
+    let published = run(Command::new("podman").args(["port", &container]));
+    assert!(
+        !text(&published.stdout).contains("8050"),
+        "{}",
+        text(&published.stdout)
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let (status, body) = alice_s.get(&format!("{notebook}/ports")).await;
+        assert_eq!(status, 200, "{body}");
+        if body["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"] == 8050)
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "8050 never listed: {body}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let port = up
+        .url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        listed["ports"],
+        json!([{"port": 8050, "sharing": "private",
+                "address": format!("http://8050--app--{alice}.localhost:{port}/")}]),
+        "the notebook's own server is not listed"
+    );
+    assert_eq!(bob_s.get(&format!("{notebook}/ports")).await.0, 403);
+    let share = |port: &str| format!("{notebook}/ports/{port}");
+    let (status, bad) = alice_s
+        .put(&share("8050"), json!({"sharing": "world"}))
+        .await;
+    assert_eq!(
+        (status, bad["field"].as_str()),
+        (422, Some("sharing")),
+        "{bad}"
+    );
+    let (status, bad) = alice_s.put(&share("0"), json!({"sharing": "all"})).await;
+    assert_eq!(
+        (status, bad["field"].as_str()),
+        (422, Some("port")),
+        "{bad}"
+    );
+    let refused = bob_s.put(&share("8050"), json!({"sharing": "all"})).await;
+    assert_eq!(refused.0, 403, "{}", refused.1);
+
+    let walk = dir.path().join("ports.json");
+    std::fs::write(
+        &walk,
+        json!({
+            "url": up.url.trim_end_matches('/'),
+            "notebook": format!("{alice}/app"), "port": 8050,
+            "alice": [alice, alice_password], "bob": [bob, bob_password],
+            "screenshots": need(labforge_tests::artifacts_dir()),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = labforge_tests::browser::run_script("ports.mjs", &[&walk.to_string_lossy()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen: serde_json::Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    let address = format!("http://8050--app--{alice}.localhost:{port}/");
+    assert_eq!(seen["address"], address, "{seen}");
+    assert_eq!(seen["sharing"], "private", "{seen}");
+    let says = |key: &str, status: u64, words: &str| {
+        assert_eq!(seen[key][0], status, "{key}: {seen}");
+        assert!(
+            seen[key][1].as_str().unwrap().contains(words),
+            "{key}: {seen}"
+        );
+    };
+    assert!(
+        seen["aliceSees"]
+            .as_str()
+            .unwrap()
+            .contains("Hello from port 8050 echo: ping over the port"),
+        "the page, and its websocket through the port's host: {seen}"
+    );
+    says(
+        "nothingListens",
+        502,
+        "nothing listens on port 1 in this notebook",
+    );
+    says("bobBefore", 403, "may not open port 8050");
+    says("bobAfter", 200, "echo: ping over the port");
+    says("stopped", 502, "the notebook is not running");
+    assert_eq!(
+        seen["stoppedCard"], "The notebook is not running.",
+        "{seen}"
+    );
+    let (status, stopped) = alice_s.get(&format!("{notebook}/ports")).await;
+    assert_eq!(status, 409, "{stopped}");
+    assert!(
+        stopped["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not running"),
+        "{stopped}"
+    );
+}

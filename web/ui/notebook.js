@@ -16,7 +16,9 @@ async function refresh() {
   const { status, body } = await api('GET', path);
   if (status !== 200) return;
   const nb = body.notebook;
+  const stateChanged = current?.state !== nb.state;
   current = nb;
+  if (stateChanged) ports();
   document.getElementById('state').replaceWith(Object.assign(stateBadge(nb.state, nb.reason), { id: 'state' }));
   document.getElementById('reason').textContent = nb.reason;
   const running = nb.state === 'ready' || nb.state === 'starting';
@@ -254,7 +256,43 @@ watch.addEventListener('notebooks', (event) => {
   refresh();
   events();
 });
+/** The ports something listens on, each with its address, whom it is open to, and Open. */
+const SHARINGS = [['private', 'Those who may open this notebook'], ['namespace', `Members of ${ns}`], ['all', 'Everyone signed in']];
+let portsAsked = 0;
+async function ports() {
+  // Only the latest listing is shown: one asked before the notebook stopped may answer after.
+  const asked = ++portsAsked;
+  const error = document.getElementById('ports-error');
+  if (current?.state !== 'ready') {
+    document.querySelector('#ports tbody').replaceChildren();
+    Object.assign(document.getElementById('ports-empty'), { textContent: 'The notebook is not running.', hidden: false });
+    return;
+  }
+  const { status, body } = await api('GET', `${path}/ports`);
+  if (asked !== portsAsked) return;
+  if (status !== 200) {
+    error.textContent = body.error || `listing ports failed (${status})`;
+    return;
+  }
+  error.textContent = '';
+  document.getElementById('ports-empty').textContent = 'Nothing listens in this notebook besides its own server.';
+  document.getElementById('ports-empty').hidden = body.ports.length > 0;
+  document.querySelector('#ports tbody').replaceChildren(...body.ports.map((p) => {
+    const select = el('select', { 'aria-label': `Who may open port ${p.port}` },
+      ...SHARINGS.map(([value, label]) => el('option', { value, selected: value === p.sharing }, label)));
+    select.addEventListener('change', async () => {
+      const answer = await api('PUT', `${path}/ports/${p.port}`, { sharing: select.value });
+      error.textContent = answer.status === 200 ? '' : (answer.body.error || `sharing failed (${answer.status})`);
+      ports();
+    });
+    return el('tr', { 'data-port': String(p.port) }, el('td', {}, String(p.port)), el('td', { class: 'wrap' }, breakable(p.address)),
+      el('td', {}, select), el('td', { class: 'actions' }, el('a', { class: 'button secondary', href: p.address, target: '_blank', rel: 'noopener' }, 'Open')));
+  }));
+}
+
 refresh();
 events();
 images();
 setInterval(events, 4000);
+// Listing asks the notebook's agent: every 10 s is enough to see a server just started.
+setInterval(() => { if (!document.hidden) ports(); }, 10000);

@@ -1098,6 +1098,20 @@ fn notebook_main(ns: &str, name: &str, connect: &str) -> Markup {
             p.error data-error-for="user" {}
             ul #shares {}
         }
+        section.card #ports-card {
+            h2 { "Ports" }
+            p.hint {
+                "A web app you start in this notebook (Dash, Streamlit, TensorBoard, "
+                code { "python3 -m http.server 8050" } ") is served at an address of its own. "
+                "Only those who may open this notebook can open it, unless you share it."
+            }
+            table #ports {
+                thead { tr { th { "Port" } th { "Address" } th { "Open to" } th { "Use" } } }
+                tbody {}
+            }
+            p.hint #ports-empty { "Nothing listens in this notebook besides its own server." }
+            p.error #ports-error role="alert" {}
+        }
         section.card {
             h2 { "Status" }
             dl #details {}
