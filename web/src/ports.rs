@@ -121,12 +121,18 @@ pub(crate) async fn list_ports(
     headers: HeaderMap,
 ) -> ApiResult<Json<Ports>> {
     let notebook = user.notebook(&state, Action::Open, &ns, &name).await?;
-    let links = state.notebook_links.as_ref().ok_or_else(|| {
-        Failure::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "ports are served at hosts of their own, which this server does not have",
-        )
-    })?;
+    // Ports are served by `labforge up`'s proxy, which signs visitors in on each host itself.
+    let links = state
+        .notebook_links
+        .as_ref()
+        .filter(|links| links.sign_in.is_some())
+        .ok_or_else(|| {
+            Failure::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "ports of notebooks are served by labforge up only, not in a cluster yet: use \
+                 `labforge ssh NS/NAME` with `ssh -L` there",
+            )
+        })?;
     if state_of(&notebook).0 != NotebookState::Ready {
         return Err(Failure::new(
             StatusCode::CONFLICT,
