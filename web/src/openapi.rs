@@ -959,8 +959,10 @@ mod tests {
             .values()
             .map(|path| path.as_object().map_or(0, |methods| methods.len()))
             .sum();
-        assert_eq!(operations, 47);
+        assert_eq!(operations, 49);
         for (path, method) in [
+            ("/api/namespaces/{ns}/notebooks/{name}/ports", "get"),
+            ("/api/namespaces/{ns}/notebooks/{name}/ports/{port}", "put"),
             ("/api/admin/audit", "get"),
             ("/api/namespaces", "post"),
             ("/api/namespaces/{ns}/members/{user}", "put"),

@@ -682,6 +682,13 @@ impl Runtime {
         }
         // Tried at each resync, quietly: the image appears once `make up` has built it.
         if self.preparing.contains(&plan.image) && !self.engine.image_present(&plan.image).await {
+            // Said while the pull runs: the image may be in its registry already.
+            if condition_reason(notebook) != Some(IMAGE_BEING_PREPARED) {
+                self.set_status(
+                    notebook,
+                    waiting_status("Pulling", &format!("pulling {}", plan.image)),
+                );
+            }
             if self.engine.pull(&plan.image).await.is_err() {
                 if condition_reason(notebook) != Some(IMAGE_BEING_PREPARED) {
                     self.store.record_event(
