@@ -685,6 +685,9 @@ async fn config(
     Ok(Json(kubeflow::envelope(&user.0, StatusCode::OK, config)))
 }
 
+/// Why a starting notebook is not ready when nothing more is known yet.
+pub const WAITING_TO_START: &str = "waiting for the notebook server to start";
+
 /// Where the notebook is, as users see it, and why when that needs saying.
 pub fn state_of(notebook: &Notebook) -> (NotebookState, String) {
     let status = notebook.status.as_ref();
@@ -714,12 +717,15 @@ pub fn state_of(notebook: &Notebook) -> (NotebookState, String) {
         let not_ready = status
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
             .and_then(|c| c.message.clone());
+        // Before the runtime or controller has said anything (just made, or started), as
+        // Kubeflow's web app says it: a starting notebook always has a reason.
         (
             NotebookState::Starting,
             waiting
                 .and_then(|w| w.message.clone())
                 .or(not_ready)
-                .unwrap_or_default(),
+                .filter(|reason| !reason.is_empty())
+                .unwrap_or_else(|| WAITING_TO_START.to_owned()),
         )
     }
 }
@@ -1928,6 +1934,15 @@ async fn admin_notebooks(
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_starting_notebook_always_says_why() {
+        let made = Notebook::new("lab", labforge_crds::notebook::NotebookSpec::default());
+        assert_eq!(
+            state_of(&made),
+            (NotebookState::Starting, WAITING_TO_START.to_owned())
+        );
+    }
 
     fn notebook(state: &str, gpus: Option<&str>, last_activity: Option<&str>) -> NotebookView {
         serde_json::from_value(serde_json::json!({
