@@ -193,6 +193,25 @@ impl NotebookSignIn {
         before - grants.len()
     }
 
+    /// The user `grant` lets into notebook `namespace/name` (or its `port`), while the session
+    /// it came from lasts.
+    fn user_of(
+        &self,
+        grant: &str,
+        (namespace, name, port): (&str, &str, Option<u16>),
+    ) -> Option<String> {
+        let grant = {
+            let grants = self.grants.read().ok()?;
+            let grant = &grants.get(grant)?.grant;
+            if grant.namespace != namespace || grant.name != name || grant.port != port {
+                return None;
+            }
+            grant.clone()
+        };
+        let user = self.auth.user_of_session(&grant.session)?;
+        (user.name == grant.user).then_some(user.name)
+    }
+
     /// Grants held now.
     #[cfg(test)]
     fn grants(&self) -> usize {
@@ -242,32 +261,11 @@ impl HostSignIn for NotebookSignIn {
     }
 
     fn user(&self, grant: &str, namespace: &str, name: &str) -> Option<String> {
-        let grant = {
-            let grants = self.grants.read().ok()?;
-            let grant = &grants.get(grant)?.grant;
-            if grant.namespace != namespace || grant.name != name || grant.port.is_some() {
-                return None;
-            }
-            grant.clone()
-        };
-        let user = self.auth.user_of_session(&grant.session)?;
-        (user.name == grant.user).then_some(user.name)
+        self.user_of(grant, (namespace, name, None))
     }
 
     fn port_user(&self, grant: &str, target: &PortTarget) -> Option<String> {
-        let grant = {
-            let grants = self.grants.read().ok()?;
-            let grant = &grants.get(grant)?.grant;
-            if grant.namespace != target.namespace
-                || grant.name != target.name
-                || grant.port != Some(target.port)
-            {
-                return None;
-            }
-            grant.clone()
-        };
-        let user = self.auth.user_of_session(&grant.session)?;
-        (user.name == grant.user).then_some(user.name)
+        self.user_of(grant, (&target.namespace, &target.name, Some(target.port)))
     }
 
     /// The end of the grant's session, or of the grant itself ([`NotebookSignIn::end_grants`]).
