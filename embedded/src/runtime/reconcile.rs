@@ -680,62 +680,51 @@ impl Runtime {
             self.set_status(notebook, in_line_status(place));
             return Ok(None);
         }
-        // Tried at each resync, quietly: the image appears once `make up` has built it.
-        if self.preparing.contains(&plan.image) && !self.engine.image_present(&plan.image).await {
-            // Said while the pull runs: the image may be in its registry already.
+        if !self.engine.image_present(&plan.image).await {
+            // A catalog image `make up` is still building is tried at each resync, quietly: the
+            // notebook waits for it rather than failing its pull.
+            let being_prepared = self.preparing.contains(&plan.image);
             if condition_reason(notebook) != Some(IMAGE_BEING_PREPARED) {
                 self.set_status(
                     notebook,
                     waiting_status("Pulling", &format!("pulling {}", plan.image)),
                 );
             }
-            if self.engine.pull(&plan.image).await.is_err() {
-                if condition_reason(notebook) != Some(IMAGE_BEING_PREPARED) {
-                    self.store.record_event(
-                        ns,
-                        name,
-                        "Normal",
-                        IMAGE_BEING_PREPARED,
-                        &format!(
-                            "waiting for image {}, which is being prepared on this machine",
-                            plan.image
+            if !being_prepared {
+                self.store.record_event(
+                    ns,
+                    name,
+                    "Normal",
+                    "Pulling",
+                    &format!("pulling image {}", plan.image),
+                );
+            }
+            match self.engine.pull(&plan.image).await {
+                Ok(()) => self.preparing.done(&plan.image),
+                Err(_) if being_prepared => {
+                    if condition_reason(notebook) != Some(IMAGE_BEING_PREPARED) {
+                        self.store.record_event(
+                            ns,
+                            name,
+                            "Normal",
+                            IMAGE_BEING_PREPARED,
+                            &format!(
+                                "waiting for image {}, which is being prepared on this machine",
+                                plan.image
+                            ),
+                        );
+                    }
+                    self.set_status(
+                        notebook,
+                        waiting_status(
+                            IMAGE_BEING_PREPARED,
+                            "waiting for its image, which is being prepared on this machine",
                         ),
                     );
+                    return Ok(None);
                 }
-                self.set_status(
-                    notebook,
-                    waiting_status(
-                        IMAGE_BEING_PREPARED,
-                        "waiting for its image, which is being prepared on this machine",
-                    ),
-                );
-                return Ok(None);
+                Err(err) => return Err(("ErrImagePull", err)),
             }
-            self.preparing.done(&plan.image);
-            self.store.record_event(
-                ns,
-                name,
-                "Normal",
-                "Pulled",
-                &format!("pulled image {}", plan.image),
-            );
-        }
-        if !self.engine.image_present(&plan.image).await {
-            self.set_status(
-                notebook,
-                waiting_status("Pulling", &format!("pulling {}", plan.image)),
-            );
-            self.store.record_event(
-                ns,
-                name,
-                "Normal",
-                "Pulling",
-                &format!("pulling image {}", plan.image),
-            );
-            self.engine
-                .pull(&plan.image)
-                .await
-                .map_err(|e| ("ErrImagePull", e))?;
             self.store.record_event(
                 ns,
                 name,

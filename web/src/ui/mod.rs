@@ -248,16 +248,16 @@ struct NotebookSignInQuery {
 /// What is wrong with a notebook sign-in link, if anything: `return` must be a path below the
 /// notebook's prefix, short and printable, and `state` the hex the proxy chose.
 fn sign_in_link_problem(query: &NotebookSignInQuery) -> Option<String> {
-    let prefix =
-        labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name);
-    let prefix = if query.port.is_some() {
-        String::new()
-    } else {
-        prefix
+    // A notebook's host serves its prefix; a port's host serves any path of its own.
+    let prefix = match query.port {
+        Some(_) => String::new(),
+        None => labforge_notebook_controller::builders::route_prefix(&query.namespace, &query.name),
     };
-    let below_prefix = query.return_to.strip_prefix(&prefix).is_some_and(|rest| {
-        rest.starts_with('/') || (!prefix.is_empty() && (rest.is_empty() || rest.starts_with('?')))
-    }) && !query.return_to.starts_with("//");
+    let below_prefix = !query.return_to.starts_with("//")
+        && query.return_to.strip_prefix(&prefix).is_some_and(|rest| {
+            rest.starts_with('/')
+                || (query.port.is_none() && (rest.is_empty() || rest.starts_with('?')))
+        });
     if !below_prefix
         || query.return_to.len() > MAX_RETURN
         || query
