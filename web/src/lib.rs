@@ -1,5 +1,5 @@
 //! The web app's server side: the JSON API ([`api`]), its pages ([`ui`]) and the Kubeflow-shaped
-//! routes ([`kubeflow_api`]), over whichever platform runs the notebooks.
+//! routes ([`api::kubeflow`]), over whichever platform runs the notebooks.
 //!
 //! The API validates every request into a Kubeflow `Notebook` ([`validate`]) before anything is
 //! stored, then speaks to the platform only through traits: [`backend::Backend`] keeps notebooks,
@@ -21,7 +21,6 @@ pub mod image_check;
 pub mod json_file;
 pub mod keep_alive;
 pub mod kubeflow;
-pub mod kubeflow_api;
 pub mod model;
 pub mod namespaces;
 pub mod notebook_secret;
@@ -33,9 +32,6 @@ pub mod quota;
 pub mod same_origin;
 pub mod saves;
 pub mod sign_in;
-pub mod ssh_api;
-pub mod team_api;
-pub mod token_api;
 pub mod tokens;
 pub mod ui;
 pub mod usage;

@@ -2,6 +2,7 @@
 //! in a cluster they are Kubeflow Profiles and their contributors), and notebooks shared with
 //! named users (on the Notebook, in both modes).
 
+use crate::api::extract::{NamespacePath, NotebookPath};
 use crate::api::{ApiResult, ApiState, Failure, SignedIn};
 use crate::namespaces::{Action, NamespaceError, NamespaceView, Role};
 use crate::users::LocalAuth;
@@ -122,7 +123,7 @@ pub(crate) async fn add_namespace(
 
 /// A namespace's owner and members, for whoever is in it.
 #[utoipa::path(
-    get, path = "/api/namespaces/{ns}/members", summary = "The namespace's owner, members and the caller's role", params(("ns" = String, Path)),
+    get, path = "/api/namespaces/{ns}/members", summary = "The namespace's owner, members and the caller's role", params(NamespacePath),
     responses(
         (status = 200, description = "the namespace", body = NamespaceView),
         (status = 404, description = "not a namespace the caller is in", body = crate::openapi::ApiErrorBody),
@@ -156,7 +157,7 @@ fn managed(auth: &LocalAuth, user: &SignedIn, ns: &str) -> ApiResult<NamespaceVi
 
 /// Lets a user into a namespace as `edit` or `view` (its owner or an admin).
 #[utoipa::path(
-    put, path = "/api/namespaces/{ns}/members/{user}", summary = "Make a user a member as edit or view (the namespace's owner or an admin)", params(("ns" = String, Path), ("user" = String, Path)),
+    put, path = "/api/namespaces/{ns}/members/{user}", summary = "Make a user a member as edit or view (the namespace's owner or an admin)", params(NamespacePath, ("user" = String, Path)),
     request_body = MemberRole,
     responses(
         (status = 200, description = "the namespace", body = NamespaceView),
@@ -185,7 +186,7 @@ pub(crate) async fn set_member(
 
 /// Takes a user out of a namespace: their notebook websockets there close at once.
 #[utoipa::path(
-    delete, path = "/api/namespaces/{ns}/members/{user}", summary = "Take a member out (the namespace's owner or an admin)", params(("ns" = String, Path), ("user" = String, Path)),
+    delete, path = "/api/namespaces/{ns}/members/{user}", summary = "Take a member out (the namespace's owner or an admin)", params(NamespacePath, ("user" = String, Path)),
     responses(
         (status = 200, description = "the namespace", body = NamespaceView),
         (status = 403, description = "not the namespace's owner", body = crate::openapi::ApiErrorBody),
@@ -268,7 +269,7 @@ async fn write_shares(
 /// Shares a notebook with a user: they see it under "Shared with me" and may open it, working
 /// as its owner there (its environment variables and files included).
 #[utoipa::path(
-    post, path = "/api/namespaces/{ns}/notebooks/{name}/shares", summary = "Share the notebook with a user, who may then open it and works there as its owner", params(("ns" = String, Path), ("name" = String, Path)),
+    post, path = "/api/namespaces/{ns}/notebooks/{name}/shares", summary = "Share the notebook with a user, who may then open it and works there as its owner", params(NotebookPath),
     request_body = ShareRequest,
     responses(
         (status = 201, description = "whom it is shared with now", body = Shares),
@@ -281,7 +282,7 @@ async fn write_shares(
 pub(crate) async fn share(
     user: SignedIn,
     State(state): State<ApiState>,
-    Path((ns, name)): Path<(String, String)>,
+    Path(NotebookPath { ns, name }): Path<NotebookPath>,
     body: Result<Json<ShareRequest>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<Shares>)> {
     let notebook = user.notebook(&state, Action::Change, &ns, &name).await?;
@@ -309,7 +310,7 @@ pub(crate) async fn share(
 /// Stops sharing a notebook with a user: their sign-in on its host ends and their websockets
 /// there close at once.
 #[utoipa::path(
-    delete, path = "/api/namespaces/{ns}/notebooks/{name}/shares/{user}", summary = "Stop sharing the notebook with a user; their open connections close", params(("ns" = String, Path), ("name" = String, Path), ("user" = String, Path)),
+    delete, path = "/api/namespaces/{ns}/notebooks/{name}/shares/{user}", summary = "Stop sharing the notebook with a user; their open connections close", params(NotebookPath, ("user" = String, Path)),
     responses(
         (status = 200, description = "whom it is shared with now", body = Shares),
         (status = 403, description = "not allowed to change the notebook", body = crate::openapi::ApiErrorBody),

@@ -3,6 +3,7 @@
 //! envelope; where labforge runs notebooks without Kubernetes (embedded), the answer is what
 //! stands for it there (no storage classes, no PodDefaults, the container as the pod).
 
+use crate::api::extract::{Allowed, NamespacePath, NotebookPath, verb};
 use crate::api::{ApiState, Failure, SignedIn, find};
 use crate::backend::Verb;
 use crate::kubeflow::envelope;
@@ -114,13 +115,28 @@ async fn default_storage_class(user: SignedIn, State(state): State<ApiState>) ->
     answer(&user, json!({ "defaultStorageClass": classes.default }))
 }
 
+/// A notebook's pod named by the path, as Kubeflow's web app names it.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+struct PodPath {
+    /// Its namespace.
+    #[allow(dead_code, reason = "the namespace is checked by `Allowed`")]
+    ns: String,
+    /// The notebook's name.
+    name: String,
+    /// `<name>-0`.
+    pod: String,
+}
+
 /// The namespace's volume claims with size and access mode.
 #[utoipa::path(
-    get, path = "/api/namespaces/{ns}/pvcs", summary = "the namespace's volume claims", params(("ns" = String, Path)),
+    get, path = "/api/namespaces/{ns}/pvcs", summary = "the namespace's volume claims", params(NamespacePath),
     responses((status = 200, description = "the namespace's volume claims", body = inline(crate::openapi::ClaimsAnswer)), crate::openapi::PlatformErrors)
 )]
-async fn claims(user: SignedIn, State(state): State<ApiState>, Path(ns): Path<String>) -> Answer {
-    user.may(&state, Verb::List, &ns).await?;
+async fn claims(
+    Allowed { user, ns, .. }: Allowed<verb::List>,
+    State(state): State<ApiState>,
+) -> Answer {
     let pvcs: Vec<Value> = state
         .workloads
         .claims(&ns)
@@ -135,15 +151,13 @@ async fn claims(user: SignedIn, State(state): State<ApiState>, Path(ns): Path<St
 /// offers them as configurations; none where PodDefaults are not installed.
 #[utoipa::path(
     get, path = "/api/namespaces/{ns}/poddefaults",
-    summary = "the namespace's PodDefaults, each with its selector label and description (none where PodDefaults are not installed)", params(("ns" = String, Path)),
+    summary = "the namespace's PodDefaults, each with its selector label and description (none where PodDefaults are not installed)", params(NamespacePath),
     responses((status = 200, description = "the namespace's PodDefaults, each with its selector label and description (none where PodDefaults are not installed)", body = inline(crate::openapi::PodDefaultsAnswer)), crate::openapi::PlatformErrors)
 )]
 async fn pod_defaults(
-    user: SignedIn,
+    Allowed { user, ns, .. }: Allowed<verb::List>,
     State(state): State<ApiState>,
-    Path(ns): Path<String>,
 ) -> Answer {
-    user.may(&state, Verb::List, &ns).await?;
     let poddefaults = state.workloads.pod_defaults(&ns).await?;
     answer(&user, json!({ "poddefaults": poddefaults }))
 }
@@ -152,7 +166,7 @@ async fn pod_defaults(
 /// `notebook-name` label and the notebook's container spec.
 #[utoipa::path(
     get, path = "/api/namespaces/{ns}/notebooks/{name}/pod",
-    summary = "the notebook's pod <name>-0; embedded, its container in a pod's shape", params(("ns" = String, Path), ("name" = String, Path)),
+    summary = "the notebook's pod <name>-0; embedded, its container in a pod's shape", params(NotebookPath),
     responses(
         (status = 200, description = "the notebook's pod <name>-0; embedded, its container in a pod's shape", body = inline(crate::openapi::PodAnswer)),
         (status = 404, description = "no pod (the notebook is stopped, or not scheduled yet)", body = crate::openapi::ApiErrorBody),
@@ -160,11 +174,10 @@ async fn pod_defaults(
     )
 )]
 async fn pod(
-    user: SignedIn,
+    Allowed { user, ns, .. }: Allowed<verb::Get>,
     State(state): State<ApiState>,
-    Path((ns, name)): Path<(String, String)>,
+    Path(NotebookPath { name, .. }): Path<NotebookPath>,
 ) -> Answer {
-    user.may(&state, Verb::Get, &ns).await?;
     let notebook = find(&state, &ns, &name).await?;
     let state_shown = crate::api::view(&notebook, &state).state;
     let pod = state.workloads.pod(&notebook, state_shown).await?;
@@ -178,7 +191,7 @@ const LOG_LINES: u32 = 10_000;
 #[utoipa::path(
     get, path = "/api/namespaces/{ns}/notebooks/{name}/pod/{pod}/logs",
     summary = "the notebook container's log, as lines (the last 10,000)",
-    params(("ns" = String, Path), ("name" = String, Path), ("pod" = String, Path, description = "<name>-0")),
+    params(PodPath),
     responses(
         (status = 200, description = "the notebook container's log, as lines (the last 10,000)", body = inline(crate::openapi::PodLogsAnswer)),
         (status = 404, description = "not the notebook's pod, or no pod", body = crate::openapi::ApiErrorBody),
@@ -186,11 +199,10 @@ const LOG_LINES: u32 = 10_000;
     )
 )]
 async fn pod_logs(
-    user: SignedIn,
+    Allowed { user, ns, .. }: Allowed<verb::Get>,
     State(state): State<ApiState>,
-    Path((ns, name, pod)): Path<(String, String, String)>,
+    Path(PodPath { name, pod, .. }): Path<PodPath>,
 ) -> Answer {
-    user.may(&state, Verb::Get, &ns).await?;
     find(&state, &ns, &name).await?;
     if pod != format!("{name}-0") {
         return Err(Failure::new(

@@ -9,6 +9,7 @@
 //! open, the traffic counts as the notebook's activity for culling, and the access is asked
 //! again every few seconds: a revoked token, an ended session or a removed member closes it.
 
+use crate::api::extract::NotebookPath;
 use crate::api::{ApiResult, ApiState, Failure, SignedIn, state_of};
 use crate::model::NotebookState;
 use crate::namespaces::Action;
@@ -57,7 +58,7 @@ fn not_ready(ns: &str, name: &str, state: NotebookState, reason: &str) -> Option
 #[utoipa::path(
     get, path = "/api/namespaces/{ns}/notebooks/{name}/ssh",
     summary = "SSH into the notebook: a websocket carrying one SSH connection (labforge ssh)",
-    params(("ns" = String, Path), ("name" = String, Path)),
+    params(NotebookPath),
     responses(
         (status = 101, description = "switched to a websocket; its binary messages are the SSH connection's bytes"),
         (status = 400, description = "not a websocket request", body = crate::openapi::ApiErrorBody),
@@ -69,7 +70,7 @@ fn not_ready(ns: &str, name: &str, state: NotebookState, reason: &str) -> Option
 pub(crate) async fn ssh(
     user: SignedIn,
     State(state): State<ApiState>,
-    Path((ns, name)): Path<(String, String)>,
+    Path(NotebookPath { ns, name }): Path<NotebookPath>,
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
