@@ -1,12 +1,14 @@
-//! The command line of labforge's binaries: clap structs that only parse, their conversion into
-//! each library's typed options, and the process setup every binary shares (logging, the rustls
-//! crypto provider, the runtime). The work lives in the crates.
+//! The command line of labforge's binaries: clap structs that only parse and their conversion
+//! into each library's typed options ([`cli`]), what each command does with them ([`commands`]),
+//! and the process setup every binary shares (logging, the rustls crypto provider, the runtime).
+//! The work lives in the crates.
 //!
 //! Two binaries are built from it: `labforge`, every subcommand, and `labforge-proxy`, the
 //! proxy alone. The proxy's Deployment runs the second one: it carries none of the builder,
 //! controller, web app or S3 code, so less of its own file is resident under load.
 
 pub mod cli;
+pub mod commands;
 mod for_people;
 pub mod service;
 

@@ -1,7 +1,8 @@
 //! `labforge`: every subcommand. It only parses arguments and hands them to [`labforge_cli`].
 
 use clap::Parser;
-use labforge_cli::cli::{Cli, run};
+use labforge_cli::cli::Cli;
+use labforge_cli::commands::run;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

@@ -2,7 +2,8 @@
 //! Deployment (a smaller binary, so less of it resident; see [`labforge_cli`]).
 
 use clap::Parser;
-use labforge_cli::cli::{ProxyArgs, proxy};
+use labforge_cli::cli::proxy::ProxyArgs;
+use labforge_cli::commands::proxy::run;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
@@ -23,5 +24,5 @@ struct ProxyCli {
 fn main() -> ExitCode {
     let cli = ProxyCli::parse();
     let logging = labforge_cli::Logging::Log(cli.log.clone());
-    labforge_cli::run_main("labforge-proxy", &logging, None, || proxy(&cli.proxy))
+    labforge_cli::run_main("labforge-proxy", &logging, None, || run(&cli.proxy))
 }
