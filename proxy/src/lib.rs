@@ -131,32 +131,94 @@ pub enum ProxyStartError {
     Routes(#[from] source::SourceError),
 }
 
+/// Why a running proxy stopped serving: one of its parts ended, which none does while the proxy
+/// runs ([`RunningProxy::wait`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyStopped {
+    #[error("the proxy's {task} ended")]
+    TaskEnded {
+        task: &'static str,
+        /// Why, when the part said.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    #[error("the proxy's {task} panicked: {message}")]
+    TaskPanicked { task: &'static str, message: String },
+}
+
 /// A started proxy; its threads and tasks stop when it is dropped.
 pub struct RunningProxy {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub routes: Arc<RouteStore>,
     pub activity: Arc<Activity>,
-    /// Admin server first, then the heap release, then the route watch when there is one.
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The admin server, the heap release and the route watch when there is one.
+    tasks: Supervised,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl RunningProxy {
-    /// Waits until the admin server ends (it runs until the process stops).
-    pub async fn wait(mut self) {
-        if let Some(first) = self.tasks.first_mut() {
-            let _ = first.await;
-        }
+    /// Waits until any of the proxy's tasks ends (each runs until the proxy stops), and says
+    /// which and why; the proxy stops then, as it is dropped.
+    pub async fn wait(mut self) -> ProxyStopped {
+        self.tasks.first_ended().await
     }
 }
 
 impl Drop for RunningProxy {
     fn drop(&mut self) {
+        // The serving threads; the tasks are aborted as their set is dropped.
         self.stop.send_replace(true);
-        for task in &self.tasks {
-            task.abort();
+    }
+}
+
+/// Tasks that run as long as the proxy does, each named for the part of it it is.
+#[derive(Default)]
+struct Supervised {
+    set: tokio::task::JoinSet<std::io::Result<()>>,
+    names: HashMap<tokio::task::Id, &'static str>,
+}
+
+impl Supervised {
+    fn spawn(
+        &mut self,
+        task: &'static str,
+        run: impl Future<Output = std::io::Result<()>> + Send + 'static,
+    ) {
+        let handle = self.set.spawn(run);
+        self.names.insert(handle.id(), task);
+    }
+
+    /// The first task to end, as the error it is; never, when there is none.
+    async fn first_ended(&mut self) -> ProxyStopped {
+        let Some(ended) = self.set.join_next_with_id().await else {
+            return std::future::pending().await;
+        };
+        let name = |id| self.names.get(&id).copied().unwrap_or("task");
+        match ended {
+            Ok((id, result)) => ProxyStopped::TaskEnded {
+                task: name(id),
+                source: result.err(),
+            },
+            Err(error) if error.is_panic() => ProxyStopped::TaskPanicked {
+                task: name(error.id()),
+                message: panic_message(error.into_panic()),
+            },
+            Err(error) => ProxyStopped::TaskEnded {
+                task: name(error.id()),
+                source: None,
+            },
         }
+    }
+}
+
+/// What a panic said, when it said it as text.
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<String>() {
+        Ok(message) => *message,
+        Err(panic) => panic
+            .downcast_ref::<&str>()
+            .map_or_else(|| "no message".to_owned(), |message| (*message).to_owned()),
     }
 }
 
@@ -301,16 +363,22 @@ pub async fn start(
         routes: routes.clone(),
         activity: activity.clone(),
     });
-    let mut tasks = vec![tokio::spawn(async move {
-        if let Err(err) = axum::serve(admin_listener, admin_router).await {
+    let mut tasks = Supervised::default();
+    tasks.spawn("admin server", async move {
+        let served = axum::serve(admin_listener, admin_router).await;
+        if let Err(err) = &served {
             tracing::warn!(error = %err, "admin server stopped");
         }
-    })];
+        served
+    });
     if options.heap_release {
-        tasks.push(tokio::spawn(
-            heap.clone()
-                .release_when_asked(metrics.heap_releases.clone()),
-        ));
+        let release = heap
+            .clone()
+            .release_when_asked(metrics.heap_releases.clone());
+        tasks.spawn("heap release", async move {
+            release.await;
+            Ok(())
+        });
     }
     match routes_from {
         RoutesFrom::Files(paths) => {
@@ -318,10 +386,11 @@ pub async fn start(
             routes.apply([source::Change::Replace(listing)]);
         }
         RoutesFrom::Kubernetes(client) => {
-            tasks.push(tokio::spawn(source::watch_kubernetes(
-                client,
-                routes.clone(),
-            )));
+            let watch = source::watch_kubernetes(client, routes.clone());
+            tasks.spawn("route watch", async move {
+                watch.await;
+                Ok(())
+            });
         }
         RoutesFrom::Pushed => {}
     }
@@ -366,4 +435,49 @@ pub async fn start(
         tasks,
         stop,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_first_part_to_end_is_named_with_its_error() {
+        let mut tasks = Supervised::default();
+        tasks.spawn("route watch", std::future::pending());
+        tasks.spawn("admin server", async {
+            Err(std::io::Error::other("listener closed"))
+        });
+        match tasks.first_ended().await {
+            ProxyStopped::TaskEnded { task, source } => {
+                assert_eq!(task, "admin server");
+                assert_eq!(
+                    source.map(|e| e.to_string()).as_deref(),
+                    Some("listener closed")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let mut tasks = Supervised::default();
+        tasks.spawn("admin server", std::future::pending());
+        tasks.spawn("heap release", async { Ok(()) });
+        assert_eq!(
+            tasks.first_ended().await.to_string(),
+            "the proxy's heap release ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_part_that_panics_is_named_with_its_message() {
+        let mut tasks = Supervised::default();
+        tasks.spawn("admin server", std::future::pending());
+        tasks.spawn("route watch", async {
+            panic!("watch broke after {} tries", 3)
+        });
+        assert_eq!(
+            tasks.first_ended().await.to_string(),
+            "the proxy's route watch panicked: watch broke after 3 tries"
+        );
+    }
 }

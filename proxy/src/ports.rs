@@ -94,3 +94,27 @@ pub fn error_page(error: &PortError, app: &str) -> Response<http_body_util::Full
     };
     crate::respond::page(status, &error.to_string(), app)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    #[tokio::test]
+    async fn a_port_error_page_has_its_status_and_escapes_the_reason() {
+        assert_eq!(
+            error_page(&PortError::NotRunning, "/").status(),
+            StatusCode::BAD_GATEWAY
+        );
+        let page = error_page(&PortError::Unavailable("<script>x</script>".into()), "/");
+        assert_eq!(page.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = page.into_body().collect().await.unwrap().to_bytes();
+        let body = std::str::from_utf8(&body).unwrap();
+        assert!(
+            body.contains(
+                "<p>the notebook could not be reached: &lt;script&gt;x&lt;/script&gt;</p>"
+            ),
+            "{body}"
+        );
+    }
+}

@@ -6,6 +6,7 @@ use crate::normalize::PathError;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
+use maud::{DOCTYPE, PreEscaped, html};
 
 /// What went wrong before or while reaching the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -104,21 +105,32 @@ pub fn error_response(error: &ProxyError, json: bool, app: &str) -> Response<Ful
     response
 }
 
-/// A page in the web app's look saying `message`, linking back to `app`.
+/// A page in the web app's look saying `message`, linking back to `app`; both are escaped.
 pub fn page(status: StatusCode, message: &str, app: &str) -> Response<Full<Bytes>> {
+    let code = status.as_u16();
     let reason = status.canonical_reason().unwrap_or("Error");
-    let body = format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{code} {reason} · labforge</title><style>{PAGE_STYLE}</style></head>\
-         <body><header><a href=\"{app}\">labforge</a></header><main><section>\
-         <h1>{code} {reason}</h1><p>{message}</p>\
-         <p><a href=\"{app}\">Back to your notebooks</a></p></section></main></body></html>\n",
-        code = status.as_u16(),
-        message = html_escape(message),
-        app = html_escape(app).replace('"', "&quot;"),
-    );
-    answer(status, "text/html; charset=utf-8", body)
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (code) " " (reason) " · labforge" }
+                style { (PreEscaped(PAGE_STYLE)) }
+            }
+            body {
+                header { a href=(app) { "labforge" } }
+                main {
+                    section {
+                        h1 { (code) " " (reason) }
+                        p { (message) }
+                        p { a href=(app) { "Back to your notebooks" } }
+                    }
+                }
+            }
+        }
+    };
+    answer(status, "text/html; charset=utf-8", markup.into_string())
 }
 
 fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -131,12 +143,6 @@ fn answer(status: StatusCode, content_type: &'static str, body: String) -> Respo
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
-}
-
-fn html_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
@@ -184,6 +190,34 @@ mod tests {
             unauthenticated
                 .headers()
                 .contains_key(header::WWW_AUTHENTICATE)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_page_escapes_its_message_and_link() {
+        let page = page(
+            StatusCode::BAD_GATEWAY,
+            "nothing listens on <script>alert('x')</script> & more",
+            "/app/\"><script>",
+        );
+        assert_eq!(page.status(), StatusCode::BAD_GATEWAY);
+        let body = page.into_body().collect().await.unwrap().to_bytes();
+        let body = std::str::from_utf8(&body).unwrap();
+        assert!(!body.contains("<script>"), "{body}");
+        assert!(
+            body.contains(
+                "<p>nothing listens on &lt;script&gt;alert('x')&lt;/script&gt; &amp; more</p>"
+            ),
+            "{body}"
+        );
+        assert!(
+            body.contains(r#"<a href="/app/&quot;&gt;&lt;script&gt;">Back to your notebooks</a>"#),
+            "{body}"
+        );
+        assert!(body.contains("<h1>502 Bad Gateway</h1>"), "{body}");
+        assert!(
+            body.contains("<title>502 Bad Gateway · labforge</title>"),
+            "{body}"
         );
     }
 }

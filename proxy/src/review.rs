@@ -9,23 +9,30 @@
 //! and concurrent requests for one uncached pair share one review: opening JupyterLab fires a
 //! burst of requests that must not become a burst of SubjectAccessReviews.
 //!
-//! The cache is this module's own rather than moka's: a cached answer is read on every proxied
-//! request without a future (`Answer::Now`), which moka's async cache does not offer.
+//! The cache is moka's synchronous one: a cached answer is read on every proxied request without
+//! a future (`Answer::Now`). Each answer expires on its own (an allowed one later than a denied
+//! one), counted from when it was asked for; a review under way does not expire, so that however
+//! short the answers are kept, a burst shares it. Past `MAX_CACHED` answers, the ones used
+//! longest ago go, one at a time.
 
-use crate::FastMap;
 use crate::authz::{AccessUnknown, Answer, NamespaceAccess};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::Api;
 use kube::api::PostParams;
+use moka::Equivalent;
+use moka::ops::compute::Op;
+use moka::policy::EvictionPolicy;
+use moka::sync::Cache;
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 
-/// Answers kept at most; past it, expired ones go, and if that is not enough, all of them.
-const MAX_CACHED: usize = 10_000;
+/// Answers kept at most; past it, the ones used longest ago go.
+const MAX_CACHED: u64 = 10_000;
 
 /// How long a review may take before the request is refused (and the next one asks again).
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,19 +53,162 @@ impl Default for ReviewCache {
     }
 }
 
+impl ReviewCache {
+    /// How much longer `cached` is trusted at `now`; `None` while its review is under way, and
+    /// after it failed: whoever comes next joins it, or runs it again.
+    fn trusted_for(&self, cached: &Cached, now: Instant) -> Option<Duration> {
+        let kept = if *cached.answer.get()? {
+            self.allowed_for
+        } else {
+            self.denied_for
+        };
+        // Past what an Instant holds: trusted for as long as it stays cached.
+        let until = cached.asked.checked_add(kept)?;
+        Some(until.saturating_duration_since(now))
+    }
+
+    fn fresh(&self, cached: &Cached, now: Instant) -> bool {
+        self.trusted_for(cached, now)
+            .is_none_or(|left| !left.is_zero())
+    }
+}
+
+/// Each answer expires when it is no longer trusted, a review under way never.
+impl moka::Expiry<(String, String), Cached> for ReviewCache {
+    fn expire_after_create(
+        &self,
+        _: &(String, String),
+        cached: &Cached,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        self.trusted_for(cached, created_at)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &(String, String),
+        cached: &Cached,
+        updated_at: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        self.trusted_for(cached, updated_at)
+    }
+}
+
 /// [`NamespaceAccess`] by SubjectAccessReview.
 pub struct ReviewedAccess {
     client: kube::Client,
     shared: BTreeSet<String>,
-    cache: ReviewCache,
-    /// user → namespace → answer (nested so a lookup needs no owned key).
-    answers: Mutex<FastMap<String, FastMap<String, Cached>>>,
+    answers: Answers,
 }
 
+/// Hashed as [`crate::FastMap`]s are: a lookup on every request.
+type AnswerCache = Cache<(String, String), Cached, foldhash::fast::RandomState>;
+
+/// The answers of reviews, by (user, namespace).
+struct Answers {
+    cache: AnswerCache,
+    trust: ReviewCache,
+}
+
+#[derive(Clone)]
 struct Cached {
     asked: Instant,
     /// Empty while the review is under way; a failed review leaves it empty.
     answer: Arc<OnceCell<bool>>,
+}
+
+/// A (user, namespace) key, borrowed: a lookup needs no owned key. Hashed as the owned one is
+/// (each `str` in turn).
+#[derive(Hash)]
+struct UserNamespace<'a>(&'a str, &'a str);
+
+impl Equivalent<(String, String)> for UserNamespace<'_> {
+    fn equivalent(&self, key: &(String, String)) -> bool {
+        self.0 == key.0 && self.1 == key.1
+    }
+}
+
+impl Answers {
+    fn new(trust: ReviewCache, max: u64) -> Self {
+        Self {
+            cache: Cache::builder()
+                .max_capacity(max)
+                // Least recently used out, never a new pair refused: moka's default (TinyLFU)
+                // may not admit a new entry into a full cache, and a burst could then not share
+                // the review of its pair.
+                .eviction_policy(EvictionPolicy::lru())
+                .expire_after(trust)
+                .build_with_hasher(foldhash::fast::RandomState::default()),
+            trust,
+        }
+    }
+
+    /// The trusted answer for `user` in `namespace`, or the review to join (or to run, when
+    /// nobody has yet).
+    fn lookup(&self, user: &str, namespace: &str) -> Result<bool, Pending> {
+        let now = Instant::now();
+        let cached = match self.cache.get(&UserNamespace(user, namespace)) {
+            Some(cached) if self.trust.fresh(&cached, now) => cached,
+            _ => self
+                .cache
+                .entry((user.to_owned(), namespace.to_owned()))
+                .or_insert_with_if(
+                    || Cached {
+                        asked: now,
+                        answer: Arc::new(OnceCell::new()),
+                    },
+                    |cached| !self.trust.fresh(cached, now),
+                )
+                .into_value(),
+        };
+        match cached.answer.get() {
+            Some(&allowed) => Ok(allowed),
+            None => Err(Pending {
+                cache: self.cache.clone(),
+                key: (user.to_owned(), namespace.to_owned()),
+                answer: cached.answer,
+            }),
+        }
+    }
+}
+
+/// A review under way, or to run.
+struct Pending {
+    cache: AnswerCache,
+    key: (String, String),
+    answer: Arc<OnceCell<bool>>,
+}
+
+impl Pending {
+    /// The review's answer: the one under way, or `review` run now.
+    async fn resolve(
+        self,
+        review: impl Future<Output = Result<bool, AccessUnknown>>,
+    ) -> Result<bool, AccessUnknown> {
+        let Pending { cache, key, answer } = self;
+        let mut ran = false;
+        // Fail closed: no answer is no access (as unavailable, not forbidden), and the next
+        // request asks again.
+        let answered = answer
+            .get_or_try_init(|| {
+                ran = true;
+                review
+            })
+            .await
+            .copied();
+        if ran && answered.is_ok() {
+            // Stored again now that it holds its answer, which gives it its expiry; unless it
+            // was replaced or evicted meanwhile.
+            cache.entry(key).and_compute_with(|entry| match entry {
+                Some(entry) if Arc::ptr_eq(&entry.value().answer, &answer) => {
+                    Op::Put(entry.into_value())
+                }
+                _ => Op::Nop,
+            });
+        }
+        answered
+    }
 }
 
 impl ReviewedAccess {
@@ -66,64 +216,22 @@ impl ReviewedAccess {
         Self {
             client,
             shared,
-            cache,
-            answers: Mutex::default(),
-        }
-    }
-
-    fn fresh(&self, cached: &Cached, now: Instant) -> bool {
-        match cached.answer.get() {
-            Some(true) => now - cached.asked < self.cache.allowed_for,
-            Some(false) => now - cached.asked < self.cache.denied_for,
-            // In flight: join it. After a failed review it is empty too, and whoever joins runs
-            // the review again.
-            None => true,
+            answers: Answers::new(cache, MAX_CACHED),
         }
     }
 }
 
 impl NamespaceAccess for ReviewedAccess {
     fn may_use(&self, user: &str, namespace: &str) -> Answer {
-        let now = Instant::now();
-        let cell = {
-            let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(cached) = answers.get(user).and_then(|by_ns| by_ns.get(namespace))
-                && self.fresh(cached, now)
-            {
-                match cached.answer.get() {
-                    Some(&allowed) => return Answer::Now(allowed),
-                    None => cached.answer.clone(),
-                }
-            } else {
-                if answers.values().map(FastMap::len).sum::<usize>() >= MAX_CACHED {
-                    answers.retain(|_, by_ns| {
-                        by_ns.retain(|_, cached| self.fresh(cached, now));
-                        !by_ns.is_empty()
-                    });
-                    if answers.values().map(FastMap::len).sum::<usize>() >= MAX_CACHED {
-                        answers.clear();
-                    }
-                }
-                let answer = Arc::new(OnceCell::new());
-                answers.entry(user.to_owned()).or_default().insert(
-                    namespace.to_owned(),
-                    Cached {
-                        asked: now,
-                        answer: answer.clone(),
-                    },
-                );
-                answer
-            }
+        let pending = match self.answers.lookup(user, namespace) {
+            Ok(allowed) => return Answer::Now(allowed),
+            Err(pending) => pending,
         };
         let client = self.client.clone();
-        let (user, namespace) = (user.to_owned(), namespace.to_owned());
-        Answer::Later(Box::pin(async move {
-            // Fail closed: no answer is no access (as unavailable, not forbidden), and the next
-            // request asks again.
-            cell.get_or_try_init(|| review(client, &user, &namespace))
-                .await
-                .copied()
-        }))
+        let (user, namespace) = pending.key.clone();
+        Answer::Later(Box::pin(
+            pending.resolve(async move { review(client, &user, &namespace).await }),
+        ))
     }
 
     fn is_shared(&self, namespace: &str) -> bool {
@@ -200,5 +308,123 @@ async fn review(client: kube::Client, user: &str, namespace: &str) -> Result<boo
             tracing::warn!(user, namespace, error = %err, "SubjectAccessReview failed; request refused as unavailable");
             Err(AccessUnknown)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// `user`'s answer in namespace `team`, reviewed (and counted in `reviews`) as `allowed`
+    /// when not cached.
+    async fn ask(answers: &Answers, reviews: &AtomicUsize, user: &str, allowed: bool) -> bool {
+        match answers.lookup(user, "team") {
+            Ok(cached) => cached,
+            Err(pending) => pending
+                .resolve(async {
+                    reviews.fetch_add(1, Ordering::SeqCst);
+                    Ok(allowed)
+                })
+                .await
+                .unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_trusted_for_its_time_and_then_asked_again() {
+        let answers = Answers::new(
+            ReviewCache {
+                allowed_for: Duration::from_secs(600),
+                denied_for: Duration::from_millis(250),
+            },
+            100,
+        );
+        let reviews = AtomicUsize::new(0);
+        assert!(ask(&answers, &reviews, "alice", true).await);
+        assert!(!ask(&answers, &reviews, "bob", false).await);
+        assert!(ask(&answers, &reviews, "alice", true).await);
+        assert!(!ask(&answers, &reviews, "bob", false).await);
+        assert_eq!(reviews.load(Ordering::SeqCst), 2, "both answers cached");
+
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        answers.cache.run_pending_tasks();
+        assert!(
+            !answers.cache.contains_key(&UserNamespace("bob", "team")),
+            "the denied answer expired"
+        );
+        assert!(ask(&answers, &reviews, "alice", true).await);
+        assert_eq!(reviews.load(Ordering::SeqCst), 2, "alice's still trusted");
+        assert!(!ask(&answers, &reviews, "bob", false).await);
+        assert_eq!(reviews.load(Ordering::SeqCst), 3, "bob asked again");
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_lets_only_its_least_recently_used_answers_go() {
+        let answers = Answers::new(
+            ReviewCache {
+                allowed_for: Duration::from_secs(600),
+                denied_for: Duration::from_secs(600),
+            },
+            10,
+        );
+        let reviews = AtomicUsize::new(0);
+        let users: Vec<String> = (0..11).map(|i| format!("user{i}")).collect();
+        for user in &users[..10] {
+            ask(&answers, &reviews, user, true).await;
+        }
+        // The second half used again, then one more pair than there is room for.
+        for user in &users[5..10] {
+            ask(&answers, &reviews, user, true).await;
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 10);
+        answers.cache.run_pending_tasks();
+        ask(&answers, &reviews, &users[10], true).await;
+        answers.cache.run_pending_tasks();
+        assert_eq!(answers.cache.entry_count(), 10, "one answer made room");
+
+        // Emptied whole, these would all be asked again.
+        for user in &users[5..] {
+            ask(&answers, &reviews, user, true).await;
+        }
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            11,
+            "the recent answers kept"
+        );
+        assert!(
+            !answers.cache.contains_key(&UserNamespace("user0", "team")),
+            "the one used longest ago went"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_review_under_way_is_shared_even_when_answers_are_not_kept() {
+        let answers = Answers::new(
+            ReviewCache {
+                allowed_for: Duration::ZERO,
+                denied_for: Duration::ZERO,
+            },
+            10,
+        );
+        let reviews = AtomicUsize::new(0);
+        let burst: Vec<Pending> = (0..3)
+            .map(|_| answers.lookup("dave", "team").err().unwrap())
+            .collect();
+        let review = || async {
+            reviews.fetch_add(1, Ordering::SeqCst);
+            Ok(false)
+        };
+        let resolved =
+            futures::future::join_all(burst.into_iter().map(|p| p.resolve(review()))).await;
+        assert_eq!(resolved, [Ok(false); 3]);
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            1,
+            "one review for the burst"
+        );
+        // Its answer is not kept: the next request asks again.
+        assert!(!ask(&answers, &reviews, "dave", false).await);
+        assert_eq!(reviews.load(Ordering::SeqCst), 2);
     }
 }
