@@ -29,6 +29,7 @@ use labforge_notebook_controller::culler::{
 use labforge_proxy::notebook_host::NotebookHosts;
 use labforge_proxy::routes::{GatewayFilter, activity_key};
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
+use labforge_supervise::{PartEnded, Supervised};
 use labforge_web::api::{ApiState, STOPPED_BY_ANNOTATION};
 use labforge_web::config::{SpawnerConfig, default_spawner};
 use labforge_web::notebook_secret::NotebookSecrets;
@@ -165,17 +166,30 @@ pub struct Running {
     pub store: Arc<Store>,
     pub runtime: Arc<Runtime>,
     pub proxy: RunningProxy,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The parts that run as long as labforge does: the web app, the runtime, the watches.
+    tasks: Supervised,
+    /// The catalog's first pull, which ends when its images are there.
+    prepull: tokio::task::JoinHandle<()>,
     data_dir: PathBuf,
     _registry: Option<Child>,
     _lock: InstanceLock,
 }
 
+impl Running {
+    /// Waits until one of labforge's parts ends (none does while it runs), and says which and
+    /// why; everything stops then, as `self` is dropped.
+    pub async fn wait(&mut self) -> PartEnded {
+        tokio::select! {
+            ended = self.tasks.first_ended() => ended,
+            ended = self.proxy.wait() => ended,
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
+        // The supervised parts are aborted as their set is dropped.
+        self.prepull.abort();
         // Stopped cleanly: nothing runs on the data dir any more.
         let _ = std::fs::remove_file(self.data_dir.join(RunningRecord::FILE));
     }
@@ -472,7 +486,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         );
     }
     // Sessions of users removed or reset by the CLI end, and their tunnels with them.
-    let session_watch = tokio::spawn(opened.auth.clone().watch_sessions());
+    let mut tasks = Supervised::default();
+    tasks.spawn_unit("session watch", opened.auth.clone().watch_sessions());
 
     let saves = Arc::new(SaveJobs::new(
         opened.store.clone(),
@@ -544,35 +559,34 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         )),
     };
     let api = ui::app(state).layer(axum::middleware::map_response(ui::deny_framing));
-    let mut tasks = vec![
-        session_watch,
-        tokio::spawn(end_grants_no_longer_allowed(
+    tasks.spawn_unit(
+        "notebook sign-in sweep",
+        end_grants_no_longer_allowed(
             opened.auth.clone(),
             opened.notebook_sign_in.clone(),
             opened.store.clone(),
-        )),
-        prepull,
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(web_listener, api).await {
-                tracing::error!(error = %err, "web app stopped");
-            }
-        }),
-        tokio::spawn(runtime.clone().run()),
-        tokio::spawn(sample_forever(runtime.clone(), usage.clone())),
-    ];
+        ),
+    );
+    tasks.spawn(
+        "web app",
+        async move { axum::serve(web_listener, api).await },
+    );
+    tasks.spawn_unit("notebook runtime", runtime.clone().run());
+    tasks.spawn_unit(
+        "resource sampling",
+        sample_forever(runtime.clone(), usage.clone()),
+    );
     let metrics_url = metrics.map(|(listener, url)| {
-        tasks.push(tokio::spawn(serve_metrics(listener, usage)));
+        tasks.spawn_unit("metrics server", serve_metrics(listener, usage));
         url
     });
     if options.culling.enabled {
         let activity = proxy.activity.clone();
         let culling = options.culling.clone();
-        tasks.push(tokio::spawn(cull(
-            opened.store.clone(),
-            runtime.clone(),
-            activity,
-            culling,
-        )));
+        tasks.spawn_unit(
+            "culler",
+            cull(opened.store.clone(), runtime.clone(), activity, culling),
+        );
     }
     let url = announce(
         &options,
@@ -593,6 +607,7 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
         runtime,
         proxy,
         tasks,
+        prepull,
         data_dir: opened.dir.clone(),
         _registry: opened.registry_child,
         _lock: opened.lock,

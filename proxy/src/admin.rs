@@ -9,7 +9,7 @@ use crate::source::RouteStore;
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
@@ -23,29 +23,12 @@ pub struct AdminState {
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
+    labforge_metrics::router(state.registry.clone())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/activity", get(all_activity))
         .route("/activity/{namespace}/{name}", get(one_activity))
         .with_state(state)
-}
-
-async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {

@@ -38,6 +38,7 @@ use crate::routes::GatewayFilter;
 use crate::server::TlsFiles;
 use crate::source::RouteStore;
 use crate::upstream::UpstreamPool;
+use labforge_supervise::{PartEnded, Supervised};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -131,21 +132,6 @@ pub enum ProxyStartError {
     Routes(#[from] source::SourceError),
 }
 
-/// Why a running proxy stopped serving: one of its parts ended, which none does while the proxy
-/// runs ([`RunningProxy::wait`]).
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyStopped {
-    #[error("the proxy's {task} ended")]
-    TaskEnded {
-        task: &'static str,
-        /// Why, when the part said.
-        #[source]
-        source: Option<std::io::Error>,
-    },
-    #[error("the proxy's {task} panicked: {message}")]
-    TaskPanicked { task: &'static str, message: String },
-}
-
 /// A started proxy; its threads and tasks stop when it is dropped.
 pub struct RunningProxy {
     pub addr: SocketAddr,
@@ -160,7 +146,7 @@ pub struct RunningProxy {
 impl RunningProxy {
     /// Waits until any of the proxy's tasks ends (each runs until the proxy stops), and says
     /// which and why; the proxy stops then, as it is dropped.
-    pub async fn wait(mut self) -> ProxyStopped {
+    pub async fn wait(&mut self) -> PartEnded {
         self.tasks.first_ended().await
     }
 }
@@ -169,56 +155,6 @@ impl Drop for RunningProxy {
     fn drop(&mut self) {
         // The serving threads; the tasks are aborted as their set is dropped.
         self.stop.send_replace(true);
-    }
-}
-
-/// Tasks that run as long as the proxy does, each named for the part of it it is.
-#[derive(Default)]
-struct Supervised {
-    set: tokio::task::JoinSet<std::io::Result<()>>,
-    names: HashMap<tokio::task::Id, &'static str>,
-}
-
-impl Supervised {
-    fn spawn(
-        &mut self,
-        task: &'static str,
-        run: impl Future<Output = std::io::Result<()>> + Send + 'static,
-    ) {
-        let handle = self.set.spawn(run);
-        self.names.insert(handle.id(), task);
-    }
-
-    /// The first task to end, as the error it is; never, when there is none.
-    async fn first_ended(&mut self) -> ProxyStopped {
-        let Some(ended) = self.set.join_next_with_id().await else {
-            return std::future::pending().await;
-        };
-        let name = |id| self.names.get(&id).copied().unwrap_or("task");
-        match ended {
-            Ok((id, result)) => ProxyStopped::TaskEnded {
-                task: name(id),
-                source: result.err(),
-            },
-            Err(error) if error.is_panic() => ProxyStopped::TaskPanicked {
-                task: name(error.id()),
-                message: panic_message(error.into_panic()),
-            },
-            Err(error) => ProxyStopped::TaskEnded {
-                task: name(error.id()),
-                source: None,
-            },
-        }
-    }
-}
-
-/// What a panic said, when it said it as text.
-fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
-    match panic.downcast::<String>() {
-        Ok(message) => *message,
-        Err(panic) => panic
-            .downcast_ref::<&str>()
-            .map_or_else(|| "no message".to_owned(), |message| (*message).to_owned()),
     }
 }
 
@@ -364,7 +300,7 @@ pub async fn start(
         activity: activity.clone(),
     });
     let mut tasks = Supervised::default();
-    tasks.spawn("admin server", async move {
+    tasks.spawn("proxy's admin server", async move {
         let served = axum::serve(admin_listener, admin_router).await;
         if let Err(err) = &served {
             tracing::warn!(error = %err, "admin server stopped");
@@ -375,10 +311,7 @@ pub async fn start(
         let release = heap
             .clone()
             .release_when_asked(metrics.heap_releases.clone());
-        tasks.spawn("heap release", async move {
-            release.await;
-            Ok(())
-        });
+        tasks.spawn_unit("proxy's heap release", release);
     }
     match routes_from {
         RoutesFrom::Files(paths) => {
@@ -387,10 +320,7 @@ pub async fn start(
         }
         RoutesFrom::Kubernetes(client) => {
             let watch = source::watch_kubernetes(client, routes.clone());
-            tasks.spawn("route watch", async move {
-                watch.await;
-                Ok(())
-            });
+            tasks.spawn_unit("proxy's route watch", watch);
         }
         RoutesFrom::Pushed => {}
     }
@@ -435,49 +365,4 @@ pub async fn start(
         tasks,
         stop,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn the_first_part_to_end_is_named_with_its_error() {
-        let mut tasks = Supervised::default();
-        tasks.spawn("route watch", std::future::pending());
-        tasks.spawn("admin server", async {
-            Err(std::io::Error::other("listener closed"))
-        });
-        match tasks.first_ended().await {
-            ProxyStopped::TaskEnded { task, source } => {
-                assert_eq!(task, "admin server");
-                assert_eq!(
-                    source.map(|e| e.to_string()).as_deref(),
-                    Some("listener closed")
-                );
-            }
-            other => panic!("{other:?}"),
-        }
-
-        let mut tasks = Supervised::default();
-        tasks.spawn("admin server", std::future::pending());
-        tasks.spawn("heap release", async { Ok(()) });
-        assert_eq!(
-            tasks.first_ended().await.to_string(),
-            "the proxy's heap release ended"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_part_that_panics_is_named_with_its_message() {
-        let mut tasks = Supervised::default();
-        tasks.spawn("admin server", std::future::pending());
-        tasks.spawn("route watch", async {
-            panic!("watch broke after {} tries", 3)
-        });
-        assert_eq!(
-            tasks.first_ended().await.to_string(),
-            "the proxy's route watch panicked: watch broke after 3 tries"
-        );
-    }
 }

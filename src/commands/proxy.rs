@@ -26,10 +26,12 @@ pub async fn run(args: &ProxyArgs) -> anyhow::Result<ExitCode> {
     } else {
         RoutesFrom::Files(args.routes_files.clone())
     };
-    let running = labforge_proxy::start(options, routes).await?;
+    let mut running = labforge_proxy::start(options, routes).await?;
     tokio::select! {
-        () = running.wait() => {}
-        () = stop_signal() => tracing::info!("stopping"),
+        stopped = running.wait() => Err(stopped.into()),
+        () = stop_signal() => {
+            tracing::info!("stopping");
+            Ok(ExitCode::SUCCESS)
+        }
     }
-    Ok(ExitCode::SUCCESS)
 }

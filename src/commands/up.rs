@@ -119,7 +119,7 @@ pub(crate) async fn run(args: &UpArgs) -> anyhow::Result<ExitCode> {
     if agent.is_none() {
         tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");
     }
-    let running = labforge_embedded::up::start(labforge_embedded::up::UpOptions {
+    let mut running = labforge_embedded::up::start(labforge_embedded::up::UpOptions {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         engine: args.engine.clone(),
@@ -177,8 +177,12 @@ pub(crate) async fn run(args: &UpArgs) -> anyhow::Result<ExitCode> {
         "  Ctrl-C stops labforge; running notebooks keep running and are adopted at the next start."
     );
     println!();
-    stop_signal().await;
-    tracing::info!("stopping");
-    drop(running);
-    Ok(ExitCode::SUCCESS)
+    tokio::select! {
+        ended = running.wait() => Err(ended.into()),
+        () = stop_signal() => {
+            tracing::info!("stopping");
+            drop(running);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
