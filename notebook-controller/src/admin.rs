@@ -2,7 +2,7 @@
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
@@ -17,27 +17,10 @@ pub struct AdminState {
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
+    labforge_metrics::router(state.registry.clone())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state)
-}
-
-async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {

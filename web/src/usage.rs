@@ -7,7 +7,6 @@
 //! counters in the embedded mode. From counters ([`Reading`]), CPU use is the change in CPU time
 //! between two samples over the time between them, so it is known from the second sample on.
 
-use axum::response::IntoResponse;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -243,27 +242,7 @@ impl Collector for UsageBoard {
 pub async fn serve_metrics(listener: tokio::net::TcpListener, board: Arc<UsageBoard>) {
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(board));
-    let registry = Arc::new(registry);
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
-            async move {
-                let mut text = String::new();
-                match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                    Ok(()) => (
-                        [(
-                            http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        text,
-                    )
-                        .into_response(),
-                    Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-                }
-            }
-        }),
-    );
+    let app: axum::Router = labforge_metrics::router(Arc::new(registry));
     if let Err(err) = axum::serve(listener, app).await {
         tracing::warn!(error = %err, "metrics server stopped");
     }
