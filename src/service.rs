@@ -10,18 +10,18 @@ use std::path::Path;
 
 /// The unit file for `binary up <up_args>`, with `environment` (name, value) set for it.
 pub fn unit_file(binary: &Path, up_args: &[String], environment: &[(String, String)]) -> String {
-    let mut exec = quote(&binary.display().to_string());
+    let mut exec = exec_word(&binary.display().to_string());
     exec.push_str(" up");
     for arg in up_args {
         exec.push(' ');
-        exec.push_str(&quote(arg));
+        exec.push_str(&exec_word(arg));
     }
     let mut environment_lines = String::new();
     for (name, value) in environment {
         let _ = writeln!(
             environment_lines,
             "Environment={}",
-            quote(&format!("{name}={value}"))
+            environment_word(&format!("{name}={value}"))
         );
     }
     let mut unit = String::new();
@@ -66,13 +66,13 @@ pub struct BackupSchedule<'a> {
 /// (`.service`, `.timer`). Missed runs (the machine was off) run at the next boot.
 pub fn backup_units(binary: &Path, data_dir: &Path, schedule: &BackupSchedule) -> (String, String) {
     let exec = [
-        quote(&binary.display().to_string()),
+        exec_word(&binary.display().to_string()),
         "backup".into(),
-        quote(schedule.dest),
+        exec_word(schedule.dest),
         "--keep".into(),
         schedule.keep.to_string(),
         "--data-dir".into(),
-        quote(&data_dir.display().to_string()),
+        exec_word(&data_dir.display().to_string()),
         "--quiet".into(),
     ]
     .join(" ");
@@ -93,7 +93,7 @@ Nice=10
 IOSchedulingClass=idle
 ",
         dest = schedule.dest.replace(['\n', '\r'], " "),
-        environment_file = quote_for(&schedule.environment_file.display().to_string(), false),
+        environment_file = environment_word(&schedule.environment_file.display().to_string()),
     );
     let timer = format!(
         "\
@@ -114,22 +114,23 @@ WantedBy=timers.target
     (service, timer)
 }
 
-/// One `ExecStart=` or `Environment=` word: as it is when systemd reads it so, else in double
-/// quotes with `"` and `\` escaped and control characters as `\xNN` (a newline would start a
-/// line of its own). `%` (specifiers) and, in `ExecStart=`, `$` (variables) are doubled, so that
-/// every path and name arrives as written.
-fn quote(word: &str) -> String {
-    quote_for(word, true)
+/// One `ExecStart=` word, which systemd expands `$` variables in: `$` doubled, then as
+/// [`quoted`] does.
+fn exec_word(word: &str) -> String {
+    quoted(&word.replace('$', "$$"))
 }
 
-/// [`quote`], for a setting that expands `$` (`ExecStart=`) or not (`Environment=`).
-fn quote_for(word: &str, expands_variables: bool) -> String {
+/// One `Environment=` assignment, which systemd does not expand `$` in: a `$` doubled there
+/// would reach the program as two.
+fn environment_word(word: &str) -> String {
+    quoted(word)
+}
+
+/// `word` as it is when systemd reads it so, else in double quotes with `"` and `\` escaped and
+/// control characters as `\xNN` (a newline would start a line of its own); `%` (specifiers) is
+/// doubled, so that every path and name arrives as written.
+fn quoted(word: &str) -> String {
     let escaped = word.replace('%', "%%");
-    let escaped = if expands_variables {
-        escaped.replace('$', "$$")
-    } else {
-        escaped
-    };
     let plain = !escaped.is_empty()
         && escaped.chars().all(|c| {
             !c.is_whitespace() && !c.is_control() && !matches!(c, '"' | '\'' | '\\' | ';')
@@ -158,15 +159,14 @@ mod tests {
 
     #[test]
     fn words_systemd_would_split_or_expand_are_quoted_and_escaped() {
-        assert_eq!(quote("/var/lib/labforge"), "/var/lib/labforge");
-        assert_eq!(quote("/srv/lab data"), "\"/srv/lab data\"");
-        assert_eq!(quote("50%$HOME"), "50%%$$HOME");
-        assert_eq!(quote_for("A=50%$HOME", false), "A=50%%$HOME");
-        assert_eq!(quote(r#"a"b\c"#), r#""a\"b\\c""#);
-        assert_eq!(quote(";"), "\";\"");
-        assert_eq!(quote(""), "\"\"");
+        assert_eq!(exec_word("/var/lib/labforge"), "/var/lib/labforge");
+        assert_eq!(exec_word("/srv/lab data"), "\"/srv/lab data\"");
+        assert_eq!(exec_word("50%$HOME"), "50%%$$HOME");
+        assert_eq!(exec_word(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(exec_word(";"), "\";\"");
+        assert_eq!(exec_word(""), "\"\"");
         assert_eq!(
-            quote("a\nExecStartPre=/bin/evil"),
+            exec_word("a\nExecStartPre=/bin/evil"),
             "\"a\\x0aExecStartPre=/bin/evil\""
         );
     }
@@ -176,13 +176,22 @@ mod tests {
         let unit = unit_file(
             Path::new("/usr/local/bin/labforge"),
             &["--data-dir".into(), "/srv/lab data".into()],
-            &[("CULL_IDLE_TIME".into(), "60".into())],
+            &[
+                ("CULL_IDLE_TIME".into(), "60".into()),
+                (
+                    "EXTENSIONS_GALLERY".into(),
+                    r#"{"url": "$HOST/100%"}"#.into(),
+                ),
+            ],
         );
         assert!(
             unit.contains("ExecStart=/usr/local/bin/labforge up --data-dir \"/srv/lab data\"\n"),
             "{unit}"
         );
+        // Environment= does not expand `$`: it stays single, and `%` is doubled.
         for line in [
+            "Environment=CULL_IDLE_TIME=60",
+            r#"Environment="EXTENSIONS_GALLERY={\"url\": \"$HOST/100%%\"}""#,
             "Restart=on-failure",
             "KillMode=process",
             "WantedBy=multi-user.target",
