@@ -1,5 +1,6 @@
 //! Installing `labforge up` as this machine's systemd service.
 
+use crate::cli::UsageError;
 use crate::cli::build::s3_cache;
 use crate::cli::service::ServiceInstallArgs;
 use crate::cli::up::{notebook_domain, up_app_host};
@@ -46,7 +47,7 @@ pub(crate) fn service_install(args: &ServiceInstallArgs) -> anyhow::Result<ExitC
         None => {}
     }
     labforge_notebook_controller::culler::CullingConfig::from_env(env_var)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| UsageError(e.into()))?;
     let up_args = args.up.service_args()?;
     if !up_args.iter().any(|arg| arg == "--agent") {
         tracing::warn!("no save agent found (run `make agent` or pass --agent): saves will fail");

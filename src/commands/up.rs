@@ -1,5 +1,6 @@
 //! `labforge up`, everything on one machine, and `labforge status` about it.
 
+use crate::cli::UsageError;
 use crate::cli::env_var;
 use crate::cli::up::{UpArgs, default_agent, notebook_domain, up_app_host};
 use crate::commands::stop_signal;
@@ -113,7 +114,7 @@ impl std::fmt::Display for StatusText<'_> {
 
 pub(crate) async fn run(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let culling = labforge_notebook_controller::culler::CullingConfig::from_env(env_var)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| UsageError(e.into()))?;
     let spawner = spawner_config(args.spawner_config.as_deref())?;
     let agent = args.agent.clone().or_else(default_agent);
     if agent.is_none() {

@@ -1538,6 +1538,33 @@ fn a_bad_proxy_setting_exits_64_naming_the_binary_and_the_flag() {
     }
 }
 
+/// Kubeflow's culling variables are settings too: one neither command can read stops `labforge
+/// up` and `labforge controller` with exit code 64 and the variable named, before anything is
+/// made.
+#[test]
+fn a_bad_culling_variable_exits_64_naming_it() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut up = crate::labforge();
+    up.arg("up")
+        .arg("--data-dir")
+        .arg(data_dir.path().join("lab"));
+    let mut controller = crate::labforge();
+    controller.arg("controller");
+    for (mut command, what) in [(up, "up"), (controller, "controller")] {
+        let out = command.env("ENABLE_CULLING", "sometimes").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{what}: {stderr}");
+        assert!(
+            stderr.contains("ENABLE_CULLING") && stderr.contains("sometimes"),
+            "{what}: {stderr}"
+        );
+    }
+    assert!(
+        !data_dir.path().join("lab").exists(),
+        "up made its data dir before refusing"
+    );
+}
+
 #[test]
 fn every_flag_and_variable_the_deployments_pass_is_accepted_by_the_binary() {
     // The check below is meaningful: clap parses values before it answers --help.
