@@ -1,10 +1,10 @@
 //! The audit trail of `labforge up`: what users change and every notebook sign-in, recorded as
 //! they are answered, read back by admins (API) and on the machine (`labforge audit`).
 
-use crate::controller::eventually;
 use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
+use labforge_tests::eventually;
 use serde_json::{Value, json};
 use std::time::Duration;
 

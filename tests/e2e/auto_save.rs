@@ -240,7 +240,7 @@ async fn auto_save_keeps_packages_across_stops_and_retention_prunes_what_no_note
     assert_eq!(user.patch(&lab, json!({"stopped": true})).await.0, 200);
     user.wait_state(ns, "lab", "stopped", Duration::from_secs(120))
         .await;
-    crate::controller::eventually(
+    labforge_tests::eventually(
         "the container removed",
         Duration::from_secs(120),
         || async {

@@ -206,7 +206,7 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
         assert_eq!(whoami.status(), 200, "the token is restored with its user");
         // The restored store still says what the notebook was: ready once its container runs.
         let container = labforge_embedded::runtime::container_name(&alice, "lab");
-        crate::controller::eventually("container started", Duration::from_secs(180), || async {
+        labforge_tests::eventually("container started", Duration::from_secs(180), || async {
             (!crate::embedded::container_id(&container).is_empty()).then_some(())
         })
         .await;
@@ -236,7 +236,7 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
         assert_eq!(a.patch(&lab, json!({"stopped": true})).await.0, 200);
         a.wait_state(&alice, "lab", "stopped", Duration::from_secs(60))
             .await;
-        crate::controller::eventually("container removed", Duration::from_secs(30), || async {
+        labforge_tests::eventually("container removed", Duration::from_secs(30), || async {
             crate::embedded::container_id(&container)
                 .is_empty()
                 .then_some(())

@@ -2,7 +2,7 @@
 //! controller, and the fake API server running pods for StatefulSets (its kubelet), in a
 //! namespace with a ResourceQuota and no LimitRange, with the save agent's init container on.
 
-use crate::controller::{RunningController, eventually, serve_options};
+use crate::controller::{RunningController, serve_options};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -12,6 +12,7 @@ use labforge_crds::VirtualService;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
+use labforge_tests::eventually;
 use labforge_tests::fake_kube::FakeApiServer;
 use serde_json::{Value, json};
 use std::time::Duration;

@@ -10,11 +10,11 @@ use labforge_crds::{Notebook, VirtualService};
 use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_notebook_controller::service::{ServeOptions, serve};
+use labforge_tests::eventually;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use labforge_tests::tools::reconciles_done;
 use serde_json::json;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinHandle;
 
 pub fn notebook(namespace: &str, name: &str) -> Notebook {
@@ -66,22 +66,6 @@ impl RunningController {
 impl Drop for RunningController {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// Polls `check` until it returns `Some`, failing the test with `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -2,7 +2,7 @@
 //! read from Jupyter's kernels API, and an idle notebook is stopped with Kubeflow's annotation.
 //! Notebooks without Jupyter's API are culled by the traffic the labforge proxy saw.
 
-use crate::controller::{RunningController, eventually, notebook, serve_options};
+use crate::controller::{RunningController, notebook, serve_options};
 use crate::{init_crypto, need};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
@@ -11,6 +11,7 @@ use labforge_crds::Notebook;
 use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
 use labforge_notebook_controller::culler::CullingConfig;
 use labforge_tests::Registry;
+use labforge_tests::eventually;
 use labforge_tests::notebook::JupyterLab;
 use std::time::Duration;
 

@@ -2,9 +2,9 @@
 //! notebooks API, JupyterLab and its kernels through the proxy, saving an environment and
 //! starting on it, access control, bad input, and a restart that adopts running notebooks.
 
-use crate::controller::eventually;
 use crate::need;
 use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
+use labforge_tests::eventually;
 use labforge_tests::jupyter::JupyterClient;
 use serde_json::{Value, json};
 use std::process::Command;

@@ -3,12 +3,12 @@
 //! is free, given back on stop, and asked for through the spawner form in Chromium; in cluster
 //! mode, only vendors some node has are offered.
 
-use crate::controller::eventually;
 use crate::need;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use labforge_proxy::authz::TrustedHeader;
 use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
+use labforge_tests::eventually;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use serde_json::{Value, json};
 use std::process::Command;

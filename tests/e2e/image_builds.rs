@@ -6,7 +6,6 @@
 //! that does not exist, a registry that cannot be reached or a target outside `--target-prefix`
 //! fail clearly.
 
-use crate::controller::eventually;
 use crate::need;
 use crate::save::{notebook_with_agent, pip_install, wheel};
 use k8s_openapi::api::core::v1::Pod;
@@ -15,6 +14,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use labforge_crds::Notebook;
 use labforge_crds::imagebuild::{ImageBuild, ImageBuildPhase, ImageBuildSpec};
 use labforge_tests::Registry;
+use labforge_tests::eventually;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use serde_json::json;
 use std::path::Path;

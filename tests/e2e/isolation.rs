@@ -163,7 +163,7 @@ except Exception as e:
         )
         .await;
     assert_eq!(code, 200);
-    crate::controller::eventually(
+    labforge_tests::eventually(
         "mallory's network removed",
         Duration::from_secs(60),
         || async {

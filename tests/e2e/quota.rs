@@ -171,7 +171,7 @@ async fn a_namespace_quota_refuses_creates_starts_resizes_and_storage_beyond_it_
     assert_eq!(body["cpuLimit"], "250m", "{body}");
     // The container is replaced with the new limits; nothing else changed.
     let container = format!("labforge-{alice}_two");
-    crate::controller::eventually("the resized container", Duration::from_secs(60), || {
+    labforge_tests::eventually("the resized container", Duration::from_secs(60), || {
         let container = &container;
         let before = &before;
         async move {
@@ -248,7 +248,7 @@ async fn a_namespace_quota_refuses_creates_starts_resizes_and_storage_beyond_it_
     );
     // The volume, once made, keeps the size it was asked with: the volume list shows it, and
     // it still counts after its notebook is deleted.
-    crate::controller::eventually("the sized volume", Duration::from_secs(60), || {
+    labforge_tests::eventually("the sized volume", Duration::from_secs(60), || {
         let session = &session;
         let path = format!("/api/namespaces/{alice}/pvcs");
         async move {

@@ -298,7 +298,7 @@ async fn members_and_shares_decide_who_sees_opens_and_changes_a_teams_notebook()
         .await;
     assert_eq!(status, 403, "a share opens, it changes nothing: {body}");
     // The proxy learns of the share when the runtime pushes the notebook's route again.
-    let daves = crate::controller::eventually(
+    let daves = labforge_tests::eventually(
         "the share reaches the proxy",
         Duration::from_secs(10),
         || async {

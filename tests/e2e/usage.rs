@@ -261,7 +261,7 @@ async fn in_a_cluster_use_comes_from_the_metrics_api_read_with_deploys_rbac() {
         )
         .await
         .unwrap();
-    let usage = crate::controller::eventually(
+    let usage = labforge_tests::eventually(
         "lab's use read from metrics.k8s.io",
         Duration::from_secs(30),
         || async {

@@ -2,12 +2,12 @@
 //! write against Kubeflow's Notebook CRD): users from the auth proxy's header, every decision a
 //! SubjectAccessReview, Notebook CRs and their events through kube-rs.
 
-use crate::controller::eventually;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::PostParams;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
 use labforge_proxy::authz::TrustedHeader;
+use labforge_tests::eventually;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use serde_json::{Value, json};
 use std::time::Duration;

@@ -58,3 +58,23 @@ pub fn noise(len: usize, seed: u32) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Polls `check` every 50 ms until it gives a value, and returns it; fails the test, naming
+/// `what`, once `timeout` has passed.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: std::time::Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
