@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod data_dir;
 pub mod engine_workloads;
 pub mod gpus;
+pub mod notebook_secrets;
 pub mod ports;
 pub mod runtime;
 pub mod sampling;

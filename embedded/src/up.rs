@@ -12,6 +12,7 @@
 
 use crate::engine_workloads::EngineWorkloads;
 use crate::gpus::GpuPool;
+use crate::notebook_secrets::NotebookSecrets;
 use crate::runtime::{Engine, Runtime};
 use crate::sampling::sample_forever;
 use crate::save_jobs::SaveJobs;
@@ -32,7 +33,6 @@ use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_supervise::{PartEnded, Supervised};
 use labforge_web::api::{ApiState, STOPPED_BY_ANNOTATION};
 use labforge_web::config::{SpawnerConfig, default_spawner};
-use labforge_web::notebook_secret::NotebookSecrets;
 use labforge_web::preparing::ImagesBeingPrepared;
 use labforge_web::saves::Saves;
 use labforge_web::sign_in::SignIn;

@@ -552,7 +552,7 @@ async fn saves_in_a_cluster_are_image_builds_the_ui_follows() {
     assert_eq!(shared["sharedWith"], json!(["bob"]));
     let annotations = builds.get(&id).await.unwrap().metadata.annotations.unwrap();
     assert_eq!(
-        annotations[labforge_web::image_builds::SHARED_WITH_ANNOTATION],
+        annotations[labforge_web::cluster::image_builds::SHARED_WITH_ANNOTATION],
         "bob"
     );
     let (_, config) = api.get(Some(BOB), "/api/config").await;

@@ -1,6 +1,6 @@
 //! "Save environment as image" as the API sees it: start a save, follow its progress, delete a
 //! saved image. Where a save runs is the platform's: a job beside the notebook's container in
-//! the embedded mode, an ImageBuild for the cluster's reconciler ([`crate::image_builds`]).
+//! the embedded mode, an ImageBuild for the cluster's reconciler ([`crate::cluster::image_builds`]).
 
 use labforge_builder::save::SaveProgress;
 use labforge_builder::summary::ChangeSummary;
@@ -21,7 +21,7 @@ pub enum StartSaveError {
 }
 
 /// Saves as the API starts and follows them: run beside the container (the embedded mode's
-/// `SaveJobs`), or as ImageBuild objects for the cluster's reconciler ([`crate::image_builds::ImageBuildSaves`]).
+/// `SaveJobs`), or as ImageBuild objects for the cluster's reconciler ([`crate::cluster::image_builds::ImageBuildSaves`]).
 #[async_trait::async_trait]
 pub trait Saves: Send + Sync {
     /// Starts saving `namespace/name`; returns the save's first status (its id) at once.

@@ -124,7 +124,7 @@ fn env_name(field: &str, name: &str) -> Result<(), FieldError> {
             "NB_PREFIX is set by labforge to the notebook's route",
         ));
     }
-    if name == crate::notebook_secret::SECRET_ENV {
+    if name == labforge_notebook_controller::secret::SECRET_ENV {
         return Err(FieldError::new(
             field,
             format!("{name} is set by labforge to the notebook's own secret"),

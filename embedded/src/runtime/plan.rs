@@ -175,7 +175,10 @@ pub fn plan(
         // Last, so that it wins over a variable of that name in the spec.
         options.extend([
             "--env".into(),
-            format!("{}={secret}", labforge_web::notebook_secret::SECRET_ENV),
+            format!(
+                "{}={secret}",
+                labforge_notebook_controller::secret::SECRET_ENV
+            ),
         ]);
     }
     for device in gpu_devices {
@@ -339,7 +342,7 @@ pub fn route(
                 .get_or_insert_with(Default::default);
             operations
                 .set
-                .extend(labforge_web::notebook_secret::upstream_headers(
+                .extend(labforge_notebook_controller::secret::upstream_headers(
                     secret,
                     code_server,
                 ));
@@ -489,7 +492,7 @@ mod tests {
                 .env
                 .get_or_insert_with(Vec::new)
                 .push(k8s_openapi::api::core::v1::EnvVar {
-                    name: labforge_web::notebook_secret::SECRET_ENV.into(),
+                    name: labforge_notebook_controller::secret::SECRET_ENV.into(),
                     value: Some("chosen".into()),
                     ..Default::default()
                 });

@@ -1,6 +1,7 @@
 //! The runtime's loop: makes the engine's containers match the stored notebooks' plans, and
 //! their status what the containers do.
 
+use crate::notebook_secrets::NotebookSecrets;
 use crate::store::Store;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
@@ -10,7 +11,6 @@ use labforge_notebook_controller::builders::{self, BuilderConfig};
 use labforge_proxy::source::RouteStore;
 use labforge_web::backend::Change;
 use labforge_web::model::AUTO_SAVE_ANNOTATION;
-use labforge_web::notebook_secret::NotebookSecrets;
 use labforge_web::preparing::ImagesBeingPrepared;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;

@@ -2,11 +2,19 @@
 //! cluster's auth proxy (Kubeflow's `kubeflow-userid` header), every decision a
 //! SubjectAccessReview.
 
+mod access;
+mod backend;
+pub mod image_builds;
+mod workloads;
+
+pub use access::KubernetesAccess;
+pub use backend::KubernetesBackend;
+pub use image_builds::ImageBuildSaves;
+pub use workloads::ClusterWorkloads;
+
 use crate::api::ApiState;
-use crate::backend::{KubernetesAccess, KubernetesBackend};
 use crate::base_path::BasePath;
 use crate::config::SpawnerConfig;
-use crate::image_builds::ImageBuildSaves;
 use labforge_proxy::authz::TrustedHeader;
 use std::sync::Arc;
 
@@ -63,7 +71,7 @@ pub async fn router(client: kube::Client, options: WebOptions) -> axum::Router {
             Arc::new(ImageBuildSaves::new(client.clone(), registry)) as Arc<dyn crate::saves::Saves>
         }),
         config: Arc::new(spawner),
-        workloads: Arc::new(crate::workloads::ClusterWorkloads { client }),
+        workloads: Arc::new(ClusterWorkloads { client }),
         // The proxy's activity reaches the culler, which writes it into the Notebook.
         activity: Arc::default(),
         secure_cookies: false,

@@ -7,7 +7,6 @@
 //! and after a restart of labforge, and the container plan that carries it stays the same.
 
 use labforge_notebook_controller::secret::SecretKey;
-pub use labforge_notebook_controller::secret::{SECRET_ENV, upstream_headers};
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 
