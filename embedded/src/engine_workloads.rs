@@ -6,6 +6,7 @@ use crate::runtime::{Engine, EngineError, container_name, volume_in_use};
 use futures::StreamExt as _;
 use labforge_crds::notebook::Notebook;
 use labforge_web::model::NotebookState;
+use labforge_web::unavailable::Unavailable;
 use labforge_web::workloads::{
     AgentCommand, Claim, Holding, LogStream, NO_POD, SshStream, StorageClasses, WorkloadError,
     Workloads, redact_secret,
@@ -26,7 +27,7 @@ impl EngineWorkloads {
     ) -> Result<tokio::process::Child, WorkloadError> {
         self.engine
             .logs(&container_name(ns, name), follow, tail)
-            .map_err(|e| WorkloadError::Unavailable(format!("reading logs: {e}")))
+            .map_err(|e| WorkloadError::from(Unavailable::new("reading logs", e)))
     }
 }
 
@@ -43,7 +44,7 @@ impl Workloads for EngineWorkloads {
         let stdout = child
             .stdout
             .take()
-            .ok_or_else(|| WorkloadError::Unavailable("no log stream".into()))?;
+            .ok_or_else(|| WorkloadError::from(Unavailable::said("no log stream")))?;
         // The engine's own complaint when the container is replaced while its log is followed (a
         // restart onto another image) is not the notebook's log: its lines are kept out.
         let gone = format!(
@@ -82,7 +83,10 @@ impl Workloads for EngineWorkloads {
         command: AgentCommand,
     ) -> Result<SshStream, WorkloadError> {
         let unavailable = |e: std::io::Error| {
-            WorkloadError::Unavailable(format!("starting the agent in {ns}/{name}: {e}"))
+            WorkloadError::from(Unavailable::new(
+                format!("starting the agent in {ns}/{name}"),
+                e,
+            ))
         };
         let command = command.command_line();
         let command: Vec<&str> = command.iter().map(String::as_str).collect();
@@ -91,9 +95,7 @@ impl Workloads for EngineWorkloads {
             .exec_stdio(&container_name(ns, name), &command)
             .map_err(unavailable)?;
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-            return Err(WorkloadError::Unavailable(
-                "exec gave no stdin or stdout".into(),
-            ));
+            return Err(Unavailable::said("exec gave no stdin or stdout").into());
         };
         // The child lives as long as the stream: dropping it kills the exec.
         Ok(Box::new(Holding {
@@ -107,7 +109,7 @@ impl Workloads for EngineWorkloads {
         let output = child
             .wait_with_output()
             .await
-            .map_err(|e| WorkloadError::Unavailable(format!("reading logs: {e}")))?;
+            .map_err(|e| WorkloadError::from(Unavailable::new("reading logs", e)))?;
         if !output.status.success() {
             return Err(WorkloadError::NotFound(NO_POD.to_owned()));
         }
@@ -117,10 +119,9 @@ impl Workloads for EngineWorkloads {
     /// Engine volumes have no size of their own: each has the one it was asked with as a label
     /// (none for volumes made before). One container mounts them at a time.
     async fn claims(&self, ns: &str) -> Result<Vec<Claim>, WorkloadError> {
-        let names =
-            self.engine.claims(ns).await.map_err(|e| {
-                WorkloadError::Unavailable(format!("listing the volumes of {ns}: {e}"))
-            })?;
+        let names = self.engine.claims(ns).await.map_err(|e| {
+            WorkloadError::from(Unavailable::new(format!("listing the volumes of {ns}"), e))
+        })?;
         Ok(names
             .into_iter()
             .map(|(name, size)| Claim {
@@ -139,9 +140,7 @@ impl Workloads for EngineWorkloads {
                 EngineError::Failed { ref stderr, .. } if volume_in_use(stderr) => {
                     WorkloadError::Conflict(format!("volume {name} is still in use by a container"))
                 }
-                other => {
-                    WorkloadError::Unavailable(format!("deleting volume {name} of {ns}: {other}"))
-                }
+                other => Unavailable::new(format!("deleting volume {name} of {ns}"), other).into(),
             })
     }
 

@@ -9,6 +9,7 @@
 use labforge_crds::notebook::Notebook;
 use labforge_web::backend::{Backend, BackendError, Change, NotebookChange};
 use labforge_web::model::{NotebookEvent, SavedImage};
+use labforge_web::unavailable::Unavailable;
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -492,7 +493,12 @@ impl From<StoreError> for BackendError {
                 Self::AlreadyExists { namespace, name }
             }
             StoreError::NotFound { namespace, name } => Self::NotFound { namespace, name },
-            other => Self::Unavailable(other.to_string()),
+            StoreError::Io { path, source } => {
+                Unavailable::new(path.display().to_string(), source).into()
+            }
+            StoreError::Corrupt { path, source } => {
+                Unavailable::new(path.display().to_string(), source).into()
+            }
         }
     }
 }

@@ -27,8 +27,8 @@ pub enum BackendError {
     /// Over the namespace's quota: labforge's own check, or the API server's quota admission.
     #[error(transparent)]
     OverQuota(#[from] crate::quota::QuotaExceeded),
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(#[from] crate::unavailable::Unavailable),
 }
 
 /// What changed; subscribers re-read what they need.

@@ -32,6 +32,7 @@ pub mod saves;
 pub mod sign_in;
 pub mod tokens;
 pub mod ui;
+pub mod unavailable;
 pub mod usage;
 pub mod users;
 pub mod validate;

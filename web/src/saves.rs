@@ -7,7 +7,7 @@ use labforge_builder::summary::ChangeSummary;
 use serde::Serialize;
 use tokio::sync::watch;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum StartSaveError {
     #[error("notebook {0} is not running: start it to save its environment")]
     NotRunning(String),
@@ -16,8 +16,8 @@ pub enum StartSaveError {
     #[error("tag {0:?} is not valid: use letters, digits, '_', '.' and '-' (at most 128)")]
     BadTag(String),
     /// The cluster could not be asked or told (the API server's answer).
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(#[from] crate::unavailable::Unavailable),
 }
 
 /// Saves as the API starts and follows them: run beside the container (the embedded mode's

@@ -62,8 +62,8 @@ pub enum WorkloadError {
     #[error("{0}")]
     Unsupported(String),
     /// The platform did not answer.
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(#[from] crate::unavailable::Unavailable),
 }
 
 /// A volume claim, as Kubeflow's form lists it.

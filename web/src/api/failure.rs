@@ -93,9 +93,9 @@ impl From<BackendError> for Failure {
             BackendError::OverQuota(exceeded) => {
                 Self::new(StatusCode::FORBIDDEN, exceeded.to_string())
             }
-            BackendError::Unavailable(message) => {
-                tracing::error!(error = %message, "backend");
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, message.clone())
+            BackendError::Unavailable(unavailable) => {
+                tracing::error!(error = %labforge_messages::error_chain(unavailable), "backend");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, unavailable.to_string())
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, BackendError, Change, NotebookChange};
 use crate::model::{NotebookEvent, SavedImage};
+use crate::unavailable::Unavailable;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, ResourceQuota, ServiceAccount,
@@ -16,6 +17,11 @@ use kube::{Resource, ResourceExt};
 use labforge_crds::notebook::Notebook;
 use std::collections::BTreeMap;
 use tokio::sync::broadcast;
+
+/// The saved images (ImageBuilds) could not be read or changed.
+fn saved_images_unavailable(err: kube::Error) -> BackendError {
+    Unavailable::new("the Kubernetes API", err).into()
+}
 
 /// Kubeflow's service account for notebook pods, made in each profile namespace.
 const DEFAULT_EDITOR: &str = "default-editor";
@@ -44,7 +50,7 @@ fn kube_error(namespace: &str, name: &str, err: kube::Error) -> BackendError {
         kube::Error::Api(status) if status.code == 422 => {
             BackendError::Invalid(status.message.clone())
         }
-        _ => BackendError::Unavailable(format!("the Kubernetes API: {err}")),
+        _ => Unavailable::new("the Kubernetes API", err).into(),
     }
 }
 
@@ -92,10 +98,11 @@ fn claim_error(claim: &PersistentVolumeClaim, err: kube::Error) -> BackendError 
         kube::Error::Api(status) if status.code == 422 => {
             BackendError::Invalid(format!("volume {}: {}", claim.name_any(), status.message))
         }
-        err => BackendError::Unavailable(format!(
-            "creating volume {}: the Kubernetes API: {err}",
-            claim.name_any()
-        )),
+        err => Unavailable::new(
+            format!("creating volume {}: the Kubernetes API", claim.name_any()),
+            err,
+        )
+        .into(),
     }
 }
 
@@ -303,9 +310,10 @@ impl Backend for KubernetesBackend {
                 Err(err) => return Err(kube_error(namespace, name, err)),
             }
         }
-        Err(BackendError::Unavailable(format!(
+        Err(Unavailable::said(format!(
             "notebook {namespace}/{name} kept changing; try again"
-        )))
+        ))
+        .into())
     }
 
     async fn delete(&self, namespace: &str, name: &str) -> Result<(), BackendError> {
@@ -395,7 +403,7 @@ impl Backend for KubernetesBackend {
         // Saves in a cluster are ImageBuild objects; the succeeded ones are the saved images.
         crate::cluster::image_builds::saved_images(&self.client, namespace)
             .await
-            .map_err(|err| BackendError::Unavailable(err.to_string()))
+            .map_err(saved_images_unavailable)
     }
 
     async fn share_saved_image(
@@ -406,13 +414,13 @@ impl Backend for KubernetesBackend {
     ) -> Result<Option<SavedImage>, BackendError> {
         crate::cluster::image_builds::share(&self.client, namespace, image, with)
             .await
-            .map_err(|err| BackendError::Unavailable(err.to_string()))
+            .map_err(saved_images_unavailable)
     }
 
     async fn images_shared_with(&self, namespace: &str) -> Result<Vec<SavedImage>, BackendError> {
         crate::cluster::image_builds::images_shared_with(&self.client, namespace)
             .await
-            .map_err(|err| BackendError::Unavailable(err.to_string()))
+            .map_err(saved_images_unavailable)
     }
 
     async fn saved_image_namespaces_with_digest(
@@ -421,7 +429,7 @@ impl Backend for KubernetesBackend {
     ) -> Result<Vec<String>, BackendError> {
         crate::cluster::image_builds::namespaces_with_digest(&self.client, digest)
             .await
-            .map_err(|err| BackendError::Unavailable(err.to_string()))
+            .map_err(saved_images_unavailable)
     }
 
     fn changes(&self) -> broadcast::Receiver<Change> {

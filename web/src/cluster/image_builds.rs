@@ -5,6 +5,7 @@
 
 use crate::model::{SERVER_TYPE_ANNOTATION, SavedImage, ServerType};
 use crate::saves::{SaveStatus, Saves, StartSaveError, save_tag};
+use crate::unavailable::Unavailable;
 use futures::StreamExt;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -215,7 +216,9 @@ impl Saves for ImageBuildSaves {
     ) -> Result<SaveStatus, StartSaveError> {
         let key = format!("{namespace}/{name}");
         let tag = save_tag(tag, jiff::Timestamp::now())?;
-        let unavailable = |err: kube::Error| StartSaveError::Unavailable(err.to_string());
+        let unavailable = |err: kube::Error| -> StartSaveError {
+            Unavailable::new("the Kubernetes API", err).into()
+        };
         let notebook = Api::<Notebook>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await

@@ -1,6 +1,7 @@
 //! Where notebooks run in a cluster: a notebook's pod and logs, a namespace's claims, storage
 //! classes and PodDefaults, and the agent's SSH server reached through pods/exec.
 
+use crate::unavailable::Unavailable;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -21,8 +22,11 @@ pub struct ClusterWorkloads {
     pub client: kube::Client,
 }
 
-fn unavailable(what: &str, error: impl std::fmt::Display) -> WorkloadError {
-    WorkloadError::Unavailable(format!("{what}: {error}"))
+fn unavailable(
+    what: &str,
+    error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> WorkloadError {
+    Unavailable::new(what, error).into()
 }
 
 /// Kubeflow's PodDefault resource (`kubeflow.org/v1alpha1`).
@@ -255,9 +259,7 @@ impl Workloads for ClusterWorkloads {
             .await
             .map_err(|e| unavailable(&format!("starting the agent in {ns}/{name}"), e))?;
         let (Some(stdout), Some(stdin)) = (process.stdout(), process.stdin()) else {
-            return Err(WorkloadError::Unavailable(
-                "exec gave no stdin or stdout".into(),
-            ));
+            return Err(Unavailable::said("exec gave no stdin or stdout").into());
         };
         Ok(Box::new(Holding {
             io: tokio::io::join(stdout, stdin),
