@@ -83,14 +83,14 @@ pub fn error_response(error: &ProxyError, json: bool, app: &str) -> Response<Ful
     let message = error.to_string();
     let mut response = if json {
         // Jupyter's clients read `message`; the web app's read its own error shape.
-        let body = serde_json::json!({
-            "status": status.as_u16(),
-            "message": message,
-            "error": message,
-            "log": message,
-            "success": false,
-        });
-        answer(status, "application/json", body.to_string())
+        let mut body = labforge_messages::kubeflow_failure(status.as_u16(), &message);
+        body.insert("message".into(), message.as_str().into());
+        body.insert("error".into(), message.as_str().into());
+        answer(
+            status,
+            "application/json",
+            serde_json::Value::Object(body).to_string(),
+        )
     } else {
         page(status, &message, app)
     };

@@ -59,9 +59,10 @@ impl IntoResponse for Failure {
         let Self(status, error) = self;
         let mut body = serde_json::to_value(&error).unwrap_or_default();
         if let Some(fields) = body.as_object_mut() {
-            fields.insert("success".into(), false.into());
-            fields.insert("status".into(), status.as_u16().into());
-            fields.insert("log".into(), error.error.into());
+            fields.extend(labforge_messages::kubeflow_failure(
+                status.as_u16(),
+                &error.error,
+            ));
         }
         (status, Json(body)).into_response()
     }
