@@ -1,8 +1,8 @@
 //! The audit trail of `labforge up`: what users change and every notebook sign-in, recorded as
 //! they are answered, read back by admins (API) and on the machine (`labforge audit`).
 
-use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, up_with_jupyterlab};
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use labforge_tests::eventually;
 use serde_json::{Value, json};

@@ -2,8 +2,8 @@
 //! and starts on that image; a failed save (registry down) never blocks the stop; retention keeps
 //! the newest saved images of a notebook, never one that a notebook runs.
 
-use crate::embedded::{CHECK, PIP_INSTALL, Session};
 use crate::need;
+use crate::support::embedded::{CHECK, PIP_INSTALL, Session};
 use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};

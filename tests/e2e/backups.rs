@@ -3,8 +3,8 @@
 //! back; and the faults a backup meets (a destination that fills up or goes away, a corrupt
 //! object, a restore onto data that is already there).
 
-use crate::embedded::{CHECK, PIP_INSTALL, Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{CHECK, PIP_INSTALL, Session, up_with_jupyterlab};
 use labforge_tests::S3Server;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use labforge_tests::faulty::FaultyRelay;
@@ -207,7 +207,7 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
         // The restored store still says what the notebook was: ready once its container runs.
         let container = labforge_embedded::runtime::container_name(&alice, "lab");
         labforge_tests::eventually("container started", Duration::from_secs(180), || async {
-            (!crate::embedded::container_id(&container).is_empty()).then_some(())
+            (!crate::support::embedded::container_id(&container).is_empty()).then_some(())
         })
         .await;
         a.wait_state(&alice, "lab", "ready", Duration::from_secs(180))
@@ -237,7 +237,7 @@ async fn a_running_lab_backed_up_comes_back_whole_on_a_wiped_machine_from_a_dire
         a.wait_state(&alice, "lab", "stopped", Duration::from_secs(60))
             .await;
         labforge_tests::eventually("container removed", Duration::from_secs(30), || async {
-            crate::embedded::container_id(&container)
+            crate::support::embedded::container_id(&container)
                 .is_empty()
                 .then_some(())
         })

@@ -6,7 +6,7 @@
 //! running JupyterLab notebook, saved through the agent, is named in its save's summary.
 
 use crate::need;
-use crate::save::{inspect, notebook_with_agent, pip_install, save, succeeded, wheel};
+use crate::support::save::{inspect, notebook_with_agent, pip_install, save, succeeded, wheel};
 use labforge_tests::Registry;
 use serde_json::Value;
 use std::fs;

@@ -1,6 +1,6 @@
 //! `labforge build commit` pushing to a real registry, read back with skopeo and umoci.
 
-use crate::save::{inspect, save, unpack};
+use crate::support::save::{inspect, save, unpack};
 use crate::{labforge, need};
 use labforge_tests::Registry;
 use std::fs;

@@ -2,7 +2,7 @@
 //! controller, and the fake API server running pods for StatefulSets (its kubelet), in a
 //! namespace with a ResourceQuota and no LimitRange, with the save agent's init container on.
 
-use crate::controller::{RunningController, serve_options};
+use crate::support::cluster::{RunningController, serve_options};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// A fake cluster whose StatefulSets get pods, with a ResourceQuota of these `hard` limits in
 /// namespace `alice` and no LimitRange.
 async fn cluster_with_quota(hard: Value) -> FakeApiServer {
-    let server = crate::controller::fake_cluster().await;
+    let server = crate::support::cluster::fake_cluster().await;
     add_resource_quota(&server, "alice", hard).await;
     server
 }
@@ -64,7 +64,7 @@ async fn create_run_stop_start_and_delete_a_notebook_in_a_cluster() {
         ..BuilderConfig::default()
     };
     let _controller = RunningController::deployed(&server, options).await;
-    let web = crate::web_cluster::WebApp::start(&server, None, None).await;
+    let web = crate::support::cluster::WebApp::start(&server, None, None).await;
     let api = web.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "alice");
@@ -240,11 +240,11 @@ async fn a_notebook_the_cluster_cannot_run_says_why() {
     notebooks
         .create(
             &PostParams::default(),
-            &crate::controller::notebook("alice", "limited"),
+            &crate::support::cluster::notebook("alice", "limited"),
         )
         .await
         .unwrap();
-    let mut no_limits = crate::controller::notebook("alice", "bare");
+    let mut no_limits = crate::support::cluster::notebook("alice", "bare");
     if let Some(container) = no_limits.container_mut() {
         container.resources = None;
     }
@@ -276,7 +276,7 @@ async fn a_notebook_the_cluster_cannot_run_says_why() {
     );
 
     // A claim nobody made: Pending, and the notebook says why.
-    let mut claiming = crate::controller::notebook("alice", "claims");
+    let mut claiming = crate::support::cluster::notebook("alice", "claims");
     let pod = claiming.spec.template.spec.as_mut().unwrap();
     pod.volumes = Some(vec![
         serde_json::from_value(json!(

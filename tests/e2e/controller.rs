@@ -2,89 +2,24 @@
 //! real API semantics and rejects any object that does not validate against the official schemas.
 
 use crate::init_crypto;
+use crate::support::cluster::{RunningController, notebook, serve_options};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use labforge_crds::{Notebook, VirtualService};
-use labforge_notebook_controller::BuilderConfig;
 use labforge_notebook_controller::culler::CullingConfig;
-use labforge_notebook_controller::service::{ServeOptions, serve};
 use labforge_tests::eventually;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use labforge_tests::tools::reconciles_done;
 use serde_json::json;
 use std::time::Duration;
-use tokio::task::JoinHandle;
-
-pub fn notebook(namespace: &str, name: &str) -> Notebook {
-    serde_json::from_value(json!({
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "Notebook",
-        "metadata": { "name": name, "namespace": namespace, "labels": { "team": "ml" } },
-        "spec": { "template": { "spec": { "containers": [{
-            "name": name,
-            "image": "kubeflownotebookswg/jupyter-scipy:v1.9.0",
-            "resources": { "limits": { "cpu": "1", "memory": "2Gi" } }
-        }] } } }
-    }))
-    .unwrap()
-}
-
-pub fn serve_options(culling: CullingConfig, jupyter_base_url: Option<String>) -> ServeOptions {
-    ServeOptions {
-        builder: BuilderConfig::default(),
-        culling,
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-        leader_election: None,
-        jupyter_base_url,
-        proxy_activity_url: None,
-        resync: labforge_notebook_controller::controller::DEFAULT_RESYNC,
-    }
-}
-
-/// Starts the controller loop in this process; aborted when the handle drops.
-pub struct RunningController(JoinHandle<()>);
-
-impl RunningController {
-    /// The controller as `deploy/` runs it: under its ServiceAccount, with `deploy/`'s RBAC.
-    pub async fn deployed(server: &FakeApiServer, options: ServeOptions) -> Self {
-        let client =
-            crate::deploy::client_as_deployed(server, crate::deploy::CONTROLLER_USER).await;
-        Self::start(client, options)
-    }
-
-    pub fn start(client: Client, options: ServeOptions) -> Self {
-        RunningController(tokio::spawn(async move {
-            if let Err(err) = serve(client, options).await {
-                panic!("controller failed: {err}");
-            }
-        }))
-    }
-}
-
-impl Drop for RunningController {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 async fn fake_server() -> FakeApiServer {
     init_crypto();
     FakeApiServer::start(FakeApiServerOptions::default())
         .await
         .unwrap()
-}
-
-/// A fake cluster whose StatefulSets get pods that run (the fake's kubelet).
-pub async fn fake_cluster() -> FakeApiServer {
-    init_crypto();
-    FakeApiServer::start(FakeApiServerOptions {
-        kubelet: true,
-        ..FakeApiServerOptions::default()
-    })
-    .await
-    .unwrap()
 }
 
 async fn replicas(api: &Api<StatefulSet>, name: &str) -> Option<i32> {

@@ -2,7 +2,7 @@
 //! read from Jupyter's kernels API, and an idle notebook is stopped with Kubeflow's annotation.
 //! Notebooks without Jupyter's API are culled by the traffic the labforge proxy saw.
 
-use crate::controller::{RunningController, notebook, serve_options};
+use crate::support::cluster::{RunningController, notebook, serve_options};
 use crate::{init_crypto, need};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
@@ -31,7 +31,7 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
     let kernel_url = format!("{base}/api/kernels/{}", kernel["id"].as_str().unwrap());
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = crate::controller::fake_cluster().await;
+    let server = crate::support::cluster::fake_cluster().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks
@@ -91,7 +91,7 @@ async fn idle_jupyter_notebook_is_culled_after_its_kernel_goes_quiet() {
 
 #[tokio::test]
 async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_without_it() {
-    use crate::proxy::{ALICE, notebook_vs, service_authority, start_proxy};
+    use crate::support::proxy::{ALICE, notebook_vs, service_authority, start_proxy};
     use labforge_proxy::RoutesFrom;
     init_crypto();
     // A code-server stand-in: serves pages, has no Jupyter API.
@@ -119,7 +119,7 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
     ]);
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = crate::controller::fake_cluster().await;
+    let server = crate::support::cluster::fake_cluster().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     for name in ["busy", "quiet"] {
@@ -186,7 +186,7 @@ async fn notebook_without_jupyter_api_is_kept_by_proxy_traffic_and_culled_withou
 /// port), takes the newest, and says nothing it could be wrong about when a replica is down.
 #[tokio::test]
 async fn proxy_activity_is_read_from_every_replica_of_the_proxy_service() {
-    use crate::proxy::{ALICE, proxy_for_alice_lab};
+    use crate::support::proxy::{ALICE, proxy_for_alice_lab};
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use labforge_notebook_controller::culler::ActivitySource;
@@ -206,7 +206,7 @@ async fn proxy_activity_is_read_from_every_replica_of_the_proxy_service() {
     .await;
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = crate::controller::fake_cluster().await;
+    let server = crate::support::cluster::fake_cluster().await;
     let client = server.client();
     let service: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "labforge-proxy", "namespace": "kubeflow"},
@@ -330,7 +330,7 @@ async fn with_notebook_secrets_the_culler_reads_jupyter_with_the_notebooks_secre
     let _jupyter = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     // Pods run: a notebook without one is not culled, as in Kubeflow.
-    let server = crate::controller::fake_cluster().await;
+    let server = crate::support::cluster::fake_cluster().await;
     let client = server.client();
     let notebooks: Api<Notebook> = Api::namespaced(client.clone(), "alice");
     notebooks

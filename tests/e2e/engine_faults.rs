@@ -3,8 +3,8 @@
 //! an engine whose every call fails shows on every running notebook, while the API keeps
 //! answering, until the engine is back.
 
-use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, up_with_jupyterlab};
 use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt as _;

@@ -7,7 +7,7 @@
 //! fail clearly.
 
 use crate::need;
-use crate::save::{notebook_with_agent, pip_install, wheel};
+use crate::support::save::{notebook_with_agent, pip_install, wheel};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -30,11 +30,11 @@ struct Reconciler {
 
 impl Reconciler {
     /// Runs `labforge image-builds` as its Deployment's service account, with exactly the rights
-    /// `deploy/` grants it ([`crate::deploy::load_deploy_rbac`] must have run).
+    /// `deploy/` grants it ([`crate::support::deploy::load_deploy_rbac`] must have run).
     fn start(server: &FakeApiServer, dir: &Path, registry: &str, extra: &[&str]) -> Reconciler {
         let kubeconfig = dir.join("kubeconfig");
         server
-            .write_kubeconfig_as(&kubeconfig, crate::deploy::IMAGE_BUILDS_USER)
+            .write_kubeconfig_as(&kubeconfig, crate::support::deploy::IMAGE_BUILDS_USER)
             .unwrap();
         let admin = need(labforge_tests::tools::free_port());
         let child = crate::labforge()
@@ -157,9 +157,9 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     .await
     .unwrap();
     let client = server.client();
-    crate::deploy::load_deploy_rbac(&server).await;
+    crate::support::deploy::load_deploy_rbac(&server).await;
     // The Notebook, and its pod as the StatefulSet and the kubelet would have made it.
-    let mut nb: Notebook = crate::controller::notebook("alice", "env");
+    let mut nb: Notebook = crate::support::cluster::notebook("alice", "env");
     if let Some(spec) = nb.spec.template.spec.as_mut() {
         spec.containers[0].image = Some(notebook.image().to_owned());
     }
@@ -262,7 +262,7 @@ async fn an_image_build_saves_a_running_notebook_through_pods_exec() {
     assert_eq!(executed[1].command[0], "/.labforge/agent/labforge-agent");
 
     // The registry has it under the tag, by the digest the status gives, one layer more.
-    let inspect = |image: &str| crate::save::inspect(image, &[]);
+    let inspect = |image: &str| crate::support::save::inspect(image, &[]);
     let saved = inspect(&target);
     assert_eq!(saved["Digest"], digest);
     assert_eq!(

@@ -4,8 +4,8 @@
 //! notebook's secret, and neither user can name the other's container, log or workspace; the
 //! owner's kernel still works through the proxy.
 
-use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, up_with_jupyterlab};
 use labforge_embedded::runtime::container_name;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;

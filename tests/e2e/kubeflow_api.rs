@@ -4,7 +4,7 @@
 //! reads checked present with the type it expects; then labforge's own pages inside a page that
 //! frames them as the central dashboard does.
 
-use crate::web_cluster::{Client, WebApp};
+use crate::support::cluster::{Client, WebApp};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::{DynamicObject, PostParams};
@@ -551,7 +551,7 @@ async fn pages_links_and_redirects_stay_under_the_base_path() {
 async fn the_pages_follow_the_dashboards_namespace_inside_its_iframe() {
     let server = kubeflow_cluster().await;
     let app = labforge_web::cluster::router(
-        crate::deploy::client_as_deployed(&server, crate::deploy::WEB_USER).await,
+        crate::support::deploy::client_as_deployed(&server, crate::support::deploy::WEB_USER).await,
         under_jupyter(),
     )
     .await;

@@ -30,6 +30,7 @@ mod quota;
 mod remote_access;
 mod s3_cache;
 mod save;
+mod support;
 mod team_server;
 mod teams;
 mod ui;

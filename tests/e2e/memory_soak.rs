@@ -7,8 +7,8 @@
 //! `make test` runs the short form (50 sign-ins, 10 cycles, 4 saves); `make drills` sets
 //! `LABFORGE_SOAK=full` for 300 sign-ins, 100 cycles and 20 saves.
 
-use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, up_with_jupyterlab};
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
 use std::time::{Duration, Instant};

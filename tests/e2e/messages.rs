@@ -5,7 +5,7 @@
 
 use crate::labforge;
 use crate::need;
-use crate::save::save_command;
+use crate::support::save::save_command;
 use labforge_tests::services::{REGISTRY_PASSWORD, REGISTRY_USER};
 use labforge_tests::{Registry, S3Server};
 use std::process::Output;

@@ -2,8 +2,8 @@
 //! an admin (API), applied at every create, start and resize, and to the storage new volumes
 //! ask for, each refusal naming the quota, what is in use and what was asked.
 
-use crate::embedded::{Session, container_id, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, container_id, up_with_jupyterlab};
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
 use std::time::Duration;

@@ -3,8 +3,8 @@
 //! the real OpenSSH client (`ssh`, `scp`, `rsync`, `ssh -L`) through `labforge config-ssh`'s entries, the
 //! bytes carried by the web app's websocket to the agent's SSH server in the container.
 
-use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, up_with_jupyterlab};
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
 use std::path::Path;

@@ -1,8 +1,8 @@
 //! `labforge up` as a team's server: HTTPS on its one port, with the notebooks' own hosts, their
 //! kernels' websockets and saves going through it.
 
-use crate::embedded::{CHECK, PIP_INSTALL, Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{CHECK, PIP_INSTALL, Session, up_with_jupyterlab};
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::json;
 use std::process::Command;
@@ -447,7 +447,7 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
         text.contains("Last backup:   ") && text.contains(&format!("to {}", backups.display())),
         "{text}"
     );
-    let running = crate::embedded::container_id(&container);
+    let running = crate::support::embedded::container_id(&container);
     assert!(up.stop());
     assert!(status(false).contains("Instance:      not running"));
 
@@ -497,7 +497,7 @@ async fn status_shows_the_instance_and_a_backup_made_while_running_restores_it()
     a.wait_state(&alice, "lab", "ready", Duration::from_secs(60))
         .await;
     assert_eq!(
-        crate::embedded::container_id(&container),
+        crate::support::embedded::container_id(&container),
         running,
         "adopted, not restarted"
     );

@@ -3,8 +3,8 @@
 //! notebook shared with one more user, and what ends when access is taken away: the revoked
 //! user's open kernel websocket closes.
 
-use crate::embedded::{Session, container_id, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, container_id, up_with_jupyterlab};
 use futures::StreamExt;
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use labforge_tests::jupyter::KernelSocket;

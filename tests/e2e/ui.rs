@@ -3,8 +3,8 @@
 //! saving an environment with its progress (and a failing one), starting from a saved image,
 //! another user's view, and the admin page. Screenshots land in tests/artifacts/.
 
-use crate::embedded::Session;
 use crate::need;
+use crate::support::embedded::Session;
 use labforge_tests::embedded::{LabforgeUp, RemoveNotebooksOnDrop};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -402,7 +402,7 @@ async fn the_spawner_form_shows_every_error_at_once_and_takes_every_workspace_ki
     let user = format!("ui-form-{:x}", std::process::id());
     let _cleanup = RemoveNotebooksOnDrop(vec![user.clone()]);
     let dir = tempfile::tempdir().unwrap();
-    let up = crate::embedded::up_with_jupyterlab(&dir.path().join("data"), &[]).await;
+    let up = crate::support::embedded::up_with_jupyterlab(&dir.path().join("data"), &[]).await;
     let password = need(up.add_user(&user));
     let other = format!("{user}-other");
     let other_password = need(up.add_user(&other));

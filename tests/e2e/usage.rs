@@ -4,8 +4,8 @@
 //! totals), while an idle notebook shows near zero. In a cluster, use comes from the metrics API
 //! (metrics-server's PodMetrics, served by the fake API server), read with `deploy/`'s RBAC.
 
-use crate::embedded::{Session, up_with_jupyterlab};
 use crate::need;
+use crate::support::embedded::{Session, up_with_jupyterlab};
 use labforge_tests::embedded::RemoveNotebooksOnDrop;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -240,7 +240,7 @@ async fn in_a_cluster_use_comes_from_the_metrics_api_read_with_deploys_rbac() {
         &[("notebook-name", "lab")],
         &[("lab", "0", "1Mi")],
     );
-    let web = crate::web_cluster::WebApp::start(&server, None, None).await;
+    let web = crate::support::cluster::WebApp::start(&server, None, None).await;
     let api = web.client();
     let (code, body) = api
         .post(

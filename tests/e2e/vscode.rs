@@ -207,7 +207,8 @@ async fn vscode_notebook_edits_and_runs_a_terminal_through_the_proxy() {
     // Another user is refused at the notebook's sign-in.
     let mallory = format!("{user}-m");
     let mallory_password = need(up.add_user(&mallory));
-    let mallory_session = crate::embedded::Session::sign_in(&up, &mallory, &mallory_password).await;
+    let mallory_session =
+        crate::support::embedded::Session::sign_in(&up, &mallory, &mallory_password).await;
     assert_eq!(
         mallory_session
             .open_notebook(&user, "code")

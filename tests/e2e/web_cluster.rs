@@ -2,11 +2,11 @@
 //! write against Kubeflow's Notebook CRD): users from the auth proxy's header, every decision a
 //! SubjectAccessReview, Notebook CRs and their events through kube-rs.
 
+use crate::support::cluster::WebApp;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::PostParams;
 use labforge_crds::notebook::{Notebook, STOP_ANNOTATION};
-use labforge_proxy::authz::TrustedHeader;
 use labforge_tests::eventually;
 use labforge_tests::fake_kube::{FakeApiServer, FakeApiServerOptions};
 use serde_json::{Value, json};
@@ -15,103 +15,6 @@ use std::time::Duration;
 const ALICE: &str = "alice@example.com";
 const BOB: &str = "bob@example.com";
 const ROOT: &str = "root@example.com";
-
-pub struct Client {
-    http: reqwest::Client,
-    base: String,
-}
-
-/// `labforge web` in cluster mode on a loopback port, as `deploy/` runs it: under its
-/// ServiceAccount with `deploy/`'s RBAC, the default spawner catalog.
-pub struct WebApp {
-    pub base: String,
-    serving: tokio::task::JoinHandle<()>,
-}
-
-impl WebApp {
-    pub async fn start(
-        server: &FakeApiServer,
-        save_registry: Option<&str>,
-        notebook_domain: Option<&str>,
-    ) -> WebApp {
-        let options = labforge_web::cluster::WebOptions {
-            header: TrustedHeader::default(),
-            spawner: labforge_web::config::default_spawner("registry.example.com"),
-            save_registry: save_registry.map(str::to_owned),
-            notebook_domain: notebook_domain.map(str::to_owned),
-            base_path: Default::default(),
-        };
-        Self::serve(server, options).await
-    }
-
-    /// The web app with `options`, otherwise as [`Self::start`].
-    pub async fn serve(
-        server: &FakeApiServer,
-        options: labforge_web::cluster::WebOptions,
-    ) -> WebApp {
-        let app = labforge_web::cluster::router(
-            crate::deploy::client_as_deployed(server, crate::deploy::WEB_USER).await,
-            options,
-        )
-        .await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        WebApp { base, serving }
-    }
-
-    pub fn client(&self) -> Client {
-        Client {
-            http: reqwest::Client::new(),
-            base: self.base.clone(),
-        }
-    }
-}
-
-impl Drop for WebApp {
-    fn drop(&mut self) {
-        self.serving.abort();
-    }
-}
-
-impl Client {
-    pub async fn call(
-        &self,
-        user: Option<&str>,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(user) = user {
-            request = request.header("kubeflow-userid", user);
-        }
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    pub async fn get(&self, user: Option<&str>, path: &str) -> (u16, Value) {
-        self.call(user, reqwest::Method::GET, path, None).await
-    }
-
-    pub async fn post(&self, user: Option<&str>, path: &str, body: Value) -> (u16, Value) {
-        self.call(user, reqwest::Method::POST, path, Some(body))
-            .await
-    }
-
-    pub async fn patch(&self, user: Option<&str>, path: &str, body: Value) -> (u16, Value) {
-        self.call(user, reqwest::Method::PATCH, path, Some(body))
-            .await
-    }
-}
 
 #[tokio::test]
 async fn the_web_api_serves_notebook_crs_with_rbac_decisions() {

@@ -78,3 +78,23 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Sends a JSON API request (`body` as JSON when given) and reads the answer as the suites do:
+/// its status, and its body as JSON, or as a JSON string when it is not JSON. Both API clients
+/// (the embedded mode's signed-in session, the cluster's header-identified user) send through it.
+pub async fn send_json(
+    request: reqwest::RequestBuilder,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let request = match body {
+        Some(body) => request.json(&body),
+        None => request,
+    };
+    let response = request.send().await.expect("the API answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("the API's answer is read");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}

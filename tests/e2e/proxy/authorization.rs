@@ -2,11 +2,12 @@
 //! SubjectAccessReview), cookies and credentials kept from notebooks, confinement of a profile
 //! owner's routes, and tunnels that close when their session ends.
 
-use crate::proxy::{
-    ALICE, BOB, CAROL, ClientWebSocket, ROOT, Upstream, metric, notebook_vs, options,
-    proxy_for_alice_lab, raw_get, rbac_allows, service_authority, start_proxy, static_access,
-};
+use crate::proxy::{ClientWebSocket, Upstream, metric, raw_get, rbac_allows};
 use crate::proxy::{EchoServer, Lands};
+use crate::support::proxy::{
+    ALICE, BOB, CAROL, ROOT, notebook_vs, options, proxy_for_alice_lab, service_authority,
+    start_proxy, static_access,
+};
 use crate::{init_crypto, need};
 use futures::{SinkExt, StreamExt};
 use labforge_proxy::authz::NamespaceAccess;

@@ -2,11 +2,11 @@
 //! clients and upstreams, memory given back, TLS and HTTP/2, and error pages.
 
 use crate::init_crypto;
-use crate::proxy::{
-    ALICE, CountingUpstream, Upstream, get_as, metric, notebook_vs, options, proxy_for_alice_lab,
-    raw_get, service_authority, start_proxy,
-};
+use crate::proxy::{CountingUpstream, Upstream, get_as, metric, raw_get};
 use crate::proxy::{EchoServer, assert_closed_to_try_again_later, slow_upstream, websocket_as};
+use crate::support::proxy::{
+    ALICE, notebook_vs, options, proxy_for_alice_lab, service_authority, start_proxy,
+};
 use futures::{SinkExt, StreamExt};
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_tests::eventually;

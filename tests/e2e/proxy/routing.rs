@@ -1,13 +1,13 @@
 //! The proxy's routes: VirtualService changes served as they happen, Istio's match conditions,
 //! direct answers, redirects, rewrites and timeouts, and notebooks on hosts of their own.
 
-use crate::controller::notebook;
 use crate::init_crypto;
-use crate::proxy::{
-    ALICE, BOB, Upstream, admin_json, get_as, get_json_as, metric, notebook_vs, options,
-    proxy_for_alice_lab, raw_get, service_authority, start_proxy, user_headers,
-};
 use crate::proxy::{EchoServer, assert_closed_to_try_again_later, slow_upstream, websocket_as};
+use crate::proxy::{Upstream, admin_json, get_as, get_json_as, metric, raw_get, user_headers};
+use crate::support::cluster::notebook;
+use crate::support::proxy::{
+    ALICE, BOB, notebook_vs, options, proxy_for_alice_lab, service_authority, start_proxy,
+};
 use futures::{SinkExt, StreamExt};
 use kube::Api;
 use kube::api::{
