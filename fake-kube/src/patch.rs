@@ -1,181 +1,36 @@
-//! The three non-apply patch formats: JSON merge patch (RFC 7386), JSON patch (RFC 6902) and
-//! strategic merge patch, which merges lists by their schema's `x-kubernetes-patch-merge-key`
-//! (containers by `name`, ports by `containerPort`) and honours the `$patch`, `$retainKeys` and
-//! `$deleteFromPrimitiveList` directives.
+//! The three non-apply patch formats: JSON merge patch (RFC 7386) and JSON patch (RFC 6902),
+//! both done by the `json-patch` crate (the one kube itself uses), and strategic merge patch,
+//! which is Kubernetes' own and so written here: it merges lists by their schema's
+//! `x-kubernetes-patch-merge-key` (containers by `name`, ports by `containerPort`) and honours the
+//! `$patch`, `$retainKeys` and `$deleteFromPrimitiveList` directives.
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::schema::SchemaSet;
 use super::schema::compile::NodeId;
 
 /// RFC 7386: objects merge recursively, `null` deletes, anything else replaces.
-pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    if let Value::Object(map) = target {
-        for (key, value) in patch {
-            if value.is_null() {
-                map.remove(key);
-            } else {
-                merge_patch(map.entry(key.clone()).or_insert(Value::Null), value);
-            }
-        }
-    }
+pub(crate) use json_patch::merge as merge_patch;
+
+/// Why a JSON patch was refused: the body is not a list of RFC 6902 operations, or one of them
+/// failed (a `test` that did not match, a path that does not exist). The API server answers
+/// either with 422.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JsonPatchError {
+    #[error("invalid JSON patch: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error(transparent)]
+    Failed(#[from] json_patch::PatchError),
 }
 
-/// RFC 6902 on a copy of `document`; the error names the failing operation.
-pub(crate) fn json_patch(document: &Value, operations: &Value) -> Result<Value, String> {
-    let operations = operations
-        .as_array()
-        .ok_or("a JSON patch must be an array of operations")?;
-    let mut document = document.clone();
-    for (index, operation) in operations.iter().enumerate() {
-        apply_operation(&mut document, operation)
-            .map_err(|why| format!("operation {index}: {why}"))?;
-    }
+/// RFC 6902 applied to `document`, all operations or none.
+pub(crate) fn json_patch(mut document: Value, operations: &Value) -> Result<Value, JsonPatchError> {
+    let operations =
+        json_patch::Patch::deserialize(operations).map_err(JsonPatchError::Malformed)?;
+    // A failed patch drops the document, so the crate's undo log (kept by `patch`) is not needed.
+    json_patch::patch_unsafe(&mut document, &operations)?;
     Ok(document)
-}
-
-fn apply_operation(document: &mut Value, operation: &Value) -> Result<(), String> {
-    let text = |key: &str| {
-        operation
-            .get(key)
-            .and_then(Value::as_str)
-            .ok_or_else(|| format!("missing {key:?}"))
-    };
-    let op = text("op")?;
-    let path = parse_pointer(text("path")?)?;
-    let value = || {
-        operation
-            .get("value")
-            .cloned()
-            .ok_or_else(|| "missing \"value\"".to_string())
-    };
-    match op {
-        "add" => add(document, &path, value()?),
-        "remove" => remove(document, &path).map(drop),
-        "replace" => {
-            let target = get_mut(document, &path)?;
-            *target = value()?;
-            Ok(())
-        }
-        "move" => {
-            let from = parse_pointer(text("from")?)?;
-            let moved = remove(document, &from)?;
-            add(document, &path, moved)
-        }
-        "copy" => {
-            let from = parse_pointer(text("from")?)?;
-            let copied = get_mut(document, &from)?.clone();
-            add(document, &path, copied)
-        }
-        "test" => {
-            if *get_mut(document, &path)? == value()? {
-                Ok(())
-            } else {
-                Err(format!("test failed at {}", join_pointer(&path)))
-            }
-        }
-        other => Err(format!("unknown op {other:?}")),
-    }
-}
-
-fn parse_pointer(pointer: &str) -> Result<Vec<String>, String> {
-    if pointer.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rest = pointer
-        .strip_prefix('/')
-        .ok_or_else(|| format!("invalid JSON pointer {pointer:?}"))?;
-    Ok(rest
-        .split('/')
-        .map(|part| part.replace("~1", "/").replace("~0", "~"))
-        .collect())
-}
-
-fn join_pointer(path: &[String]) -> String {
-    path.iter().map(|p| format!("/{p}")).collect()
-}
-
-fn array_index(part: &str, len: usize, allow_end: bool) -> Result<usize, String> {
-    if allow_end && part == "-" {
-        return Ok(len);
-    }
-    let index: usize = part
-        .parse()
-        .map_err(|_| format!("invalid array index {part:?}"))?;
-    let limit = if allow_end {
-        len
-    } else {
-        len.saturating_sub(1)
-    };
-    if index > limit || (!allow_end && len == 0) {
-        return Err(format!("array index {index} out of bounds"));
-    }
-    Ok(index)
-}
-
-fn get_mut<'a>(document: &'a mut Value, path: &[String]) -> Result<&'a mut Value, String> {
-    let mut current = document;
-    for part in path {
-        current = match current {
-            Value::Object(map) => map
-                .get_mut(part)
-                .ok_or_else(|| format!("path {} does not exist", join_pointer(path)))?,
-            Value::Array(items) => {
-                let index = array_index(part, items.len(), false)?;
-                &mut items[index]
-            }
-            _ => return Err(format!("path {} does not exist", join_pointer(path))),
-        };
-    }
-    Ok(current)
-}
-
-fn add(document: &mut Value, path: &[String], value: Value) -> Result<(), String> {
-    let Some((last, parent)) = path.split_last() else {
-        *document = value;
-        return Ok(());
-    };
-    match get_mut(document, parent)? {
-        Value::Object(map) => {
-            map.insert(last.clone(), value);
-            Ok(())
-        }
-        Value::Array(items) => {
-            let index = array_index(last, items.len(), true)?;
-            items.insert(index, value);
-            Ok(())
-        }
-        _ => Err(format!(
-            "cannot add below a scalar at {}",
-            join_pointer(parent)
-        )),
-    }
-}
-
-fn remove(document: &mut Value, path: &[String]) -> Result<Value, String> {
-    let (last, parent) = path
-        .split_last()
-        .ok_or("cannot remove the whole document")?;
-    match get_mut(document, parent)? {
-        Value::Object(map) => map
-            .remove(last)
-            .ok_or_else(|| format!("unable to remove nonexistent key {last:?}")),
-        Value::Array(items) => {
-            let index = array_index(last, items.len(), false)?;
-            Ok(items.remove(index))
-        }
-        _ => Err(format!(
-            "cannot remove below a scalar at {}",
-            join_pointer(parent)
-        )),
-    }
 }
 
 /// Strategic merge patch of `target` (whose schema is `node`) with `patch`.
@@ -391,7 +246,7 @@ mod tests {
     fn json_patch_operations() {
         let document = json!({"metadata": {"labels": {"a/b": "1"}}, "list": [1, 2, 3]});
         let patched = json_patch(
-            &document,
+            document.clone(),
             &json!([
                 {"op": "test", "path": "/list/0", "value": 1},
                 {"op": "add", "path": "/list/-", "value": 4},
@@ -408,15 +263,32 @@ mod tests {
         );
         assert!(
             json_patch(
-                &document,
+                document.clone(),
                 &json!([{"op": "test", "path": "/list/0", "value": 9}])
             )
             .is_err()
         );
-        assert!(json_patch(&document, &json!([{"op": "remove", "path": "/nope"}])).is_err());
         assert!(
             json_patch(
-                &document,
+                document.clone(),
+                &json!([{"op": "remove", "path": "/nope"}])
+            )
+            .is_err()
+        );
+        // Not a list of operations, or an operation the RFC does not have: refused as malformed.
+        for malformed in [
+            json!({"op": "remove", "path": "/list/0"}),
+            json!([{"op": "frobnicate", "path": "/list/0"}]),
+            json!([{"op": "add", "path": "/list/-"}]),
+        ] {
+            assert!(matches!(
+                json_patch(document.clone(), &malformed),
+                Err(JsonPatchError::Malformed(_))
+            ));
+        }
+        assert!(
+            json_patch(
+                document.clone(),
                 &json!([{"op": "replace", "path": "/list/7", "value": 0}])
             )
             .is_err()

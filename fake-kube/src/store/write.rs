@@ -292,7 +292,7 @@ impl Store {
                         )?;
                         live
                     }
-                    PatchKind::Json => patch::json_patch(&live, body).map_err(|why| {
+                    PatchKind::Json => patch::json_patch(live, body).map_err(|why| {
                         ApiError::unprocessable(format!(
                             "the server rejected our request due to an error in our request: {why}"
                         ))
