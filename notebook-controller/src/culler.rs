@@ -6,7 +6,8 @@
 //! last-activity annotation is written only when it moves, so idle clusters see no writes.
 //!
 //! The pass is written once, over [`CullPlatform`], so that every platform judges idleness alike:
-//! the controller's [`ClusterCulling`] reads and writes Notebooks through the Kubernetes API.
+//! the controller's [`ClusterCulling`] reads and writes Notebooks through the Kubernetes API, and
+//! the embedded mode implements the trait over its store and runtime.
 
 use crate::metrics::{Metrics, NotebookLabels};
 use jiff::{SignedDuration, Timestamp};
@@ -247,7 +248,7 @@ pub fn decide(
 
 /// What the culling loop needs from where notebooks run: the notebooks, whether each is running,
 /// what its activity sources saw, and how to record activity or stop one. The loop and its rule
-/// ([`decide`]) are the same on every platform (a cluster's is [`ClusterCulling`]); what each
+/// ([`decide`]) are the same in a cluster ([`ClusterCulling`]) and in the embedded mode; what each
 /// platform writes, logs and counts is its own.
 #[async_trait::async_trait]
 pub trait CullPlatform: Send + Sync {
