@@ -200,6 +200,28 @@ mod tests {
     }
 
     #[test]
+    fn dns_labels_are_short_lowercase_and_dash_free_at_the_ends() {
+        let longest = "a".repeat(MAX_LABEL);
+        for good in ["a", "0", "a-b", "a--b", "0lab", longest.as_str()] {
+            assert!(is_dns_label(good), "{good:?}");
+        }
+        let too_long = "a".repeat(MAX_LABEL + 1);
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "-",
+            "Lab",
+            "a_b",
+            "a.b",
+            "é",
+            too_long.as_str(),
+        ] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn natural_labels_never_hold_three_dashes() {
         for (ns, name) in [("a-b", "c-d"), ("x", "y"), ("team-1", "nb-2")] {
             let label = notebook_host_label(ns, name);

@@ -6,10 +6,11 @@
 //! file-backed [`store`], pods by containers ([`runtime`]), the notebook's logs and volumes by
 //! the engine's ([`engine_workloads`]), and the save button runs the builder against the
 //! notebook's container ([`save_jobs`]). [`up::start`] wires these to the web app, the proxy and
-//! a local registry. The controller's builders, the proxy and the builder are the same code as in
-//! a cluster.
+//! a local registry. The controller's builders, its culling loop (over [`culler`]), the proxy and
+//! the builder are the same code as in a cluster.
 
 pub mod cgroup;
+pub mod culler;
 pub mod data_dir;
 pub mod engine_workloads;
 pub mod gpus;

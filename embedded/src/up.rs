@@ -10,6 +10,7 @@
 //! A local OCI registry (Debian's `docker-registry`) is started on a loopback port unless one is
 //! configured; it holds the notebook images and every saved environment.
 
+use crate::culler::StoreCulling;
 use crate::engine_workloads::EngineWorkloads;
 use crate::gpus::GpuPool;
 use crate::notebook_secrets::NotebookSecrets;
@@ -22,16 +23,13 @@ use labforge_builder::image::RuntimeConfig;
 use labforge_builder::layer::Compression;
 use labforge_builder::registry::RegistryOptions;
 use labforge_builder::save::SaveOptions;
-use labforge_crds::notebook::{LAST_ACTIVITY_ANNOTATION, STOP_ANNOTATION};
 use labforge_notebook_controller::builders::BuilderConfig;
-use labforge_notebook_controller::culler::{
-    ActivitySource, CullDecision, CullingConfig, JupyterActivity, decide,
-};
+use labforge_notebook_controller::culler::{CullingConfig, cull_forever};
 use labforge_proxy::notebook_host::NotebookHosts;
-use labforge_proxy::routes::{GatewayFilter, activity_key};
+use labforge_proxy::routes::GatewayFilter;
 use labforge_proxy::{ProxyOptions, RoutesFrom, RunningProxy};
 use labforge_supervise::{PartEnded, Supervised};
-use labforge_web::api::{ApiState, STOPPED_BY_ANNOTATION};
+use labforge_web::api::ApiState;
 use labforge_web::config::{SpawnerConfig, default_spawner};
 use labforge_web::preparing::ImagesBeingPrepared;
 use labforge_web::saves::Saves;
@@ -583,10 +581,8 @@ pub async fn start(mut options: UpOptions) -> Result<Running, UpError> {
     if options.culling.enabled {
         let activity = proxy.activity.clone();
         let culling = options.culling.clone();
-        tasks.spawn_unit(
-            "culler",
-            cull(opened.store.clone(), runtime.clone(), activity, culling),
-        );
+        let platform = StoreCulling::new(opened.store.clone(), runtime.clone(), activity);
+        tasks.spawn_unit("culler", cull_forever(platform, culling));
     }
     let url = announce(
         &options,
@@ -1019,76 +1015,4 @@ async fn metrics_listener(
         .local_addr()
         .map_err(|source| UpError::Metrics { address, source })?;
     Ok((listener, format!("http://{bound}/metrics")))
-}
-
-/// Culling as in cluster mode: the proxy's traffic and Jupyter's kernels say when a notebook was
-/// last used; one idle for longer than the idle time is stopped.
-async fn cull(
-    store: Arc<Store>,
-    runtime: Arc<Runtime>,
-    activity: Arc<labforge_proxy::activity::Activity>,
-    config: CullingConfig,
-) {
-    let ports = runtime.clone();
-    let secrets = runtime.secrets.clone();
-    let jupyter = JupyterActivity::new(move |ns, name| {
-        format!(
-            "http://{}:{}{}",
-            crate::runtime::PUBLISH_ADDRESS,
-            ports.port_of(ns, name).unwrap_or(0),
-            labforge_notebook_controller::builders::route_prefix(ns, name)
-        )
-    })
-    .with_authorization(move |ns, name| format!("token {}", secrets.of(ns, name)));
-    let mut tick = tokio::time::interval(config.check_period);
-    loop {
-        tick.tick().await;
-        for notebook in store.list(None) {
-            let ns = notebook.metadata.namespace.clone().unwrap_or_default();
-            let name = notebook.metadata.name.clone().unwrap_or_default();
-            if notebook.is_stopped() || runtime.port_of(&ns, &name).is_none() {
-                continue;
-            }
-            let now = jiff::Timestamp::now();
-            let from_jupyter = jupyter.last_activity(&notebook).await.ok().flatten();
-            let observed = from_jupyter
-                .max(activity.get(&activity_key(&ns, &name)))
-                .map(|t| t.min(now));
-            let stored = notebook
-                .annotation(LAST_ACTIVITY_ANNOTATION)
-                .and_then(|v| v.parse().ok());
-            let result = match decide(stored, observed, now, config.idle_time) {
-                CullDecision::Keep {
-                    last_activity: None,
-                } => continue,
-                CullDecision::Keep {
-                    last_activity: Some(last),
-                } => store.update(&ns, &name, |nb| {
-                    nb.metadata
-                        .annotations
-                        .get_or_insert_with(Default::default)
-                        .insert(LAST_ACTIVITY_ANNOTATION.into(), last.to_string());
-                }),
-                CullDecision::Cull { last_activity } => {
-                    tracing::info!(notebook = %format!("{ns}/{name}"), idle_since = %last_activity, "culling idle notebook");
-                    store.record_event(
-                        &ns,
-                        &name,
-                        "Normal",
-                        "Culled",
-                        &format!("stopped: idle since {last_activity}"),
-                    );
-                    store.update(&ns, &name, |nb| {
-                        let annotations =
-                            nb.metadata.annotations.get_or_insert_with(Default::default);
-                        annotations.insert(STOP_ANNOTATION.into(), now.to_string());
-                        annotations.insert(STOPPED_BY_ANNOTATION.into(), "culler".into());
-                    })
-                }
-            };
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "culling a notebook deleted meanwhile");
-            }
-        }
-    }
 }

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
+use labforge_crds::host::is_dns_label;
 use labforge_crds::istio::{
     Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRewrite, HttpRoute,
     HttpRouteDestination, PortSelector, StringMatch, VirtualServiceSpec,
@@ -117,15 +118,7 @@ fn namespaces(variable: &'static str, list: &str) -> Result<Vec<String>, Builder
         .filter(|ns| !ns.is_empty())
         .map(str::to_owned)
         .collect();
-    let is_label = |ns: &String| {
-        ns.len() <= 63
-            && !ns.starts_with('-')
-            && !ns.ends_with('-')
-            && ns
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    };
-    if names.is_empty() || !names.iter().all(is_label) {
+    if names.is_empty() || !names.iter().all(|ns| is_dns_label(ns)) {
         return Err(BuilderConfigError {
             variable,
             value: list.to_owned(),
@@ -905,6 +898,8 @@ mod tests {
             ("LABFORGE_NETWORK_POLICY", "maybe"),
             ("LABFORGE_NETWORK_POLICY_FROM", ","),
             ("LABFORGE_NETWORK_POLICY_FROM", "kubeflow,Not_A_Namespace"),
+            ("LABFORGE_NETWORK_POLICY_FROM", "kubeflow,-istio"),
+            ("LABFORGE_NETWORK_POLICY_FROM", "kubeflow-,istio"),
             ("LABFORGE_NOTEBOOK_SECRET_KEY", "short"),
         ] {
             let error = BuilderConfig::from_env(|k| (k == variable).then(|| value.into()))

@@ -3,7 +3,7 @@
 use crate::admin::{self, AdminState};
 use crate::builders::BuilderConfig;
 use crate::controller::{self, Context, FIELD_MANAGER};
-use crate::culler::{self, ActivitySource, CullingConfig, JupyterActivity};
+use crate::culler::{self, ActivitySource, ClusterCulling, CullingConfig, JupyterActivity};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::proxy_activity::ProxyActivity;
@@ -112,12 +112,12 @@ pub async fn serve(client: kube::Client, options: ServeOptions) -> Result<(), Se
                 client.clone(),
             )));
         }
-        tokio::spawn(culler::run(
-            client.clone(),
+        let platform = ClusterCulling {
+            client: client.clone(),
             sources,
-            options.culling.clone(),
-            metrics.clone(),
-        ))
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(culler::cull_forever(platform, options.culling.clone()))
     });
 
     let instance = options.leader_election.as_ref().map(|e| e.identity.clone());
