@@ -3,10 +3,10 @@
 //! app where they fit (`/api/namespaces/<ns>/notebooks...`).
 //!
 //! Every route but login, health and the OpenAPI document needs a signed-in user; a namespace's
-//! routes need its owner or an admin. Bad input is answered 4xx with an [`ApiError`] naming the
-//! field, before anything is stored. Requests that change something must be JSON, which a
-//! cross-site form cannot send, and come from the app's own pages ([`crate::same_origin`]),
-//! which keeps out the pages of notebooks that share its site.
+//! routes need a role there ([`extract::Allowed`]). Bad input is answered 4xx with an
+//! [`crate::model::ApiError`] naming the field, before anything is stored. Requests that change
+//! something must be JSON, which a cross-site form cannot send, and come from the app's own pages
+//! ([`crate::same_origin`]), which keeps out the pages of notebooks that share its site.
 
 pub(crate) mod admin;
 pub(crate) mod extract;
@@ -39,21 +39,13 @@ use axum::routing::{get, post};
 use labforge_proxy::activity::Activity;
 use std::sync::Arc;
 
-use admin::*;
 pub(crate) use extract::ApiQuery;
 pub use extract::SignedIn;
 pub(crate) use failure::ApiResult;
 pub use failure::Failure;
-use images::*;
 pub(crate) use notebooks::find;
-use notebooks::*;
-use quotas::*;
-use saves::*;
 pub(crate) use session::client_address;
-use session::*;
 pub use views::{WAITING_TO_START, state_of, view};
-use volumes::*;
-use watch::*;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -220,46 +212,55 @@ impl ApiState {
 
 pub fn router(state: ApiState) -> Router {
     Router::new()
-        .route("/api/healthz", get(healthz))
-        .route("/api/openapi.json", get(openapi))
-        .route("/api/login", post(login))
-        .route("/api/logout", post(logout))
-        .route("/api/whoami", get(whoami))
-        .route("/api/config", get(config))
-        .route("/api/admin/notebooks", get(admin_notebooks))
-        .route("/api/admin/quotas", get(admin_quotas))
-        .route("/api/admin/audit", get(admin_audit))
+        .route("/api/healthz", get(session::healthz))
+        .route("/api/openapi.json", get(session::openapi))
+        .route("/api/login", post(session::login))
+        .route("/api/logout", post(session::logout))
+        .route("/api/whoami", get(session::whoami))
+        .route("/api/config", get(session::config))
+        .route("/api/admin/notebooks", get(admin::admin_notebooks))
+        .route("/api/admin/quotas", get(quotas::admin_quotas))
+        .route("/api/admin/audit", get(admin::admin_audit))
         .route(
             "/api/namespaces/{ns}/notebooks",
-            get(list_notebooks).post(create_notebook),
+            get(notebooks::list_notebooks).post(notebooks::create_notebook),
         )
-        .route("/api/namespaces/{ns}/watch", get(watch_namespace))
+        .route("/api/namespaces/{ns}/watch", get(watch::watch_namespace))
         .route(
             "/api/namespaces/{ns}/notebooks/{name}",
-            get(get_notebook)
-                .patch(patch_notebook)
-                .delete(delete_notebook),
+            get(notebooks::get_notebook)
+                .patch(notebooks::patch_notebook)
+                .delete(notebooks::delete_notebook),
         )
-        .route("/api/namespaces/{ns}/notebooks/{name}/events", get(events))
-        .route("/api/namespaces/{ns}/notebooks/{name}/logs", get(logs))
+        .route(
+            "/api/namespaces/{ns}/notebooks/{name}/events",
+            get(notebooks::events),
+        )
+        .route(
+            "/api/namespaces/{ns}/notebooks/{name}/logs",
+            get(notebooks::logs),
+        )
         .route(
             "/api/namespaces/{ns}/notebooks/{name}/saves",
-            post(start_save),
+            post(saves::start_save),
         )
-        .route("/api/namespaces/{ns}/saves/{id}", get(follow_save))
+        .route("/api/namespaces/{ns}/saves/{id}", get(saves::follow_save))
         .route(
             "/api/namespaces/{ns}/images",
-            get(saved_images).delete(delete_saved_image),
+            get(images::saved_images).delete(images::delete_saved_image),
         )
         .route(
             "/api/namespaces/{ns}/images/sharing",
-            axum::routing::put(share_saved_image),
+            axum::routing::put(images::share_saved_image),
         )
-        .route("/api/namespaces/{ns}/volumes", get(list_volumes))
-        .route("/api/namespaces/{ns}/quota", get(get_quota).put(put_quota))
+        .route("/api/namespaces/{ns}/volumes", get(volumes::list_volumes))
+        .route(
+            "/api/namespaces/{ns}/quota",
+            get(quotas::get_quota).put(quotas::put_quota),
+        )
         .route(
             "/api/namespaces/{ns}/volumes/{name}",
-            axum::routing::delete(delete_volume),
+            axum::routing::delete(volumes::delete_volume),
         )
         .merge(kubeflow::routes())
         .merge(teams::routes())
