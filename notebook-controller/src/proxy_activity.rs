@@ -5,9 +5,11 @@
 //! another. When the configured URL names a Service
 //! (`http://<service>.<namespace>[.svc[.<domain>]]:<port>`), the replicas are the ready endpoints
 //! of its EndpointSlices, at the endpoint port behind the URL's Service port; all of them are
-//! asked and the newest activity wins. Any replica that cannot answer makes the answer an error:
-//! the culler then leaves the notebook alone rather than deciding on part of its traffic. Any
-//! other URL (embedded mode, a single address) is asked as it is.
+//! asked and the newest activity wins. Any replica that cannot answer makes the answer an error
+//! rather than part of the traffic: the culler then decides without this source for that pass,
+//! on its other sources and the last activity it recorded, as it does for a source that does not
+//! apply (Jupyter's API on a code-server notebook). Any other URL (embedded mode, a single
+//! address) is asked as it is.
 
 use crate::culler::{ActivityError, ActivitySource};
 use jiff::Timestamp;
