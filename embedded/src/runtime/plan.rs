@@ -117,7 +117,7 @@ fn bytes(quantity: &str) -> Option<String> {
 }
 
 /// Plans the container of `notebook`, from the pod template the controller would give Kubernetes;
-/// `secret` is the notebook's own ([`labforge_web::notebook_secret`]), given to its server.
+/// `secret` is the notebook's own ([`crate::notebook_secrets`]), given to its server.
 pub fn plan(
     notebook: &Notebook,
     config: &BuilderConfig,
