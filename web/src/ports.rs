@@ -1,6 +1,6 @@
 //! Web servers users run in their notebooks, each at a host of its own
-//! ([`labforge_proxy::ports`]): whom a notebook's owner shares each port with, who may open one,
-//! and the API that lists the ports something listens on and changes their sharing.
+//! ([`labforge_proxy::ports`]): whom a notebook's owner shares each port with, and who may open
+//! one. The API that lists the ports and changes their sharing is [`crate::api::ports`].
 
 use crate::namespaces::Action;
 use crate::users::LocalAuth;

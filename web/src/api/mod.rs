@@ -2,8 +2,10 @@
 //! handlers and their types ([`crate::openapi`]). Paths follow Kubeflow's jupyter web
 //! app where they fit (`/api/namespaces/<ns>/notebooks...`).
 //!
-//! Every route but login, health and the OpenAPI document needs a signed-in user; a namespace's
-//! routes need a role there ([`extract::Allowed`]). Bad input is answered 4xx with an
+//! Every route but login, health and the OpenAPI document needs a signed-in user. A namespace's
+//! routes need a role there ([`extract::Allowed`]); a notebook's own routes (read, events, logs,
+//! SSH, ports, shares) are also open to those it is shared with ([`SignedIn::notebook`]); the
+//! admin routes need an admin. Bad input is answered 4xx with an
 //! [`crate::model::ApiError`] naming the field, before anything is stored. Requests that change
 //! something must be JSON, which a cross-site form cannot send, and come from the app's own pages
 //! ([`crate::same_origin`]), which keeps out the pages of notebooks that share its site.

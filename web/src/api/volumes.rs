@@ -1,6 +1,6 @@
 //! A namespace's volume claims: what an existing workspace may name, and deleting unused ones.
 
-use crate::api::extract::{Allowed, NamespacePath, NotebookPath, verb};
+use crate::api::extract::{Allowed, NamespacePath, verb};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -41,11 +41,22 @@ pub(crate) async fn list_volumes(
     Ok(Json(serde_json::json!({ "volumes": volumes })))
 }
 
+/// A volume named by the path.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct VolumePath {
+    /// Its namespace.
+    #[allow(dead_code, reason = "the namespace is checked by `Allowed`")]
+    ns: String,
+    /// The volume claim's name.
+    name: String,
+}
+
 /// Deletes a volume (a workspace a deleted notebook kept, say) and its files; refused while a
 /// notebook mounts it.
 #[utoipa::path(
     delete, path = "/api/namespaces/{ns}/volumes/{name}",
-    summary = "Delete a volume and its files (never one a notebook mounts)", params(NotebookPath),
+    summary = "Delete a volume and its files (never one a notebook mounts)", params(VolumePath),
     responses(
         (status = 204, description = "deleted"),
         (status = 404, description = "no such volume", body = crate::openapi::ApiErrorBody),
@@ -58,7 +69,7 @@ pub(crate) async fn list_volumes(
 pub(crate) async fn delete_volume(
     Allowed { ns, .. }: Allowed<verb::Delete>,
     State(state): State<ApiState>,
-    Path(NotebookPath { name, .. }): Path<NotebookPath>,
+    Path(VolumePath { name, .. }): Path<VolumePath>,
 ) -> ApiResult<StatusCode> {
     if !claims(&state, &ns).await?.contains(&name) {
         return Err(Failure::new(
