@@ -5,6 +5,7 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
+use axum::response::Response;
 use http_body_util::BodyExt as _;
 use labforge_crds::notebook::Notebook;
 use labforge_embedded::store::Store;
@@ -79,67 +80,78 @@ fn api() -> (tempfile::TempDir, Router, String, String) {
     (dir, labforge_web::api::router(state), alice, bob)
 }
 
-/// One request through the router; the answer's status and JSON body.
-async fn call(
-    app: &Router,
-    method: Method,
-    path: &str,
-    cookie: Option<&str>,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut request = Request::builder().method(method).uri(path);
-    if let Some(cookie) = cookie {
-        request = request.header(header::COOKIE, cookie);
-    }
-    let request = match body {
-        Some(body) => request
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string())),
-        None => request.body(Body::empty()),
-    }
-    .expect("a request");
-    let answer = app.clone().oneshot(request).await.expect("an answer");
-    let status = answer.status();
-    let bytes = answer
-        .into_body()
-        .collect()
-        .await
-        .expect("a body")
-        .to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+/// Who sends requests through the router: a signed-in user's session, or no one.
+struct Visitor<'a> {
+    app: &'a Router,
+    cookie: Option<String>,
 }
 
-/// Signs `user` in; the session cookie to send.
-async fn sign_in(app: &Router, user: &str, password: &str) -> String {
-    let request = Request::post("/api/login")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(
-            json!({"username": user, "password": password}).to_string(),
-        ))
+impl Visitor<'_> {
+    /// One request, answered.
+    async fn answer(&self, method: Method, path: &str, body: Option<Value>) -> Response {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(cookie) = &self.cookie {
+            request = request.header(header::COOKIE, cookie);
+        }
+        let request = match body {
+            Some(body) => request
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_string())),
+            None => request.body(Body::empty()),
+        }
         .expect("a request");
-    let answer = app.clone().oneshot(request).await.expect("an answer");
+        self.app.clone().oneshot(request).await.expect("an answer")
+    }
+
+    /// One request; the answer's status and JSON body.
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let answer = self.answer(method, path, body).await;
+        let status = answer.status();
+        let bytes = answer
+            .into_body()
+            .collect()
+            .await
+            .expect("a body")
+            .to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.send(Method::GET, path, None).await
+    }
+}
+
+/// Signs `user` in: the session carries the cookie the answer set, as a browser's would.
+async fn sign_in<'a>(app: &'a Router, user: &str, password: &str) -> Visitor<'a> {
+    let answer = Visitor { app, cookie: None }
+        .answer(
+            Method::POST,
+            "/api/login",
+            Some(json!({"username": user, "password": password})),
+        )
+        .await;
     assert_eq!(answer.status(), StatusCode::OK, "{user} signs in");
     let set_cookie = answer.headers()[header::SET_COOKIE]
         .to_str()
         .expect("a cookie")
         .to_owned();
-    set_cookie.split(';').next().expect("name=value").to_owned()
+    Visitor {
+        app,
+        cookie: Some(set_cookie.split(';').next().expect("name=value").to_owned()),
+    }
 }
 
 #[tokio::test]
 async fn a_namespaces_routes_refuse_no_one_with_401_and_another_user_with_403() {
     let (_dir, app, _, bob) = api();
-    let (status, body) = call(
-        &app,
-        Method::GET,
-        "/api/namespaces/alice/notebooks",
-        None,
-        None,
-    )
-    .await;
+    let no_one = Visitor {
+        app: &app,
+        cookie: None,
+    };
+    let (status, body) = no_one.get("/api/namespaces/alice/notebooks").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
 
     let bob = sign_in(&app, "bob", &bob).await;
@@ -149,7 +161,7 @@ async fn a_namespaces_routes_refuse_no_one_with_401_and_another_user_with_403() 
         (Method::GET, "/api/namespaces/alice/quota"),
         (Method::DELETE, "/api/namespaces/alice/notebooks/lab"),
     ] {
-        let (status, body) = call(&app, method.clone(), path, Some(&bob), None).await;
+        let (status, body) = bob.send(method.clone(), path, None).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {body}");
         assert!(
             body["error"]
@@ -167,63 +179,27 @@ async fn a_namespaces_routes_refuse_no_one_with_401_and_another_user_with_403() 
 async fn a_notebook_is_created_read_stopped_and_deleted_through_the_handlers() {
     let (_dir, app, alice, _) = api();
     let alice = sign_in(&app, "alice", &alice).await;
-    let (status, body) = call(
-        &app,
-        Method::POST,
-        "/api/namespaces/alice/notebooks",
-        Some(&alice),
-        Some(json!({"name": "lab"})),
-    )
-    .await;
+    let notebooks = "/api/namespaces/alice/notebooks";
+    let lab = "/api/namespaces/alice/notebooks/lab";
+    let (status, body) = alice
+        .send(Method::POST, notebooks, Some(json!({"name": "lab"})))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
 
-    let (status, listed) = call(
-        &app,
-        Method::GET,
-        "/api/namespaces/alice/notebooks",
-        Some(&alice),
-        None,
-    )
-    .await;
+    let (status, listed) = alice.get(notebooks).await;
     assert_eq!(status, StatusCode::OK, "{listed}");
     assert_eq!(listed["notebooks"][0]["name"], "lab", "{listed}");
 
-    let (status, stopped) = call(
-        &app,
-        Method::PATCH,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(&alice),
-        Some(json!({"stopped": true})),
-    )
-    .await;
+    let (status, stopped) = alice
+        .send(Method::PATCH, lab, Some(json!({"stopped": true})))
+        .await;
     assert_eq!(status, StatusCode::OK, "{stopped}");
-    let (_, read) = call(
-        &app,
-        Method::GET,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(&alice),
-        None,
-    )
-    .await;
+    let (_, read) = alice.get(lab).await;
     assert_eq!(read["notebook"]["state"], "stopped", "{read}");
 
-    let (status, body) = call(
-        &app,
-        Method::DELETE,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(&alice),
-        None,
-    )
-    .await;
+    let (status, body) = alice.send(Method::DELETE, lab, None).await;
     assert!(status.is_success(), "{status} {body}");
-    let (status, body) = call(
-        &app,
-        Method::GET,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(&alice),
-        None,
-    )
-    .await;
+    let (status, body) = alice.get(lab).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }
 
@@ -231,14 +207,14 @@ async fn a_notebook_is_created_read_stopped_and_deleted_through_the_handlers() {
 async fn bad_input_is_refused_naming_the_field_and_nothing_is_made() {
     let (_dir, app, alice, _) = api();
     let alice = sign_in(&app, "alice", &alice).await;
-    let (status, body) = call(
-        &app,
-        Method::POST,
-        "/api/namespaces/alice/notebooks",
-        Some(&alice),
-        Some(json!({"name": "Bad Name", "cpu": "lots"})),
-    )
-    .await;
+    let notebooks = "/api/namespaces/alice/notebooks";
+    let (status, body) = alice
+        .send(
+            Method::POST,
+            notebooks,
+            Some(json!({"name": "Bad Name", "cpu": "lots"})),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     let fields: Vec<&str> = body["errors"]
         .as_array()
@@ -248,23 +224,15 @@ async fn bad_input_is_refused_naming_the_field_and_nothing_is_made() {
         fields.contains(&"name") && fields.contains(&"cpu"),
         "{body}"
     );
-    let (_, listed) = call(
-        &app,
-        Method::GET,
-        "/api/namespaces/alice/notebooks",
-        Some(&alice),
-        None,
-    )
-    .await;
+    let (_, listed) = alice.get(notebooks).await;
     assert_eq!(listed["notebooks"], json!([]), "{listed}");
 
-    let (status, body) = call(
-        &app,
-        Method::PATCH,
-        "/api/namespaces/alice/notebooks/lab",
-        Some(&alice),
-        Some(json!({"stopped": true})),
-    )
-    .await;
+    let (status, body) = alice
+        .send(
+            Method::PATCH,
+            "/api/namespaces/alice/notebooks/lab",
+            Some(json!({"stopped": true})),
+        )
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }

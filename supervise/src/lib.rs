@@ -148,7 +148,13 @@ mod tests {
         });
         tokio::task::yield_now().await;
         drop(tasks);
-        // The task's end drops its sender.
-        assert!(receiver.await.is_err());
+        // The task's end drops its sender; a task left running would keep it, and time out here.
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), receiver)
+            .await
+            .expect("the part stopped when its set was dropped");
+        assert!(
+            ended.is_err(),
+            "the part ended by being stopped, not by sending"
+        );
     }
 }
